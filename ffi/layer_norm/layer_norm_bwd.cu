@@ -1,0 +1,220 @@
+// Layer norm / RMS norm backward. See layer_norm.h for the layout.
+//
+//   xhat = (x - mean) * rstd         (RMS norm: x * rstd)
+//   g    = dy * scale
+//   dx   = rstd * (g - mean(g) - xhat * mean(g * xhat))   (RMS norm: no mean(g) term)
+//   dscale = sum over rows of dy * xhat,  dbias = sum over rows of dy
+//
+// Stage 1 (this file): each block owns a strided set of rows of one group and
+// keeps its dscale/dbias partial sums for its columns in registers; at the end
+// the block writes one row of partials. Stage 2 (ffi/common/column_sum.cu) sums
+// the partials of each group in a fixed order. No atomics: deterministic.
+// Traffic: x and dy read once, dx written once, plus the partials
+// (groups * parts * sums * width fp32, a few percent of the main traffic).
+#include <algorithm>
+
+#include "ffi/common/column_sum.h"
+#include "ffi/common/row_team.cuh"
+#include "ffi/layer_norm/layer_norm.h"
+
+namespace jax_dnn {
+namespace {
+
+// 16 fp32 per thread: x, dy and two accumulators are cached, 64 values; more
+// would cut occupancy below what keeps enough loads in flight.
+constexpr int kCacheElems = 16;
+
+template <typename T, int kTeam, int V, bool kRms>
+__global__ void __launch_bounds__(RowTeam<kTeam>::kBlock)
+    LayerNormBwdKernel(LayerNormBwdParams p) {
+  using Team = RowTeam<kTeam>;
+  constexpr int kCache = kCacheElems / V;
+  constexpr int kSums = kRms ? 1 : 2;
+  __shared__ typename Team::Scratch scratch;
+
+  const int lane = Team::Lane();
+  const int64_t n = p.width;
+  const int64_t stride = static_cast<int64_t>(kTeam) * V;
+  const int64_t chunks = (n + stride - 1) / stride;
+  const int64_t rows_per_group = p.rows / p.groups;
+  const int64_t group = blockIdx.x / p.parts;
+  const int64_t part = blockIdx.x % p.parts;
+  const float inv_n = 1.f / static_cast<float>(n);
+  const float* scale = p.scale + group * n;
+  // This block's row of partials; the uncached tail of a wide row accumulates
+  // here directly (only one team per block then, and each column always
+  // belongs to the same thread, so no other thread touches it).
+  float* partial = p.partials + blockIdx.x * static_cast<int64_t>(kSums) * n;
+  for (int64_t c = kCache; c < chunks; ++c) {
+    const int64_t col = (c * kTeam + lane) * V;
+    if (col >= n) continue;
+    for (int s = 0; s < kSums; ++s)
+      for (int i = 0; i < V; ++i) partial[s * n + col + i] = 0.f;
+  }
+
+  float acc_scale[kCache][V] = {};
+  float acc_bias[kCache][V] = {};
+  const int64_t step = p.parts * Team::kTeamsPerBlock;
+  for (int64_t base = part * Team::kTeamsPerBlock; base < rows_per_group; base += step) {
+    const int64_t local = base + Team::Team();
+    const bool valid = local < rows_per_group;
+    const int64_t row = group * rows_per_group + local;
+    const T* x = static_cast<const T*>(p.x) + row * n;
+    const T* dy = static_cast<const T*>(p.dy) + row * n;
+    T* dx = static_cast<T*>(p.dx) + row * n;
+    const float mean = (valid && !kRms) ? p.mean[row] : 0.f;
+    const float rstd = valid ? p.rstd[row] : 0.f;
+
+    // Pass 1: the two row sums.
+    float xhat[kCache][V], g[kCache][V], dyv[kCache][V];
+    float sum_g = 0.f, sum_gx = 0.f;
+#pragma unroll
+    for (int c = 0; c < kCache; ++c) {
+      const int64_t col = (c * static_cast<int64_t>(kTeam) + lane) * V;
+      float sc[V];
+      if (valid && col < n) {
+        LoadVec<T, V>(x + col, xhat[c]);
+        LoadVec<T, V>(dy + col, dyv[c]);
+        LoadVec<float, V>(scale + col, sc);
+      } else {
+#pragma unroll
+        for (int i = 0; i < V; ++i) xhat[c][i] = dyv[c][i] = sc[i] = 0.f;
+      }
+#pragma unroll
+      for (int i = 0; i < V; ++i) {
+        xhat[c][i] = (xhat[c][i] - mean) * rstd;
+        g[c][i] = dyv[c][i] * sc[i];
+        sum_g += g[c][i];
+        sum_gx += g[c][i] * xhat[c][i];
+      }
+    }
+    for (int64_t c = kCache; c < chunks; ++c) {
+      const int64_t col = (c * kTeam + lane) * V;
+      if (!valid || col >= n) continue;
+      float xv[V], dv[V], sc[V];
+      LoadVec<T, V>(x + col, xv);
+      LoadVec<T, V>(dy + col, dv);
+      LoadVec<float, V>(scale + col, sc);
+#pragma unroll
+      for (int i = 0; i < V; ++i) {
+        const float gi = dv[i] * sc[i];
+        sum_g += gi;
+        sum_gx += gi * (xv[i] - mean) * rstd;
+      }
+    }
+    Team::Sum2(sum_g, sum_gx, scratch);
+    const float mean_g = kRms ? 0.f : sum_g * inv_n;
+    const float mean_gx = sum_gx * inv_n;
+    if (!valid) continue;  // no barrier follows in this iteration
+
+    // Pass 2: dx and the parameter-gradient partials.
+#pragma unroll
+    for (int c = 0; c < kCache; ++c) {
+      const int64_t col = (c * static_cast<int64_t>(kTeam) + lane) * V;
+      if (col >= n) continue;
+      float out[V];
+#pragma unroll
+      for (int i = 0; i < V; ++i) {
+        out[i] = rstd * (g[c][i] - mean_g - xhat[c][i] * mean_gx);
+        acc_scale[c][i] += dyv[c][i] * xhat[c][i];
+        acc_bias[c][i] += dyv[c][i];
+      }
+      StoreVec<T, V>(dx + col, out);
+    }
+    for (int64_t c = kCache; c < chunks; ++c) {
+      const int64_t col = (c * kTeam + lane) * V;
+      if (col >= n) continue;
+      float xv[V], dv[V], sc[V], out[V];
+      LoadVec<T, V>(x + col, xv);
+      LoadVec<T, V>(dy + col, dv);
+      LoadVec<float, V>(scale + col, sc);
+#pragma unroll
+      for (int i = 0; i < V; ++i) {
+        const float xh = (xv[i] - mean) * rstd;
+        out[i] = rstd * (dv[i] * sc[i] - mean_g - xh * mean_gx);
+        partial[col + i] += dv[i] * xh;
+        if constexpr (!kRms) partial[n + col + i] += dv[i];
+      }
+      StoreVec<T, V>(dx + col, out);
+    }
+  }
+
+  // Combine the teams of this block in a fixed order (team 0 first), then
+  // team 0 writes the block's partials for the cached columns.
+#pragma unroll
+  for (int c = 0; c < kCache; ++c) {
+    const int64_t col = (c * static_cast<int64_t>(kTeam) + lane) * V;
+    if constexpr (Team::kTeamsPerBlock > 1) {
+      __shared__ float share[Team::kTeamsPerBlock][kTeam][2][V];
+      __syncthreads();
+#pragma unroll
+      for (int i = 0; i < V; ++i) {
+        share[Team::Team()][lane][0][i] = acc_scale[c][i];
+        share[Team::Team()][lane][1][i] = acc_bias[c][i];
+      }
+      __syncthreads();
+      if (Team::Team() == 0) {
+        for (int t = 1; t < Team::kTeamsPerBlock; ++t) {
+#pragma unroll
+          for (int i = 0; i < V; ++i) {
+            acc_scale[c][i] += share[t][lane][0][i];
+            acc_bias[c][i] += share[t][lane][1][i];
+          }
+        }
+      }
+    }
+    if (Team::Team() == 0 && col < n) {
+#pragma unroll
+      for (int i = 0; i < V; ++i) {
+        partial[col + i] = acc_scale[c][i];
+        if constexpr (!kRms) partial[n + col + i] = acc_bias[c][i];
+      }
+    }
+  }
+}
+
+template <typename T, int V, bool kRms>
+cudaError_t Launch(const LayerNormBwdParams& p, cudaStream_t stream) {
+  return DispatchTeam(p.width, kCacheElems, [&](auto team) {
+    constexpr int kTeam = decltype(team)::value;
+    using Team = RowTeam<kTeam>;
+    const int64_t blocks = p.groups * p.parts;
+    if (blocks > (int64_t{1} << 30)) return cudaErrorInvalidValue;
+    LayerNormBwdKernel<T, kTeam, V, kRms>
+        <<<static_cast<unsigned>(blocks), Team::kBlock, 0, stream>>>(p);
+    return cudaGetLastError();
+  });
+}
+
+}  // namespace
+
+cudaError_t LaunchLayerNormBwd(const LayerNormBwdParams& p, cudaStream_t stream) {
+  if (p.rows == 0 || p.width == 0) {
+    // Empty rows: the parameter gradients are zeros.
+    if (p.width == 0) return cudaSuccess;
+    cudaError_t e = cudaMemsetAsync(p.dscale, 0, p.groups * p.width * sizeof(float), stream);
+    if (e == cudaSuccess && !p.rms)
+      e = cudaMemsetAsync(p.dbias, 0, p.groups * p.width * sizeof(float), stream);
+    return e;
+  }
+  cudaError_t status = DispatchDType(p.dtype, [&](auto tag) {
+    using T = typename decltype(tag)::type;
+    constexpr int kVec = 16 / sizeof(T);
+    const bool vec = p.width % kVec == 0 && IsAligned(p.x, 16) && IsAligned(p.dy, 16) &&
+                     IsAligned(p.dx, 16) && IsAligned(p.scale, sizeof(float) * kVec);
+    if (p.rms) return vec ? Launch<T, kVec, true>(p, stream) : Launch<T, 1, true>(p, stream);
+    return vec ? Launch<T, kVec, false>(p, stream) : Launch<T, 1, false>(p, stream);
+  });
+  if (status != cudaSuccess) return status;
+  ColumnSumParams cs{};
+  cs.partials = p.partials;
+  cs.out[0] = p.dscale;
+  cs.out[1] = p.dbias;
+  cs.groups = p.groups;
+  cs.parts = p.parts;
+  cs.sums = p.rms ? 1 : 2;
+  cs.width = p.width;
+  return LaunchColumnSum(cs, stream);
+}
+
+}  // namespace jax_dnn

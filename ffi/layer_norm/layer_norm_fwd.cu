@@ -1,0 +1,158 @@
+// Layer norm / RMS norm forward. See layer_norm.h for the math and layout.
+//
+// One row per "row team" (ffi/common/row_team.cuh): the narrowest team whose
+// register cache (kCacheElems fp32 per thread) holds the row. Then x is read
+// from memory once and y written once, the minimum traffic (2 * rows * width
+// elements); the mean and the variance are computed exactly in two passes over
+// the registers (no E[x^2] - E[x]^2 cancellation). Rows wider than the widest
+// team's cache (512 * kCacheElems) re-read the uncached tail from memory
+// (usually L2) in each pass: three reads of that tail instead of one.
+#include <algorithm>
+
+#include "ffi/common/row_team.cuh"
+#include "ffi/layer_norm/layer_norm.h"
+
+namespace jax_dnn {
+namespace {
+
+// 32 fp32 per thread: a 4096-wide bf16 row fits a 128-thread team, and the
+// kernel stays under ~64 registers, so an SM keeps 2048 threads in flight.
+constexpr int kCacheElems = 32;
+
+template <typename T, int kTeam, int V, bool kRms>
+__global__ void __launch_bounds__(RowTeam<kTeam>::kBlock)
+    LayerNormFwdKernel(LayerNormFwdParams p) {
+  using Team = RowTeam<kTeam>;
+  constexpr int kCache = kCacheElems / V;
+  __shared__ typename Team::Scratch scratch;
+
+  const int lane = Team::Lane();
+  const int64_t n = p.width;
+  const int64_t stride = static_cast<int64_t>(kTeam) * V;  // columns per chunk
+  const int64_t chunks = (n + stride - 1) / stride;
+  const int64_t rows_per_group = p.rows / p.groups;
+  const float inv_n = 1.f / static_cast<float>(n);
+
+  // All teams of a block step through rows together so that every thread
+  // reaches the team reductions' barriers, including teams past the last row.
+  for (int64_t base = static_cast<int64_t>(blockIdx.x) * Team::kTeamsPerBlock; base < p.rows;
+       base += static_cast<int64_t>(gridDim.x) * Team::kTeamsPerBlock) {
+    const int64_t row = base + Team::Team();
+    const bool valid = row < p.rows;
+    const T* x = static_cast<const T*>(p.x) + row * n;
+    T* y = static_cast<T*>(p.y) + row * n;
+
+    float buf[kCache][V];
+    float s1 = 0.f;  // layer norm: sum of x; RMS norm: sum of x^2
+#pragma unroll
+    for (int c = 0; c < kCache; ++c) {
+      const int64_t col = (c * static_cast<int64_t>(kTeam) + lane) * V;
+      if (valid && col < n) {
+        LoadVec<T, V>(x + col, buf[c]);
+      } else {
+#pragma unroll
+        for (int i = 0; i < V; ++i) buf[c][i] = 0.f;  // padding adds nothing below
+      }
+#pragma unroll
+      for (int i = 0; i < V; ++i) s1 += kRms ? buf[c][i] * buf[c][i] : buf[c][i];
+    }
+    for (int64_t c = kCache; c < chunks; ++c) {
+      const int64_t col = (c * kTeam + lane) * V;
+      if (!valid || col >= n) continue;
+      float v[V];
+      LoadVec<T, V>(x + col, v);
+#pragma unroll
+      for (int i = 0; i < V; ++i) s1 += kRms ? v[i] * v[i] : v[i];
+    }
+    s1 = Team::Sum(s1, scratch);
+
+    float mean = 0.f;
+    float var;
+    if constexpr (kRms) {
+      var = s1 * inv_n;
+    } else {
+      mean = s1 * inv_n;
+      float s2 = 0.f;
+#pragma unroll
+      for (int c = 0; c < kCache; ++c) {
+        const int64_t col = (c * static_cast<int64_t>(kTeam) + lane) * V;
+        if (col < n) {
+#pragma unroll
+          for (int i = 0; i < V; ++i) s2 += (buf[c][i] - mean) * (buf[c][i] - mean);
+        }
+      }
+      for (int64_t c = kCache; c < chunks; ++c) {
+        const int64_t col = (c * kTeam + lane) * V;
+        if (!valid || col >= n) continue;
+        float v[V];
+        LoadVec<T, V>(x + col, v);
+#pragma unroll
+        for (int i = 0; i < V; ++i) s2 += (v[i] - mean) * (v[i] - mean);
+      }
+      var = Team::Sum(s2, scratch) * inv_n;
+    }
+    const float rstd = rsqrtf(var + p.epsilon);
+    if (!valid) continue;  // no barrier follows in this iteration
+    if (lane == 0) {
+      if constexpr (!kRms) p.mean[row] = mean;
+      p.rstd[row] = rstd;
+    }
+
+    const int64_t group = row / rows_per_group;
+    const float* scale = p.scale + group * n;
+    const float* bias = kRms ? nullptr : p.bias + group * n;
+    auto write = [&](int64_t col, float (&v)[V]) {
+      float g[V], b[V], out[V];
+      LoadVec<float, V>(scale + col, g);
+      if constexpr (!kRms) LoadVec<float, V>(bias + col, b);
+#pragma unroll
+      for (int i = 0; i < V; ++i) {
+        out[i] = (v[i] - mean) * rstd * g[i];
+        if constexpr (!kRms) out[i] += b[i];
+      }
+      StoreVec<T, V>(y + col, out);
+    };
+#pragma unroll
+    for (int c = 0; c < kCache; ++c) {
+      const int64_t col = (c * static_cast<int64_t>(kTeam) + lane) * V;
+      if (col < n) write(col, buf[c]);
+    }
+    for (int64_t c = kCache; c < chunks; ++c) {
+      const int64_t col = (c * kTeam + lane) * V;
+      if (col >= n) continue;
+      float v[V];
+      LoadVec<T, V>(x + col, v);
+      write(col, v);
+    }
+  }
+}
+
+template <typename T, int V, bool kRms>
+cudaError_t Launch(const LayerNormFwdParams& p, cudaStream_t stream) {
+  return DispatchTeam(p.width, kCacheElems, [&](auto team) {
+    constexpr int kTeam = decltype(team)::value;
+    using Team = RowTeam<kTeam>;
+    const int64_t blocks = (p.rows + Team::kTeamsPerBlock - 1) / Team::kTeamsPerBlock;
+    const unsigned grid = static_cast<unsigned>(std::min<int64_t>(blocks, int64_t{1} << 30));
+    LayerNormFwdKernel<T, kTeam, V, kRms><<<grid, Team::kBlock, 0, stream>>>(p);
+    return cudaGetLastError();
+  });
+}
+
+}  // namespace
+
+cudaError_t LaunchLayerNormFwd(const LayerNormFwdParams& p, cudaStream_t stream) {
+  if (p.rows == 0 || p.width == 0) return cudaSuccess;
+  return DispatchDType(p.dtype, [&](auto tag) {
+    using T = typename decltype(tag)::type;
+    constexpr int kVec = 16 / sizeof(T);
+    // Vector access needs every row start and parameter row 16-byte aligned.
+    const bool vec = p.width % kVec == 0 && IsAligned(p.x, 16) && IsAligned(p.y, 16) &&
+                     IsAligned(p.scale, sizeof(float) * kVec) &&
+                     (p.rms || IsAligned(p.bias, sizeof(float) * kVec));
+    if (p.rms) return vec ? Launch<T, kVec, true>(p, stream) : Launch<T, 1, true>(p, stream);
+    return vec ? Launch<T, kVec, false>(p, stream) : Launch<T, 1, false>(p, stream);
+  });
+}
+
+}  // namespace jax_dnn

@@ -1,0 +1,335 @@
+// Softmax / log-softmax forward and backward kernels. See softmax.h.
+//
+// Row kernels (softmax over the last axis): one row per row team
+// (ffi/common/row_team.cuh), the row cached in registers when it fits
+// (kCacheElems per thread, up to 512 * kCacheElems elements); then x is read
+// once and y written once. Longer rows (up to any length) take an online
+// max/sum pass (each thread rescales its running sum when its max grows) and
+// a second pass that re-reads the uncached tail, usually from L2.
+//
+// Strided kernels (any other axis): one thread per V consecutive inner
+// positions walks down the axis; an online pass then a writing pass.
+//
+// NaN: padding lanes never enter a sum; a row whose max is -inf (all -inf)
+// gives NaN exactly as jax.nn.softmax does.
+#include <algorithm>
+#include <cmath>
+
+#include "ffi/common/row_team.cuh"
+#include "ffi/softmax/softmax.h"
+
+namespace jax_dnn {
+namespace {
+
+constexpr int kFwdCacheElems = 32;
+constexpr int kBwdCacheElems = 16;  // two tensors (y, dy) are cached
+
+// exp through exp2f (one ex2 instruction plus a multiply, 2 ulp): accurate
+// enough for fp32 inputs, unlike __expf, whose error grows with |x|.
+__device__ __forceinline__ float Exp(float x) { return exp2f(x * 1.4426950408889634f); }
+
+// exp(a - b) where b is a running max, safe when both are -inf.
+__device__ __forceinline__ float ExpDiff(float a, float b) {
+  return b == -INFINITY ? 0.f : Exp(a - b);
+}
+
+template <int kTeam>
+__device__ __forceinline__ int64_t ColOf(int64_t c, int lane, int V) {
+  return (c * kTeam + lane) * V;
+}
+
+template <typename T, int kTeam, int V, bool kLog>
+__global__ void __launch_bounds__(RowTeam<kTeam>::kBlock) SoftmaxRowFwdKernel(SoftmaxFwdParams p) {
+  using Team = RowTeam<kTeam>;
+  constexpr int kCache = kFwdCacheElems / V;
+  __shared__ typename Team::Scratch scratch;
+  const int lane = Team::Lane();
+  const int64_t n = p.n;
+  const int64_t chunks = (n + int64_t{kTeam} * V - 1) / (int64_t{kTeam} * V);
+
+  for (int64_t base = int64_t{blockIdx.x} * Team::kTeamsPerBlock; base < p.outer;
+       base += int64_t{gridDim.x} * Team::kTeamsPerBlock) {
+    const int64_t row = base + Team::Team();
+    const bool valid = row < p.outer;
+    const T* x = static_cast<const T*>(p.x) + row * n;
+    T* y = static_cast<T*>(p.y) + row * n;
+
+    // Pass 1: running max and sum of exp(x - max), per thread.
+    float buf[kCache][V];
+    float m = -INFINITY;
+#pragma unroll
+    for (int c = 0; c < kCache; ++c) {
+      const int64_t col = ColOf<kTeam>(c, lane, V);
+      if (valid && col < n) {
+        LoadVec<T, V>(x + col, buf[c]);
+#pragma unroll
+        for (int i = 0; i < V; ++i) m = fmaxf(m, buf[c][i]);
+      }
+    }
+    float s = 0.f;
+#pragma unroll
+    for (int c = 0; c < kCache; ++c) {
+      const int64_t col = ColOf<kTeam>(c, lane, V);
+      if (valid && col < n) {
+#pragma unroll
+        for (int i = 0; i < V; ++i) s += ExpDiff(buf[c][i], m);
+      }
+    }
+    for (int64_t c = kCache; c < chunks; ++c) {
+      const int64_t col = ColOf<kTeam>(c, lane, V);
+      if (!valid || col >= n) continue;
+      float v[V];
+      LoadVec<T, V>(x + col, v);
+      float cm = m;
+#pragma unroll
+      for (int i = 0; i < V; ++i) cm = fmaxf(cm, v[i]);
+      s *= ExpDiff(m, cm);
+      m = cm;
+#pragma unroll
+      for (int i = 0; i < V; ++i) s += ExpDiff(v[i], m);
+    }
+    // Combine threads: rescale each partial sum to the row max.
+    const float row_max = Team::Max(m, scratch);
+    const float row_sum = Team::Sum(s * ExpDiff(m, row_max), scratch);
+    if (!valid) continue;  // no barrier follows in this iteration
+
+    const float inv_sum = 1.f / row_sum;
+    const float log_sum = logf(row_sum);
+    auto write = [&](int64_t col, const float (&v)[V]) {
+      float out[V];
+#pragma unroll
+      for (int i = 0; i < V; ++i)
+        out[i] = kLog ? v[i] - row_max - log_sum : Exp(v[i] - row_max) * inv_sum;
+      StoreVec<T, V>(y + col, out);
+    };
+#pragma unroll
+    for (int c = 0; c < kCache; ++c) {
+      const int64_t col = ColOf<kTeam>(c, lane, V);
+      if (col < n) write(col, buf[c]);
+    }
+    for (int64_t c = kCache; c < chunks; ++c) {
+      const int64_t col = ColOf<kTeam>(c, lane, V);
+      if (col >= n) continue;
+      float v[V];
+      LoadVec<T, V>(x + col, v);
+      write(col, v);
+    }
+  }
+}
+
+template <typename T, int kTeam, int V, bool kLog>
+__global__ void __launch_bounds__(RowTeam<kTeam>::kBlock) SoftmaxRowBwdKernel(SoftmaxBwdParams p) {
+  using Team = RowTeam<kTeam>;
+  constexpr int kCache = kBwdCacheElems / V;
+  __shared__ typename Team::Scratch scratch;
+  const int lane = Team::Lane();
+  const int64_t n = p.n;
+  const int64_t chunks = (n + int64_t{kTeam} * V - 1) / (int64_t{kTeam} * V);
+
+  for (int64_t base = int64_t{blockIdx.x} * Team::kTeamsPerBlock; base < p.outer;
+       base += int64_t{gridDim.x} * Team::kTeamsPerBlock) {
+    const int64_t row = base + Team::Team();
+    const bool valid = row < p.outer;
+    const T* y = static_cast<const T*>(p.y) + row * n;
+    const T* dy = static_cast<const T*>(p.dy) + row * n;
+    T* dx = static_cast<T*>(p.dx) + row * n;
+
+    // softmax needs sum(dy * y); log_softmax needs sum(dy).
+    float ybuf[kCache][V], dbuf[kCache][V];
+    float s = 0.f;
+#pragma unroll
+    for (int c = 0; c < kCache; ++c) {
+      const int64_t col = ColOf<kTeam>(c, lane, V);
+      if (valid && col < n) {
+        LoadVec<T, V>(y + col, ybuf[c]);
+        LoadVec<T, V>(dy + col, dbuf[c]);
+#pragma unroll
+        for (int i = 0; i < V; ++i) s += kLog ? dbuf[c][i] : dbuf[c][i] * ybuf[c][i];
+      }
+    }
+    for (int64_t c = kCache; c < chunks; ++c) {
+      const int64_t col = ColOf<kTeam>(c, lane, V);
+      if (!valid || col >= n) continue;
+      float yv[V], dv[V];
+      LoadVec<T, V>(y + col, yv);
+      LoadVec<T, V>(dy + col, dv);
+#pragma unroll
+      for (int i = 0; i < V; ++i) s += kLog ? dv[i] : dv[i] * yv[i];
+    }
+    s = Team::Sum(s, scratch);
+    if (!valid) continue;
+
+    auto write = [&](int64_t col, const float (&yv)[V], const float (&dv)[V]) {
+      float out[V];
+#pragma unroll
+      for (int i = 0; i < V; ++i) out[i] = kLog ? dv[i] - Exp(yv[i]) * s : yv[i] * (dv[i] - s);
+      StoreVec<T, V>(dx + col, out);
+    };
+#pragma unroll
+    for (int c = 0; c < kCache; ++c) {
+      const int64_t col = ColOf<kTeam>(c, lane, V);
+      if (col < n) write(col, ybuf[c], dbuf[c]);
+    }
+    for (int64_t c = kCache; c < chunks; ++c) {
+      const int64_t col = ColOf<kTeam>(c, lane, V);
+      if (col >= n) continue;
+      float yv[V], dv[V];
+      LoadVec<T, V>(y + col, yv);
+      LoadVec<T, V>(dy + col, dv);
+      write(col, yv, dv);
+    }
+  }
+}
+
+constexpr int kStridedThreads = 256;
+
+// Thread t handles inner positions [i, i + V) of one outer index.
+template <typename T, int V, bool kLog>
+__global__ void __launch_bounds__(kStridedThreads) SoftmaxStridedFwdKernel(SoftmaxFwdParams p) {
+  const int64_t lanes = p.inner / V;
+  const int64_t t = int64_t{blockIdx.x} * kStridedThreads + threadIdx.x;
+  if (t >= p.outer * lanes) return;
+  const int64_t o = t / lanes;
+  const int64_t i = (t % lanes) * V;
+  const T* x = static_cast<const T*>(p.x) + o * p.n * p.inner + i;
+  T* y = static_cast<T*>(p.y) + o * p.n * p.inner + i;
+  float m[V], s[V];
+#pragma unroll
+  for (int j = 0; j < V; ++j) m[j] = -INFINITY, s[j] = 0.f;
+  for (int64_t k = 0; k < p.n; ++k) {
+    float v[V];
+    LoadVec<T, V>(x + k * p.inner, v);
+#pragma unroll
+    for (int j = 0; j < V; ++j) {
+      const float cm = fmaxf(m[j], v[j]);
+      s[j] = s[j] * ExpDiff(m[j], cm) + ExpDiff(v[j], cm);
+      m[j] = cm;
+    }
+  }
+  float shift[V], inv_sum[V];  // log_softmax subtracts max + log(sum)
+#pragma unroll
+  for (int j = 0; j < V; ++j) shift[j] = m[j] + logf(s[j]), inv_sum[j] = 1.f / s[j];
+  for (int64_t k = 0; k < p.n; ++k) {
+    float v[V];
+    LoadVec<T, V>(x + k * p.inner, v);
+#pragma unroll
+    for (int j = 0; j < V; ++j) v[j] = kLog ? v[j] - shift[j] : Exp(v[j] - m[j]) * inv_sum[j];
+    StoreVec<T, V>(y + k * p.inner, v);
+  }
+}
+
+template <typename T, int V, bool kLog>
+__global__ void __launch_bounds__(kStridedThreads) SoftmaxStridedBwdKernel(SoftmaxBwdParams p) {
+  const int64_t lanes = p.inner / V;
+  const int64_t t = int64_t{blockIdx.x} * kStridedThreads + threadIdx.x;
+  if (t >= p.outer * lanes) return;
+  const int64_t o = t / lanes;
+  const int64_t i = (t % lanes) * V;
+  const int64_t offset = o * p.n * p.inner + i;
+  const T* y = static_cast<const T*>(p.y) + offset;
+  const T* dy = static_cast<const T*>(p.dy) + offset;
+  T* dx = static_cast<T*>(p.dx) + offset;
+  float s[V] = {};
+  for (int64_t k = 0; k < p.n; ++k) {
+    float yv[V], dv[V];
+    LoadVec<T, V>(y + k * p.inner, yv);
+    LoadVec<T, V>(dy + k * p.inner, dv);
+#pragma unroll
+    for (int j = 0; j < V; ++j) s[j] += kLog ? dv[j] : dv[j] * yv[j];
+  }
+  for (int64_t k = 0; k < p.n; ++k) {
+    float yv[V], dv[V], out[V];
+    LoadVec<T, V>(y + k * p.inner, yv);
+    LoadVec<T, V>(dy + k * p.inner, dv);
+#pragma unroll
+    for (int j = 0; j < V; ++j) out[j] = kLog ? dv[j] - Exp(yv[j]) * s[j] : yv[j] * (dv[j] - s[j]);
+    StoreVec<T, V>(dx + k * p.inner, out);
+  }
+}
+
+unsigned RowGrid(int64_t rows, int teams_per_block) {
+  const int64_t blocks = (rows + teams_per_block - 1) / teams_per_block;
+  return static_cast<unsigned>(std::min<int64_t>(blocks, int64_t{1} << 30));
+}
+
+// Launches the row or strided kernel of one direction. RowKernel/StridedKernel
+// are templates selected by the caller; V is 16 bytes when alignment allows.
+template <typename T, bool kLog, int kCacheElems, typename Params, typename RowLaunch,
+          typename StridedLaunch>
+cudaError_t LaunchAny(const Params& p, bool vec, RowLaunch row, StridedLaunch strided) {
+  constexpr int kVec = 16 / sizeof(T);
+  if (p.inner == 1) {
+    return DispatchTeam(p.n, kCacheElems, [&](auto team) {
+      return vec ? row(team, std::integral_constant<int, kVec>{})
+                 : row(team, std::integral_constant<int, 1>{});
+    });
+  }
+  return vec ? strided(std::integral_constant<int, kVec>{}) : strided(std::integral_constant<int, 1>{});
+}
+
+}  // namespace
+
+cudaError_t LaunchSoftmaxFwd(const SoftmaxFwdParams& p, cudaStream_t stream) {
+  if (p.outer == 0 || p.n == 0 || p.inner == 0) return cudaSuccess;
+  return DispatchDType(p.dtype, [&](auto tag) {
+    using T = typename decltype(tag)::type;
+    constexpr int kVec = 16 / sizeof(T);
+    const int64_t span = p.inner == 1 ? p.n : p.inner;
+    const bool vec = span % kVec == 0 && IsAligned(p.x, 16) && IsAligned(p.y, 16);
+    auto run = [&](auto log) {
+      constexpr bool kLog = decltype(log)::value;
+      return LaunchAny<T, kLog, kFwdCacheElems>(
+          p, vec,
+          [&](auto team, auto v) {
+            constexpr int kTeam = decltype(team)::value;
+            using Team = RowTeam<kTeam>;
+            SoftmaxRowFwdKernel<T, kTeam, decltype(v)::value, kLog>
+                <<<RowGrid(p.outer, Team::kTeamsPerBlock), Team::kBlock, 0, stream>>>(p);
+            return cudaGetLastError();
+          },
+          [&](auto v) {
+            const int64_t threads = p.outer * (p.inner / decltype(v)::value);
+            const int64_t blocks = (threads + kStridedThreads - 1) / kStridedThreads;
+            if (blocks >= (int64_t{1} << 31)) return cudaErrorInvalidValue;
+            SoftmaxStridedFwdKernel<T, decltype(v)::value, kLog>
+                <<<static_cast<unsigned>(blocks), kStridedThreads, 0, stream>>>(p);
+            return cudaGetLastError();
+          });
+    };
+    return p.log ? run(std::true_type{}) : run(std::false_type{});
+  });
+}
+
+cudaError_t LaunchSoftmaxBwd(const SoftmaxBwdParams& p, cudaStream_t stream) {
+  if (p.outer == 0 || p.n == 0 || p.inner == 0) return cudaSuccess;
+  return DispatchDType(p.dtype, [&](auto tag) {
+    using T = typename decltype(tag)::type;
+    constexpr int kVec = 16 / sizeof(T);
+    const int64_t span = p.inner == 1 ? p.n : p.inner;
+    const bool vec = span % kVec == 0 && IsAligned(p.y, 16) && IsAligned(p.dy, 16) &&
+                     IsAligned(p.dx, 16);
+    auto run = [&](auto log) {
+      constexpr bool kLog = decltype(log)::value;
+      return LaunchAny<T, kLog, kBwdCacheElems>(
+          p, vec,
+          [&](auto team, auto v) {
+            constexpr int kTeam = decltype(team)::value;
+            using Team = RowTeam<kTeam>;
+            SoftmaxRowBwdKernel<T, kTeam, decltype(v)::value, kLog>
+                <<<RowGrid(p.outer, Team::kTeamsPerBlock), Team::kBlock, 0, stream>>>(p);
+            return cudaGetLastError();
+          },
+          [&](auto v) {
+            const int64_t threads = p.outer * (p.inner / decltype(v)::value);
+            const int64_t blocks = (threads + kStridedThreads - 1) / kStridedThreads;
+            if (blocks >= (int64_t{1} << 31)) return cudaErrorInvalidValue;
+            SoftmaxStridedBwdKernel<T, decltype(v)::value, kLog>
+                <<<static_cast<unsigned>(blocks), kStridedThreads, 0, stream>>>(p);
+            return cudaGetLastError();
+          });
+    };
+    return p.log ? run(std::true_type{}) : run(std::false_type{});
+  });
+}
+
+}  // namespace jax_dnn

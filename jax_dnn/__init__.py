@@ -1,0 +1,30 @@
+"""jax_dnn: deep-learning primitives for JAX, backed by our own CUDA kernels.
+
+Every op is a custom-VJP function over JAX primitives that lower to jax_dnn's
+CUDA kernels (XLA FFI) on GPUs and to a pure-JAX reference elsewhere, so it
+composes with jit, vmap, grad and checkpoint on any platform.
+"""
+
+from jax_dnn._src import extension as _extension
+from jax_dnn._src.activation import bias_act, gelu, relu, sigmoid, silu, tanh
+from jax_dnn._src.layer_norm import layer_norm, rms_norm
+from jax_dnn._src.softmax import log_softmax, softmax
+
+__version__ = "0.1.0"
+
+_extension.registered_targets()  # register the CUDA handlers with JAX on import
+has_cuda_kernels = _extension.has_cuda_kernels
+
+__all__ = [
+    "bias_act",
+    "gelu",
+    "has_cuda_kernels",
+    "layer_norm",
+    "log_softmax",
+    "relu",
+    "rms_norm",
+    "sigmoid",
+    "silu",
+    "softmax",
+    "tanh",
+]

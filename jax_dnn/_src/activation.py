@@ -1,0 +1,252 @@
+"""Elementwise activations and the fused bias + activation.
+
+    relu, gelu (exact or tanh approximation), silu, sigmoid, tanh:  y = act(x)
+    bias_act(x, bias, activation):  y = act(x + bias), bias over the last axis
+
+Numerics: fp32 math, output in x's dtype. The backward recomputes act'(x)
+from the saved input (one read of x and dy, one write of dx); bias_act's
+dbias is reduced over rows deterministically (per-block partials summed in a
+fixed order) and returned in bias's dtype. The primitives take bias as fp32
+[G, W]; G > 1 only when vmap batched the bias (see layer_norm.py).
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+
+import jax
+from jax.interpreters import batching
+import jax.numpy as jnp
+
+from jax_dnn._src import checks
+from jax_dnn._src.primitive import (
+    ShapedArray,
+    batch_size,
+    define_primitive,
+    fold_groups,
+    move_to_front,
+    unbatched_shape,
+)
+
+# FFI attribute values; the numbering matches enum Activation in ffi/activation/activation.h.
+ACTIVATIONS = {"relu": 0, "gelu": 1, "gelu_tanh": 2, "silu": 3, "sigmoid": 4, "tanh": 5}
+_NAMES = {v: k for k, v in ACTIVATIONS.items()}
+
+# Blocks of the bias backward: ~1024 covers an H100/H200 several times over.
+_TARGET_BLOCKS = 1024
+_ROW_LANES = 8  # rows per block step in the kernel (kRowLanes)
+_COLS_PER_BLOCK = 256  # columns per block for 2-byte types (32 lanes x 8)
+_MAX_GRID_Y = 65535
+
+
+def _bias_parts(rows: int, groups: int, width: int) -> int:
+  rows_per_group = rows // groups if groups else 0
+  col_blocks = -(-width // _COLS_PER_BLOCK)
+  parts = -(-_TARGET_BLOCKS // (groups * col_blocks))
+  parts = min(parts, -(-rows_per_group // _ROW_LANES), _MAX_GRID_Y // max(1, groups))
+  return max(1, parts)
+
+
+def _act(x, activation):
+  name = _NAMES[activation]
+  if name == "relu":
+    return jax.nn.relu(x)
+  if name == "gelu":
+    return jax.nn.gelu(x, approximate=False)
+  if name == "gelu_tanh":
+    return jax.nn.gelu(x, approximate=True)
+  if name == "silu":
+    return jax.nn.silu(x)
+  if name == "sigmoid":
+    return jax.nn.sigmoid(x)
+  return jnp.tanh(x)
+
+
+def _act_grad(x, activation):
+  return jax.vmap(jax.grad(lambda v: _act(v, activation)))(x.ravel()).reshape(x.shape)
+
+
+# --- references (pure JAX; what non-CUDA platforms run) ----------------------
+
+
+def _with_bias(x, bias):
+  xf = x.astype(jnp.float32)
+  if bias is None:
+    return xf
+  g, w = bias.shape
+  return (xf.reshape(g, -1, w) + bias[:, None, :]).reshape(x.shape)
+
+
+def _fwd_reference(x, bias=None, *, activation):
+  return _act(_with_bias(x, bias), activation).astype(x.dtype)
+
+
+def _bwd_reference(dy, x, bias=None, *, activation):
+  z = _with_bias(x, bias)
+  dx = dy.astype(jnp.float32) * _act_grad(z, activation)
+  if bias is None:
+    return dx.astype(x.dtype)
+  g, w = bias.shape
+  dbias = jnp.sum(dx.reshape(g, -1, w), axis=1)
+  rows = math.prod(x.shape[:-1])
+  ws = jnp.zeros((g, _bias_parts(rows, g, w), 1, w), jnp.float32)
+  return dx.astype(x.dtype), dbias, ws
+
+
+# --- primitives ---------------------------------------------------------------
+
+
+def _act_fwd_batch(args, dims, *, activation):
+  (x,), (d,) = args, dims
+  return activation_fwd_p.bind(x, activation=activation), d  # elementwise
+
+
+def _act_bwd_batch(args, dims, *, activation):
+  size = batch_size(args, dims)
+  dy, x = (move_to_front(a, d, size) for a, d in zip(args, dims))
+  return activation_bwd_p.bind(dy, x, activation=activation), 0
+
+
+def _bias_fwd_batch(args, dims, *, activation):
+  x, bias = args
+  size = batch_size(args, dims)
+  x = move_to_front(x, dims[0], size)
+  bias, _ = fold_groups(bias, dims[1], size, True)
+  return bias_act_fwd_p.bind(x, bias, activation=activation), 0
+
+
+def _bias_bwd_batch(args, dims, *, activation):
+  dy, x, bias = args
+  size = batch_size(args, dims)
+  dy, x = move_to_front(dy, dims[0], size), move_to_front(x, dims[1], size)
+  groups, width = unbatched_shape(bias, dims[2])
+  bias, folded = fold_groups(bias, dims[2], size, True)
+  dx, dbias, _ = bias_act_bwd_p.bind(dy, x, bias, activation=activation)
+  rows = math.prod(x.shape[1:-1])
+  ws = jnp.zeros((groups, _bias_parts(rows, groups, width), 1, width), jnp.float32)
+  if not folded:
+    return [dx, dbias, ws], [0, batching.not_mapped, batching.not_mapped]
+  return [dx, dbias.reshape(size, groups, width), ws], [0, 0, batching.not_mapped]
+
+
+def _bias_bwd_abstract(dy, x, bias, *, activation):
+  g, w = bias.shape
+  rows = math.prod(x.shape[:-1])
+  return (ShapedArray(x.shape, x.dtype), ShapedArray(bias.shape, jnp.float32),
+          ShapedArray((g, _bias_parts(rows, g, w), 1, w), jnp.float32))
+
+
+activation_fwd_p = define_primitive(
+    "activation_fwd",
+    abstract_eval=lambda x, *, activation: ShapedArray(x.shape, x.dtype),
+    batching_rule=_act_fwd_batch,
+    reference=_fwd_reference,
+    multiple_results=False,
+)
+activation_bwd_p = define_primitive(
+    "activation_bwd",
+    abstract_eval=lambda dy, x, *, activation: ShapedArray(x.shape, x.dtype),
+    batching_rule=_act_bwd_batch,
+    reference=_bwd_reference,
+    multiple_results=False,
+)
+bias_act_fwd_p = define_primitive(
+    "bias_act_fwd",
+    abstract_eval=lambda x, bias, *, activation: ShapedArray(x.shape, x.dtype),
+    batching_rule=_bias_fwd_batch,
+    reference=_fwd_reference,
+    multiple_results=False,
+)
+bias_act_bwd_p = define_primitive(
+    "bias_act_bwd",
+    abstract_eval=_bias_bwd_abstract,
+    batching_rule=_bias_bwd_batch,
+    reference=_bwd_reference,
+    multiple_results=True,
+)
+
+
+# --- custom VJPs -----------------------------------------------------------------
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(1,))
+def _activation(x, activation):
+  return activation_fwd_p.bind(x, activation=activation)
+
+
+def _activation_fwd(x, activation):
+  return activation_fwd_p.bind(x, activation=activation), x
+
+
+def _activation_bwd(activation, x, dy):
+  return (activation_bwd_p.bind(dy.astype(x.dtype), x, activation=activation),)
+
+
+_activation.defvjp(_activation_fwd, _activation_bwd)
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(2,))
+def _bias_act(x, bias, activation):
+  return bias_act_fwd_p.bind(x, bias, activation=activation)
+
+
+def _bias_act_fwd(x, bias, activation):
+  return bias_act_fwd_p.bind(x, bias, activation=activation), (x, bias)
+
+
+def _bias_act_bwd(activation, res, dy):
+  x, bias = res
+  dx, dbias, _ = bias_act_bwd_p.bind(dy.astype(x.dtype), x, bias, activation=activation)
+  return dx, dbias
+
+
+_bias_act.defvjp(_bias_act_fwd, _bias_act_bwd)
+
+
+# --- public API -------------------------------------------------------------------
+
+
+def _unary(name: str):
+  def fn(x: jax.Array) -> jax.Array:
+    checks.check_float(name, "x", x)
+    return _activation(x, ACTIVATIONS[name])
+
+  fn.__name__ = name
+  return fn
+
+
+relu = _unary("relu")
+relu.__doc__ = "max(x, 0) elementwise; gradient 0 at x = 0 (as jax.nn.relu)."
+silu = _unary("silu")
+silu.__doc__ = "x * sigmoid(x) elementwise (a.k.a. swish)."
+sigmoid = _unary("sigmoid")
+sigmoid.__doc__ = "1 / (1 + exp(-x)) elementwise."
+tanh = _unary("tanh")
+tanh.__doc__ = "tanh(x) elementwise."
+
+
+def gelu(x: jax.Array, approximate: bool = True) -> jax.Array:
+  """GELU elementwise; `approximate=True` (the jax.nn.gelu default) uses tanh."""
+  checks.check_float("gelu", "x", x)
+  if not isinstance(approximate, bool):
+    raise TypeError(f"gelu: approximate must be a bool, got {approximate!r}")
+  return _activation(x, ACTIVATIONS["gelu_tanh" if approximate else "gelu"])
+
+
+def bias_act(x: jax.Array, bias: jax.Array, activation: str = "gelu") -> jax.Array:
+  """act(x + bias) in one pass; bias has shape (x.shape[-1],).
+
+  activation: one of "relu", "gelu" (exact), "gelu_tanh", "silu", "sigmoid",
+  "tanh". The backward gives dx and dbias (reduced over all leading axes).
+  """
+  op = "bias_act"
+  checks.check_float(op, "x", x)
+  if x.ndim == 0:
+    raise ValueError(f"{op}: x must have rank >= 1, got a scalar")
+  if activation not in ACTIVATIONS:
+    raise ValueError(f"{op}: activation must be one of {sorted(ACTIVATIONS)}, got {activation!r}")
+  width = x.shape[-1]
+  checks.check_param(op, "bias", bias, width)
+  bias2 = bias.astype(jnp.float32).reshape(1, width)
+  return _bias_act(x, bias2, ACTIVATIONS[activation])

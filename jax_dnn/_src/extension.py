@@ -1,0 +1,50 @@
+"""Loads the compiled extension and registers its FFI targets with JAX.
+
+The extension is optional at run time: without it (or when it was built
+without CUDA) every op lowers to its pure-JAX reference on every platform.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+
+import jax
+
+
+@functools.lru_cache(maxsize=None)
+def _module():
+  try:
+    from jax_dnn import _jax_dnn  # pylint: disable=g-import-not-at-top
+  except ImportError:
+    return None
+  return _jax_dnn
+
+
+@functools.lru_cache(maxsize=None)
+def registered_targets() -> frozenset[str]:
+  """Registers every CUDA handler of the extension once; returns their names."""
+  module = _module()
+  if module is None:
+    return frozenset()
+  names = []
+  for name, capsule in module.registrations().items():
+    jax.ffi.register_ffi_target(name, capsule, platform="CUDA")
+    names.append(name)
+  return frozenset(names)
+
+
+def use_kernel(target: str) -> bool:
+  """Whether a CUDA lowering should call `target` rather than the reference.
+
+  JAX_DNN_IMPL=reference forces the reference path everywhere (for debugging
+  and for comparing against XLA's own lowering).
+  """
+  if os.environ.get("JAX_DNN_IMPL", "auto").lower() == "reference":
+    return False
+  return target in registered_targets()
+
+
+def has_cuda_kernels() -> bool:
+  module = _module()
+  return module is not None and bool(module.has_cuda())

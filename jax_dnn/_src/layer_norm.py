@@ -1,0 +1,277 @@
+"""layer_norm and rms_norm over the last axis (one kernel family).
+
+    layer_norm: y = (x - mean) / sqrt(var + epsilon) * scale + bias
+    rms_norm:   y = x / sqrt(mean(x^2) + epsilon) * scale
+
+Numerics: statistics and math in fp32; y in x's dtype; the kernels take the
+parameters as fp32 [groups, width] (cast here) and return fp32 parameter
+gradients, cast back to the parameters' dtypes. The forward saves mean and
+rstd (fp32, one per row) for the backward. Parameter gradients are reduced
+across rows deterministically (per-block partials summed in a fixed order).
+
+Shapes: x [..., W]; scale, bias [W]. Inside the primitives the parameters are
+[G, W]: row r uses group r // (rows / G). G is 1 unless vmap batched the
+parameters; the batching rules fold that axis into G instead of looping.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+
+import jax
+from jax.interpreters import batching
+import jax.numpy as jnp
+
+from jax_dnn._src import checks
+from jax_dnn._src.primitive import (
+    ShapedArray,
+    batch_size,
+    define_primitive,
+    fold_groups,
+    move_to_front,
+    unbatched_shape,
+)
+
+# Blocks of partial parameter gradients per launch (all groups together): about
+# two per SM on an H100/H200 keeps every SM busy, while the partials stay a few
+# percent of the bytes the backward moves. The workspace is capped at 256 MiB.
+_TARGET_PARTS = 256
+_WORKSPACE_CAP_FLOATS = 1 << 26
+
+
+def _parts(rows: int, groups: int, width: int, sums: int) -> int:
+  rows_per_group = rows // groups if groups else 0
+  parts = min(rows_per_group, -(-_TARGET_PARTS // groups))
+  parts = min(parts, _WORKSPACE_CAP_FLOATS // max(1, groups * sums * width))
+  return max(1, parts)
+
+
+def _grouped(a, params):
+  """Views a [rows, ...] fp32 array as [G, rows / G, ...] to apply [G, W] params."""
+  g = params.shape[0]
+  return a.reshape((g, -1) + a.shape[1:])
+
+
+# --- references (pure JAX; what non-CUDA platforms run) ----------------------
+
+
+def _stats(x2, rms, epsilon):
+  if rms:
+    return None, jax.lax.rsqrt(jnp.mean(x2 * x2, axis=-1) + epsilon)
+  mean = jnp.mean(x2, axis=-1)
+  var = jnp.mean(jnp.square(x2 - mean[:, None]), axis=-1)
+  return mean, jax.lax.rsqrt(var + epsilon)
+
+
+def _fwd_reference(x, scale, bias=None, *, epsilon, rms):
+  width = x.shape[-1]
+  x2 = x.reshape(-1, width).astype(jnp.float32)
+  mean, rstd = _stats(x2, rms, epsilon)
+  xhat = x2 * rstd[:, None] if rms else (x2 - mean[:, None]) * rstd[:, None]
+  y = _grouped(xhat, scale) * scale[:, None, :]
+  if not rms:
+    y = y + bias[:, None, :]
+  y = y.reshape(x.shape).astype(x.dtype)
+  lead = x.shape[:-1]
+  if rms:
+    return y, rstd.reshape(lead)
+  return y, mean.reshape(lead), rstd.reshape(lead)
+
+
+def _bwd_reference(dy, x, scale, *stats, rms):
+  width = x.shape[-1]
+  x2 = x.reshape(-1, width).astype(jnp.float32)
+  dy2 = dy.reshape(-1, width).astype(jnp.float32)
+  rstd = stats[-1].reshape(-1, 1)
+  xhat = x2 * rstd if rms else (x2 - stats[0].reshape(-1, 1)) * rstd
+  g = (_grouped(dy2, scale) * scale[:, None, :]).reshape(-1, width)
+  mean_gx = jnp.mean(g * xhat, axis=-1, keepdims=True)
+  if rms:
+    dx = rstd * (g - xhat * mean_gx)
+  else:
+    dx = rstd * (g - jnp.mean(g, axis=-1, keepdims=True) - xhat * mean_gx)
+  dscale = jnp.sum(_grouped(dy2 * xhat, scale), axis=1)
+  sums = 1 if rms else 2
+  ws = jnp.zeros((scale.shape[0], _parts(x2.shape[0], scale.shape[0], width, sums), sums, width),
+                 jnp.float32)
+  dx = dx.reshape(x.shape).astype(x.dtype)
+  if rms:
+    return dx, dscale, ws
+  return dx, dscale, jnp.sum(_grouped(dy2, scale), axis=1), ws
+
+
+# --- primitives ---------------------------------------------------------------
+
+
+def _fwd_abstract(x, scale, *bias, epsilon, rms):
+  y = ShapedArray(x.shape, x.dtype)
+  stat = ShapedArray(x.shape[:-1], jnp.float32)
+  return (y, stat) if rms else (y, stat, stat)
+
+
+def _bwd_abstract(dy, x, scale, *stats, rms):
+  groups, width = scale.shape
+  rows = math.prod(x.shape[:-1])
+  sums = 1 if rms else 2
+  dx = ShapedArray(x.shape, x.dtype)
+  dparam = ShapedArray(scale.shape, jnp.float32)
+  ws = ShapedArray((groups, _parts(rows, groups, width, sums), sums, width), jnp.float32)
+  return (dx, dparam, ws) if rms else (dx, dparam, dparam, ws)
+
+
+def _fwd_batch(args, dims, *, epsilon, rms):
+  x, params = args[0], args[1:]
+  size = batch_size(args, dims)
+  x = move_to_front(x, dims[0], size)
+  params = [fold_groups(p, d, size, True)[0] for p, d in zip(params, dims[1:])]
+  out = (rms_norm_fwd_p if rms else layer_norm_fwd_p).bind(x, *params, epsilon=epsilon)
+  return out, [0] * len(out)
+
+
+def _bwd_batch(args, dims, *, rms):
+  dy, x, scale, *stats = args
+  size = batch_size(args, dims)
+  dy, x = move_to_front(dy, dims[0], size), move_to_front(x, dims[1], size)
+  stats = [move_to_front(s, d, size) for s, d in zip(stats, dims[3:])]
+  groups, width = unbatched_shape(scale, dims[2])
+  scale, folded = fold_groups(scale, dims[2], size, True)
+  prim = rms_norm_bwd_p if rms else layer_norm_bwd_p
+  dx, *dparams, _ = prim.bind(dy, x, scale, *stats)
+  # The workspace is scratch nobody reads: hand back a placeholder of the
+  # unbatched shape (XLA removes it).
+  sums = 1 if rms else 2
+  rows = math.prod(x.shape[1:-1])
+  ws = jnp.zeros((groups, _parts(rows, groups, width, sums), sums, width), jnp.float32)
+  if not folded:
+    # One shared parameter group: the kernel already summed over the batch.
+    return [dx, *dparams, ws], [0] + [batching.not_mapped] * (len(dparams) + 1)
+  dparams = [d.reshape((size, groups) + d.shape[1:]) for d in dparams]
+  return [dx, *dparams, ws], [0] * (len(dparams) + 1) + [batching.not_mapped]
+
+
+layer_norm_fwd_p = define_primitive(
+    "layer_norm_fwd",
+    abstract_eval=functools.partial(_fwd_abstract, rms=False),
+    batching_rule=functools.partial(_fwd_batch, rms=False),
+    reference=functools.partial(_fwd_reference, rms=False),
+    multiple_results=True,
+)
+rms_norm_fwd_p = define_primitive(
+    "rms_norm_fwd",
+    abstract_eval=functools.partial(_fwd_abstract, rms=True),
+    batching_rule=functools.partial(_fwd_batch, rms=True),
+    reference=functools.partial(_fwd_reference, rms=True),
+    multiple_results=True,
+)
+layer_norm_bwd_p = define_primitive(
+    "layer_norm_bwd",
+    abstract_eval=functools.partial(_bwd_abstract, rms=False),
+    batching_rule=functools.partial(_bwd_batch, rms=False),
+    reference=functools.partial(_bwd_reference, rms=False),
+    multiple_results=True,
+)
+rms_norm_bwd_p = define_primitive(
+    "rms_norm_bwd",
+    abstract_eval=functools.partial(_bwd_abstract, rms=True),
+    batching_rule=functools.partial(_bwd_batch, rms=True),
+    reference=functools.partial(_bwd_reference, rms=True),
+    multiple_results=True,
+)
+
+
+# --- custom VJP ----------------------------------------------------------------
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(3,))
+def _layer_norm(x, scale, bias, epsilon):
+  return layer_norm_fwd_p.bind(x, scale, bias, epsilon=epsilon)[0]
+
+
+def _layer_norm_fwd(x, scale, bias, epsilon):
+  y, mean, rstd = layer_norm_fwd_p.bind(x, scale, bias, epsilon=epsilon)
+  return y, (x, scale, mean, rstd)
+
+
+def _layer_norm_bwd(epsilon, res, dy):
+  del epsilon
+  x, scale, mean, rstd = res
+  dx, dscale, dbias, _ = layer_norm_bwd_p.bind(dy.astype(x.dtype), x, scale, mean, rstd)
+  return dx, dscale, dbias
+
+
+_layer_norm.defvjp(_layer_norm_fwd, _layer_norm_bwd)
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(2,))
+def _rms_norm(x, scale, epsilon):
+  return rms_norm_fwd_p.bind(x, scale, epsilon=epsilon)[0]
+
+
+def _rms_norm_fwd(x, scale, epsilon):
+  y, rstd = rms_norm_fwd_p.bind(x, scale, epsilon=epsilon)
+  return y, (x, scale, rstd)
+
+
+def _rms_norm_bwd(epsilon, res, dy):
+  del epsilon
+  x, scale, rstd = res
+  dx, dscale, _ = rms_norm_bwd_p.bind(dy.astype(x.dtype), x, scale, rstd)
+  return dx, dscale
+
+
+_rms_norm.defvjp(_rms_norm_fwd, _rms_norm_bwd)
+
+
+# --- public API -------------------------------------------------------------------
+
+
+def _prepare(op, x, param, name, default):
+  """Checks one parameter and returns it as fp32 [1, W] (default when None)."""
+  width = x.shape[-1]
+  if param is None:
+    return jnp.full((1, width), default, jnp.float32)
+  checks.check_param(op, name, param, width)
+  return param.astype(jnp.float32).reshape(1, width)
+
+
+def _check_x(op, x):
+  checks.check_float(op, "x", x)
+  if x.ndim == 0:
+    raise ValueError(f"{op}: x must have rank >= 1 (normalized over the last axis), got a scalar")
+  if x.shape[-1] == 0:
+    raise ValueError(f"{op}: x.shape[-1] must be > 0, got shape {tuple(x.shape)}")
+
+
+def layer_norm(x: jax.Array, scale: jax.Array | None = None, bias: jax.Array | None = None, *,
+               epsilon: float = 1e-6) -> jax.Array:
+  """Layer normalization over the last axis of `x`.
+
+  Args:
+    x: [..., W] float32, bfloat16 or float16.
+    scale: [W] (any float dtype), or None for no scale.
+    bias: [W], or None for no bias.
+    epsilon: added to the variance.
+  Returns y in x's dtype. Gradients flow to x, scale and bias in their dtypes.
+  """
+  op = "layer_norm"
+  _check_x(op, x)
+  epsilon = checks.check_epsilon(op, epsilon)
+  scale2 = _prepare(op, x, scale, "scale", 1.0)
+  bias2 = _prepare(op, x, bias, "bias", 0.0)
+  y = _layer_norm(x, scale2, bias2, epsilon)
+  return y
+
+
+def rms_norm(x: jax.Array, scale: jax.Array | None = None, *, epsilon: float = 1e-6) -> jax.Array:
+  """RMS normalization over the last axis: x / sqrt(mean(x^2) + epsilon) * scale.
+
+  Args:
+    x: [..., W] float32, bfloat16 or float16.
+    scale: [W] (any float dtype), or None for no scale.
+    epsilon: added to the mean square.
+  """
+  op = "rms_norm"
+  _check_x(op, x)
+  epsilon = checks.check_epsilon(op, epsilon)
+  return _rms_norm(x, _prepare(op, x, scale, "scale", 1.0), epsilon)

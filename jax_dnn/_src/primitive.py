@@ -1,0 +1,116 @@
+"""The one helper every op uses to define a primitive.
+
+`define_primitive` returns a `jax.extend.core.Primitive` named
+`jax_dnn_<name>` with:
+  * an abstract eval,
+  * a batching rule,
+  * a CUDA lowering to the FFI target of the same name (our kernel), and
+  * on every other platform (and on CUDA when the kernels are unavailable or
+    JAX_DNN_IMPL=reference), a lowering of the pure-JAX reference through
+    `mlir.lower_fun`.
+Primitive parameters become FFI attributes, converted to the fixed-width
+types the handlers decode (int -> int64, float -> float32, bool -> pred).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+import functools
+from typing import Any
+
+import jax
+from jax._src import dispatch
+from jax.extend.core import Primitive
+from jax.interpreters import batching
+from jax.interpreters import mlir
+import numpy as np
+
+from jax_dnn._src import extension
+
+try:  # public in jax 0.10; fall back in case a later release moves it
+  from jax.core import ShapedArray
+except ImportError:  # pragma: no cover
+  from jax._src.core import ShapedArray  # pylint: disable=g-bad-import-order
+
+
+def _ffi_attr(value: Any) -> Any:
+  if isinstance(value, (bool, np.bool_)):
+    return np.bool_(value)
+  if isinstance(value, (int, np.integer)):
+    return np.int64(value)
+  if isinstance(value, (float, np.floating)):
+    return np.float32(value)
+  return value
+
+
+def define_primitive(
+    name: str,
+    *,
+    abstract_eval: Callable[..., Any],
+    batching_rule: Callable[..., Any],
+    reference: Callable[..., Any],
+    multiple_results: bool,
+    ffi_params: Callable[[dict[str, Any]], dict[str, Any]] | None = None,
+) -> Primitive:
+  """Defines primitive `jax_dnn_<name>`, lowered to the FFI target of that name.
+
+  ffi_params maps the primitive's params to the FFI attributes (default: all
+  params); use it to drop params that only the reference needs.
+  """
+  target = f"jax_dnn_{name}"
+  prim = Primitive(target)
+  prim.multiple_results = multiple_results
+  prim.def_impl(functools.partial(dispatch.apply_primitive, prim))
+  prim.def_abstract_eval(abstract_eval)
+  batching.primitive_batchers[prim] = batching_rule
+
+  reference_lowering = mlir.lower_fun(reference, multiple_results=multiple_results)
+  kernel_lowering = jax.ffi.ffi_lowering(target)
+
+  def cuda_lowering(ctx, *args, **params):
+    if not extension.use_kernel(target):
+      return reference_lowering(ctx, *args, **params)
+    attrs = ffi_params(params) if ffi_params else params
+    return kernel_lowering(ctx, *args, **{k: _ffi_attr(v) for k, v in attrs.items()})
+
+  mlir.register_lowering(prim, reference_lowering)
+  mlir.register_lowering(prim, cuda_lowering, platform="cuda")
+  return prim
+
+
+# --- helpers shared by batching rules ---------------------------------------
+
+
+def move_to_front(x, bdim, size):
+  """Returns x with its batch axis first, broadcasting an unbatched x."""
+  if bdim is batching.not_mapped:
+    return jax.numpy.broadcast_to(x, (size,) + x.shape)
+  return jax.numpy.moveaxis(x, bdim, 0)
+
+
+def batch_size(args, dims) -> int:
+  for x, d in zip(args, dims):
+    if d is not batching.not_mapped:
+      return x.shape[d]
+  raise ValueError("batching rule called with no batched argument")
+
+
+def fold_groups(params, bdim, size, x_batched: bool):
+  """Folds a vmapped axis into the group axis of a [groups, width] parameter.
+
+  Row r of the kernel's input uses parameter group r // (rows / groups), and
+  the batching rules put the vmapped axis of the input first, so the batched
+  parameter becomes [size * groups, width]. An unbatched parameter with one
+  group is left alone (every row still uses it); otherwise it is broadcast.
+  Returns (params, folded).
+  """
+  if bdim is batching.not_mapped and (params.shape[0] == 1 or not x_batched):
+    return params, False
+  p = move_to_front(params, bdim, size)
+  return p.reshape((size * p.shape[1], p.shape[2])), True
+
+
+def unbatched_shape(x, bdim) -> tuple[int, ...]:
+  if bdim is batching.not_mapped:
+    return tuple(x.shape)
+  return tuple(s for i, s in enumerate(x.shape) if i != bdim)

@@ -1,0 +1,5 @@
+"""Flax NNX layers over jax_dnn's ops (drop-in for their flax.nnx namesakes)."""
+
+from jax_dnn.nn.normalization import LayerNorm, RMSNorm
+
+__all__ = ["LayerNorm", "RMSNorm"]
