@@ -3,8 +3,10 @@
 //   layer norm: y = (x - mean) * rstd * scale + bias,  rstd = 1/sqrt(var + eps)
 //   RMS norm:   y = x * rstd * scale,                  rstd = 1/sqrt(mean(x^2) + eps)
 //
-// x, y, dy, dx are T (fp32/bf16/fp16); scale, bias, mean, rstd and the parameter
-// gradients are fp32 (the Python layer casts). Statistics are fp32.
+// x, y, dy, dx are T (fp32/bf16/fp16); scale, bias and the parameter gradients
+// are fp32 (the Python layer casts). Statistics are fp32. The backward
+// recomputes mean and rstd from x (it holds the row in registers anyway), so
+// the forward saves nothing and a gradient-only program skips the forward.
 // scale/bias are [groups, width]: row r uses group r / (rows / groups). groups
 // is 1 unless vmap batched the parameters, which folds into the kernel this way.
 #pragma once
@@ -24,8 +26,6 @@ struct LayerNormFwdParams {
   const float* scale;  // [groups, width]
   const float* bias;   // [groups, width]; null for RMS norm
   void* y;             // [rows, width]
-  float* mean;         // [rows]; null for RMS norm
-  float* rstd;         // [rows]
   int64_t rows;
   int64_t width;
   int64_t groups;
@@ -38,8 +38,6 @@ struct LayerNormBwdParams {
   const void* dy;      // [rows, width]
   const void* x;       // [rows, width]
   const float* scale;  // [groups, width]
-  const float* mean;   // [rows]; null for RMS norm
-  const float* rstd;   // [rows]
   void* dx;            // [rows, width]
   float* partials;     // workspace [groups, parts, sums, width]; sums = 2 (1 for RMS)
   float* dscale;       // [groups, width]
@@ -48,6 +46,7 @@ struct LayerNormBwdParams {
   int64_t width;
   int64_t groups;
   int64_t parts;  // blocks per group; each writes one row of partial sums
+  float epsilon;
 };
 
 cudaError_t LaunchLayerNormFwd(const LayerNormFwdParams& p, cudaStream_t stream);

@@ -1,5 +1,6 @@
 // Layer norm / RMS norm backward. See layer_norm.h for the layout.
 //
+//   mean, rstd recomputed from x as in the forward
 //   xhat = (x - mean) * rstd         (RMS norm: x * rstd)
 //   g    = dy * scale
 //   dx   = rstd * (g - mean(g) - xhat * mean(g * xhat))   (RMS norm: no mean(g) term)
@@ -9,7 +10,8 @@
 // keeps its dscale/dbias partial sums for its columns in registers; at the end
 // the block writes one row of partials. Stage 2 (ffi/common/column_sum.cu) sums
 // the partials of each group in a fixed order. No atomics: deterministic.
-// Traffic: x and dy read once, dx written once, plus the partials
+// Traffic: x and dy read once, dx written once (the statistics are recomputed
+// from the row held in registers, so nothing is saved by the forward), plus the partials
 // (groups * parts * sums * width fp32, a few percent of the main traffic).
 #include <algorithm>
 
@@ -20,8 +22,8 @@
 namespace jax_dnn {
 namespace {
 
-// 16 fp32 per thread: x, dy and two accumulators are cached, 64 values; more
-// would cut occupancy below what keeps enough loads in flight.
+// 16 fp32 per thread: x, dy, scale and two accumulators are cached, 80 values;
+// more would cut occupancy below what keeps enough loads in flight.
 constexpr int kCacheElems = 16;
 
 template <typename T, int kTeam, int V, bool kRms>
@@ -62,52 +64,88 @@ __global__ void __launch_bounds__(RowTeam<kTeam>::kBlock)
     const T* x = static_cast<const T*>(p.x) + row * n;
     const T* dy = static_cast<const T*>(p.dy) + row * n;
     T* dx = static_cast<T*>(p.dx) + row * n;
-    const float mean = (valid && !kRms) ? p.mean[row] : 0.f;
-    const float rstd = valid ? p.rstd[row] : 0.f;
+    // Calls fn(col, x, dy, scale) for each chunk of the uncached tail (wide
+    // rows only), re-reading it from memory.
+    auto for_tail = [&](auto fn) {
+      for (int64_t c = kCache; c < chunks; ++c) {
+        const int64_t col = (c * kTeam + lane) * V;
+        if (!valid || col >= n) continue;
+        float xv[V], dv[V], sc[V];
+        LoadVec<T, V>(x + col, xv);
+        LoadVec<T, V>(dy + col, dv);
+        LoadVec<float, V>(scale + col, sc);
+        fn(col, xv, dv, sc);
+      }
+    };
 
-    // Pass 1: the two row sums.
-    float xhat[kCache][V], g[kCache][V], dyv[kCache][V];
-    float sum_g = 0.f, sum_gx = 0.f;
+    // Load the row (padding is zero) and recompute the forward statistics.
+    float xv[kCache][V], dyv[kCache][V], sc[kCache][V];
+    float s1 = 0.f;  // layer norm: sum of x; RMS norm: sum of x^2
 #pragma unroll
     for (int c = 0; c < kCache; ++c) {
       const int64_t col = (c * static_cast<int64_t>(kTeam) + lane) * V;
-      float sc[V];
       if (valid && col < n) {
-        LoadVec<T, V>(x + col, xhat[c]);
+        LoadVec<T, V>(x + col, xv[c]);
         LoadVec<T, V>(dy + col, dyv[c]);
-        LoadVec<float, V>(scale + col, sc);
+        LoadVec<float, V>(scale + col, sc[c]);
       } else {
 #pragma unroll
-        for (int i = 0; i < V; ++i) xhat[c][i] = dyv[c][i] = sc[i] = 0.f;
+        for (int i = 0; i < V; ++i) xv[c][i] = dyv[c][i] = sc[c][i] = 0.f;
       }
 #pragma unroll
-      for (int i = 0; i < V; ++i) {
-        xhat[c][i] = (xhat[c][i] - mean) * rstd;
-        g[c][i] = dyv[c][i] * sc[i];
-        sum_g += g[c][i];
-        sum_gx += g[c][i] * xhat[c][i];
-      }
+      for (int i = 0; i < V; ++i) s1 += kRms ? xv[c][i] * xv[c][i] : xv[c][i];
     }
-    for (int64_t c = kCache; c < chunks; ++c) {
-      const int64_t col = (c * kTeam + lane) * V;
-      if (!valid || col >= n) continue;
-      float xv[V], dv[V], sc[V];
-      LoadVec<T, V>(x + col, xv);
-      LoadVec<T, V>(dy + col, dv);
-      LoadVec<float, V>(scale + col, sc);
+    for_tail([&](int64_t, const float(&v)[V], const float(&)[V], const float(&)[V]) {
+#pragma unroll
+      for (int i = 0; i < V; ++i) s1 += kRms ? v[i] * v[i] : v[i];
+    });
+    s1 = Team::Sum(s1, scratch);
+    float mean = 0.f;
+    float var = s1 * inv_n;
+    if constexpr (!kRms) {
+      mean = s1 * inv_n;
+      float s2 = 0.f;
+#pragma unroll
+      for (int c = 0; c < kCache; ++c) {
+        const int64_t col = (c * static_cast<int64_t>(kTeam) + lane) * V;
+        if (col < n) {
+#pragma unroll
+          for (int i = 0; i < V; ++i) s2 += (xv[c][i] - mean) * (xv[c][i] - mean);
+        }
+      }
+      for_tail([&](int64_t, const float(&v)[V], const float(&)[V], const float(&)[V]) {
+#pragma unroll
+        for (int i = 0; i < V; ++i) s2 += (v[i] - mean) * (v[i] - mean);
+      });
+      var = Team::Sum(s2, scratch) * inv_n;
+    }
+    const float rstd = rsqrtf(var + p.epsilon);
+
+    // The two row sums of the dx formula, over g = dy * scale.
+    float sum_g = 0.f, sum_gx = 0.f;
+#pragma unroll
+    for (int c = 0; c < kCache; ++c) {
 #pragma unroll
       for (int i = 0; i < V; ++i) {
-        const float gi = dv[i] * sc[i];
-        sum_g += gi;
-        sum_gx += gi * (xv[i] - mean) * rstd;
+        xv[c][i] = (xv[c][i] - mean) * rstd;  // now xhat
+        const float g = dyv[c][i] * sc[c][i];
+        sum_g += g;
+        sum_gx += g * xv[c][i];
       }
     }
+    for_tail([&](int64_t, const float(&v)[V], const float(&d)[V], const float(&g)[V]) {
+#pragma unroll
+      for (int i = 0; i < V; ++i) {
+        sum_g += d[i] * g[i];
+        sum_gx += d[i] * g[i] * (v[i] - mean) * rstd;
+      }
+    });
     Team::Sum2(sum_g, sum_gx, scratch);
     const float mean_g = kRms ? 0.f : sum_g * inv_n;
     const float mean_gx = sum_gx * inv_n;
     if (!valid) continue;  // no barrier follows in this iteration
 
-    // Pass 2: dx and the parameter-gradient partials.
+    // dx and the parameter-gradient partials.
 #pragma unroll
     for (int c = 0; c < kCache; ++c) {
       const int64_t col = (c * static_cast<int64_t>(kTeam) + lane) * V;
@@ -115,28 +153,23 @@ __global__ void __launch_bounds__(RowTeam<kTeam>::kBlock)
       float out[V];
 #pragma unroll
       for (int i = 0; i < V; ++i) {
-        out[i] = rstd * (g[c][i] - mean_g - xhat[c][i] * mean_gx);
-        acc_scale[c][i] += dyv[c][i] * xhat[c][i];
+        out[i] = rstd * (dyv[c][i] * sc[c][i] - mean_g - xv[c][i] * mean_gx);
+        acc_scale[c][i] += dyv[c][i] * xv[c][i];
         acc_bias[c][i] += dyv[c][i];
       }
       StoreVec<T, V>(dx + col, out);
     }
-    for (int64_t c = kCache; c < chunks; ++c) {
-      const int64_t col = (c * kTeam + lane) * V;
-      if (col >= n) continue;
-      float xv[V], dv[V], sc[V], out[V];
-      LoadVec<T, V>(x + col, xv);
-      LoadVec<T, V>(dy + col, dv);
-      LoadVec<float, V>(scale + col, sc);
+    for_tail([&](int64_t col, const float(&v)[V], const float(&d)[V], const float(&g)[V]) {
+      float out[V];
 #pragma unroll
       for (int i = 0; i < V; ++i) {
-        const float xh = (xv[i] - mean) * rstd;
-        out[i] = rstd * (dv[i] * sc[i] - mean_g - xh * mean_gx);
-        partial[col + i] += dv[i] * xh;
-        if constexpr (!kRms) partial[n + col + i] += dv[i];
+        const float xh = (v[i] - mean) * rstd;
+        out[i] = rstd * (d[i] * g[i] - mean_g - xh * mean_gx);
+        partial[col + i] += d[i] * xh;
+        if constexpr (!kRms) partial[n + col + i] += d[i];
       }
       StoreVec<T, V>(dx + col, out);
-    }
+    });
   }
 
   // Combine the teams of this block in a fixed order (team 0 first), then

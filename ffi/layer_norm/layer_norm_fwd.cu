@@ -93,10 +93,6 @@ __global__ void __launch_bounds__(RowTeam<kTeam>::kBlock)
     }
     const float rstd = rsqrtf(var + p.epsilon);
     if (!valid) continue;  // no barrier follows in this iteration
-    if (lane == 0) {
-      if constexpr (!kRms) p.mean[row] = mean;
-      p.rstd[row] = rstd;
-    }
 
     const int64_t group = row / rows_per_group;
     const float* scale = p.scale + group * n;

@@ -10,6 +10,10 @@
 // Strided kernels (any other axis): one thread per V consecutive inner
 // positions walks down the axis; an online pass then a writing pass.
 //
+// The backward recomputes softmax(x) from x (see softmax.h), so its row
+// kernel caches x and dy and makes three team reductions (max, sum, and the
+// dx formula's sum).
+//
 // NaN: padding lanes never enter a sum; a row whose max is -inf (all -inf)
 // gives NaN exactly as jax.nn.softmax does.
 #include <algorithm>
@@ -130,54 +134,88 @@ __global__ void __launch_bounds__(RowTeam<kTeam>::kBlock) SoftmaxRowBwdKernel(So
        base += int64_t{gridDim.x} * Team::kTeamsPerBlock) {
     const int64_t row = base + Team::Team();
     const bool valid = row < p.outer;
-    const T* y = static_cast<const T*>(p.y) + row * n;
+    const T* x = static_cast<const T*>(p.x) + row * n;
     const T* dy = static_cast<const T*>(p.dy) + row * n;
     T* dx = static_cast<T*>(p.dx) + row * n;
+    // Calls fn(col, x, dy) for each chunk of the uncached tail (long rows).
+    auto for_tail = [&](auto fn) {
+      for (int64_t c = kCache; c < chunks; ++c) {
+        const int64_t col = ColOf<kTeam>(c, lane, V);
+        if (!valid || col >= n) continue;
+        float xv[V], dv[V];
+        LoadVec<T, V>(x + col, xv);
+        LoadVec<T, V>(dy + col, dv);
+        fn(col, xv, dv);
+      }
+    };
 
-    // softmax needs sum(dy * y); log_softmax needs sum(dy).
-    float ybuf[kCache][V], dbuf[kCache][V];
-    float s = 0.f;
+    // Recompute the forward: row max and sum of exp(x - max).
+    float xb[kCache][V], db[kCache][V];
+    float m = -INFINITY;
 #pragma unroll
     for (int c = 0; c < kCache; ++c) {
       const int64_t col = ColOf<kTeam>(c, lane, V);
       if (valid && col < n) {
-        LoadVec<T, V>(y + col, ybuf[c]);
-        LoadVec<T, V>(dy + col, dbuf[c]);
+        LoadVec<T, V>(x + col, xb[c]);
+        LoadVec<T, V>(dy + col, db[c]);
 #pragma unroll
-        for (int i = 0; i < V; ++i) s += kLog ? dbuf[c][i] : dbuf[c][i] * ybuf[c][i];
+        for (int i = 0; i < V; ++i) m = fmaxf(m, xb[c][i]);
+      } else {
+#pragma unroll
+        for (int i = 0; i < V; ++i) xb[c][i] = -INFINITY, db[c][i] = 0.f;
       }
     }
-    for (int64_t c = kCache; c < chunks; ++c) {
-      const int64_t col = ColOf<kTeam>(c, lane, V);
-      if (!valid || col >= n) continue;
-      float yv[V], dv[V];
-      LoadVec<T, V>(y + col, yv);
-      LoadVec<T, V>(dy + col, dv);
+    float s = 0.f;
 #pragma unroll
-      for (int i = 0; i < V; ++i) s += kLog ? dv[i] : dv[i] * yv[i];
+    for (int c = 0; c < kCache; ++c) {
+#pragma unroll
+      for (int i = 0; i < V; ++i) s += ExpDiff(xb[c][i], m);  // padding: exp(-inf) = 0
     }
-    s = Team::Sum(s, scratch);
-    if (!valid) continue;
-
-    auto write = [&](int64_t col, const float (&yv)[V], const float (&dv)[V]) {
-      float out[V];
+    for_tail([&](int64_t, const float(&v)[V], const float(&)[V]) {
+      float cm = m;
 #pragma unroll
-      for (int i = 0; i < V; ++i) out[i] = kLog ? dv[i] - Exp(yv[i]) * s : yv[i] * (dv[i] - s);
-      StoreVec<T, V>(dx + col, out);
-    };
+      for (int i = 0; i < V; ++i) cm = fmaxf(cm, v[i]);
+      s *= ExpDiff(m, cm);
+      m = cm;
+#pragma unroll
+      for (int i = 0; i < V; ++i) s += ExpDiff(v[i], m);
+    });
+    const float row_max = Team::Max(m, scratch);
+    const float inv_sum = 1.f / Team::Sum(s * ExpDiff(m, row_max), scratch);
+
+    // softmax needs sum(dy * y); log_softmax needs sum(dy).
+    float t = 0.f;
+#pragma unroll
+    for (int c = 0; c < kCache; ++c) {
+#pragma unroll
+      for (int i = 0; i < V; ++i) {
+        xb[c][i] = ExpDiff(xb[c][i], row_max) * inv_sum;  // now y = softmax(x)
+        t += kLog ? db[c][i] : db[c][i] * xb[c][i];
+      }
+    }
+    for_tail([&](int64_t, const float(&v)[V], const float(&d)[V]) {
+#pragma unroll
+      for (int i = 0; i < V; ++i) t += kLog ? d[i] : d[i] * Exp(v[i] - row_max) * inv_sum;
+    });
+    t = Team::Sum(t, scratch);
+    if (!valid) continue;  // no barrier follows in this iteration
+
+    auto grad = [&](float y, float d) { return kLog ? d - y * t : y * (d - t); };
 #pragma unroll
     for (int c = 0; c < kCache; ++c) {
       const int64_t col = ColOf<kTeam>(c, lane, V);
-      if (col < n) write(col, ybuf[c], dbuf[c]);
-    }
-    for (int64_t c = kCache; c < chunks; ++c) {
-      const int64_t col = ColOf<kTeam>(c, lane, V);
       if (col >= n) continue;
-      float yv[V], dv[V];
-      LoadVec<T, V>(y + col, yv);
-      LoadVec<T, V>(dy + col, dv);
-      write(col, yv, dv);
+      float out[V];
+#pragma unroll
+      for (int i = 0; i < V; ++i) out[i] = grad(xb[c][i], db[c][i]);
+      StoreVec<T, V>(dx + col, out);
     }
+    for_tail([&](int64_t col, const float(&v)[V], const float(&d)[V]) {
+      float out[V];
+#pragma unroll
+      for (int i = 0; i < V; ++i) out[i] = grad(Exp(v[i] - row_max) * inv_sum, d[i]);
+      StoreVec<T, V>(dx + col, out);
+    });
   }
 }
 
@@ -226,23 +264,42 @@ __global__ void __launch_bounds__(kStridedThreads) SoftmaxStridedBwdKernel(Softm
   const int64_t o = t / lanes;
   const int64_t i = (t % lanes) * V;
   const int64_t offset = o * p.n * p.inner + i;
-  const T* y = static_cast<const T*>(p.y) + offset;
+  const T* x = static_cast<const T*>(p.x) + offset;
   const T* dy = static_cast<const T*>(p.dy) + offset;
   T* dx = static_cast<T*>(p.dx) + offset;
-  float s[V] = {};
-  for (int64_t k = 0; k < p.n; ++k) {
-    float yv[V], dv[V];
-    LoadVec<T, V>(y + k * p.inner, yv);
-    LoadVec<T, V>(dy + k * p.inner, dv);
+  // Pass 1 recomputes the forward's max and sum; pass 2 the sum of the dx
+  // formula; pass 3 writes dx.
+  float m[V], s[V], acc[V];
 #pragma unroll
-    for (int j = 0; j < V; ++j) s[j] += kLog ? dv[j] : dv[j] * yv[j];
+  for (int j = 0; j < V; ++j) m[j] = -INFINITY, s[j] = 0.f, acc[j] = 0.f;
+  for (int64_t k = 0; k < p.n; ++k) {
+    float v[V];
+    LoadVec<T, V>(x + k * p.inner, v);
+#pragma unroll
+    for (int j = 0; j < V; ++j) {
+      const float cm = fmaxf(m[j], v[j]);
+      s[j] = s[j] * ExpDiff(m[j], cm) + ExpDiff(v[j], cm);
+      m[j] = cm;
+    }
+  }
+#pragma unroll
+  for (int j = 0; j < V; ++j) s[j] = 1.f / s[j];
+  for (int64_t k = 0; k < p.n; ++k) {
+    float v[V], d[V];
+    LoadVec<T, V>(x + k * p.inner, v);
+    LoadVec<T, V>(dy + k * p.inner, d);
+#pragma unroll
+    for (int j = 0; j < V; ++j) acc[j] += kLog ? d[j] : d[j] * Exp(v[j] - m[j]) * s[j];
   }
   for (int64_t k = 0; k < p.n; ++k) {
-    float yv[V], dv[V], out[V];
-    LoadVec<T, V>(y + k * p.inner, yv);
-    LoadVec<T, V>(dy + k * p.inner, dv);
+    float v[V], d[V], out[V];
+    LoadVec<T, V>(x + k * p.inner, v);
+    LoadVec<T, V>(dy + k * p.inner, d);
 #pragma unroll
-    for (int j = 0; j < V; ++j) out[j] = kLog ? dv[j] - Exp(yv[j]) * s[j] : yv[j] * (dv[j] - s[j]);
+    for (int j = 0; j < V; ++j) {
+      const float y = Exp(v[j] - m[j]) * s[j];
+      out[j] = kLog ? d[j] - y * acc[j] : y * (d[j] - acc[j]);
+    }
     StoreVec<T, V>(dx + k * p.inner, out);
   }
 }
@@ -306,7 +363,7 @@ cudaError_t LaunchSoftmaxBwd(const SoftmaxBwdParams& p, cudaStream_t stream) {
     using T = typename decltype(tag)::type;
     constexpr int kVec = 16 / sizeof(T);
     const int64_t span = p.inner == 1 ? p.n : p.inner;
-    const bool vec = span % kVec == 0 && IsAligned(p.y, 16) && IsAligned(p.dy, 16) &&
+    const bool vec = span % kVec == 0 && IsAligned(p.x, 16) && IsAligned(p.dy, 16) &&
                      IsAligned(p.dx, 16);
     auto run = [&](auto log) {
       constexpr bool kLog = decltype(log)::value;

@@ -6,7 +6,10 @@
 //   softmax:      y = exp(x - max) / sum(exp(x - max))
 //                 dx = y * (dy - sum(dy * y))
 //   log_softmax:  y = x - max - log(sum(exp(x - max)))
-//                 dx = dy - exp(y) * sum(dy)
+//                 dx = dy - softmax(x) * sum(dy)
+// The backward takes x, not y, and recomputes softmax(x) (the row is in
+// registers anyway): nothing is saved by the forward, so a gradient-only
+// program never runs the forward kernel.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -30,7 +33,7 @@ struct SoftmaxFwdParams {
 struct SoftmaxBwdParams {
   DType dtype;
   bool log;
-  const void* y;   // forward output
+  const void* x;   // forward input [outer, n, inner]
   const void* dy;  // [outer, n, inner]
   void* dx;        // [outer, n, inner]
   int64_t outer;

@@ -32,18 +32,18 @@ ffi::Error SoftmaxFwdImpl(cudaStream_t stream, ffi::AnyBuffer x, ffi::Result<ffi
   return LaunchStatus(LaunchSoftmaxFwd(p, stream), "jax_dnn_softmax_fwd");
 }
 
-ffi::Error SoftmaxBwdImpl(cudaStream_t stream, ffi::AnyBuffer y, ffi::AnyBuffer dy,
+ffi::Error SoftmaxBwdImpl(cudaStream_t stream, ffi::AnyBuffer x, ffi::AnyBuffer dy,
                           ffi::Result<ffi::AnyBuffer> dx, int64_t axis, bool log) {
-  auto dtype = ToDType(y.element_type());
-  if (!dtype || dy.element_type() != y.element_type() || dx->element_type() != y.element_type())
-    return InvalidArgument("jax_dnn softmax_bwd: y and dy must share one float dtype");
-  if (dy.element_count() != y.element_count())
-    return InvalidArgument("jax_dnn softmax_bwd: y and dy must have the same shape");
+  auto dtype = ToDType(x.element_type());
+  if (!dtype || dy.element_type() != x.element_type() || dx->element_type() != x.element_type())
+    return InvalidArgument("jax_dnn softmax_bwd: x and dy must share one float dtype");
+  if (dy.element_count() != x.element_count())
+    return InvalidArgument("jax_dnn softmax_bwd: x and dy must have the same shape");
   SoftmaxBwdParams p{};
-  if (auto e = SplitAxis(y.dimensions(), axis, &p.outer, &p.n, &p.inner); e.failure()) return e;
+  if (auto e = SplitAxis(x.dimensions(), axis, &p.outer, &p.n, &p.inner); e.failure()) return e;
   p.dtype = *dtype;
   p.log = log;
-  p.y = y.untyped_data();
+  p.x = x.untyped_data();
   p.dy = dy.untyped_data();
   p.dx = dx->untyped_data();
   return LaunchStatus(LaunchSoftmaxBwd(p, stream), "jax_dnn_softmax_bwd");
@@ -63,7 +63,7 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(SoftmaxFwd, SoftmaxFwdImpl,
 XLA_FFI_DEFINE_HANDLER_SYMBOL(SoftmaxBwd, SoftmaxBwdImpl,
                               ffi::Ffi::Bind()
                                   .Ctx<ffi::PlatformStream<cudaStream_t>>()
-                                  .Arg<ffi::AnyBuffer>()  // y (forward output)
+                                  .Arg<ffi::AnyBuffer>()  // x (forward input)
                                   .Arg<ffi::AnyBuffer>()  // dy
                                   .Ret<ffi::AnyBuffer>()  // dx
                                   .Attr<int64_t>("axis")

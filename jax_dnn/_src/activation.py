@@ -16,11 +16,11 @@ import functools
 import math
 
 import jax
-from jax.interpreters import batching
 import jax.numpy as jnp
 
 from jax_dnn._src import checks
 from jax_dnn._src.primitive import (
+    NOT_MAPPED,
     ShapedArray,
     batch_size,
     define_primitive,
@@ -112,7 +112,7 @@ def _bias_fwd_batch(args, dims, *, activation):
   x, bias = args
   size = batch_size(args, dims)
   x = move_to_front(x, dims[0], size)
-  bias, _ = fold_groups(bias, dims[1], size, True)
+  bias = fold_groups(bias, dims[1], size, shared_ok=True)
   return bias_act_fwd_p.bind(x, bias, activation=activation), 0
 
 
@@ -121,13 +121,11 @@ def _bias_bwd_batch(args, dims, *, activation):
   size = batch_size(args, dims)
   dy, x = move_to_front(dy, dims[0], size), move_to_front(x, dims[1], size)
   groups, width = unbatched_shape(bias, dims[2])
-  bias, folded = fold_groups(bias, dims[2], size, True)
+  bias = fold_groups(bias, dims[2], size, shared_ok=False)
   dx, dbias, _ = bias_act_bwd_p.bind(dy, x, bias, activation=activation)
   rows = math.prod(x.shape[1:-1])
   ws = jnp.zeros((groups, _bias_parts(rows, groups, width), 1, width), jnp.float32)
-  if not folded:
-    return [dx, dbias, ws], [0, batching.not_mapped, batching.not_mapped]
-  return [dx, dbias.reshape(size, groups, width), ws], [0, 0, batching.not_mapped]
+  return [dx, dbias.reshape(size, groups, width), ws], [0, 0, NOT_MAPPED]
 
 
 def _bias_bwd_abstract(dy, x, bias, *, activation):

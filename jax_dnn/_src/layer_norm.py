@@ -5,9 +5,11 @@
 
 Numerics: statistics and math in fp32; y in x's dtype; the kernels take the
 parameters as fp32 [groups, width] (cast here) and return fp32 parameter
-gradients, cast back to the parameters' dtypes. The forward saves mean and
-rstd (fp32, one per row) for the backward. Parameter gradients are reduced
-across rows deterministically (per-block partials summed in a fixed order).
+gradients, cast back to the parameters' dtypes. The backward recomputes the
+statistics from x, so the residuals are just (x, scale) and a program that
+only needs gradients never runs the forward kernel (XLA removes it). Parameter
+gradients are reduced across rows deterministically (per-block partials
+summed in a fixed order).
 
 Shapes: x [..., W]; scale, bias [W]. Inside the primitives the parameters are
 [G, W]: row r uses group r // (rows / G). G is 1 unless vmap batched the
@@ -20,11 +22,11 @@ import functools
 import math
 
 import jax
-from jax.interpreters import batching
 import jax.numpy as jnp
 
 from jax_dnn._src import checks
 from jax_dnn._src.primitive import (
+    NOT_MAPPED,
     ShapedArray,
     batch_size,
     define_primitive,
@@ -56,46 +58,39 @@ def _grouped(a, params):
 # --- references (pure JAX; what non-CUDA platforms run) ----------------------
 
 
-def _stats(x2, rms, epsilon):
+def _normalized(x2, rms, epsilon):
+  """xhat and rstd of fp32 rows [R, W]."""
   if rms:
-    return None, jax.lax.rsqrt(jnp.mean(x2 * x2, axis=-1) + epsilon)
-  mean = jnp.mean(x2, axis=-1)
-  var = jnp.mean(jnp.square(x2 - mean[:, None]), axis=-1)
-  return mean, jax.lax.rsqrt(var + epsilon)
+    rstd = jax.lax.rsqrt(jnp.mean(x2 * x2, axis=-1, keepdims=True) + epsilon)
+    return x2 * rstd, rstd
+  mean = jnp.mean(x2, axis=-1, keepdims=True)
+  rstd = jax.lax.rsqrt(jnp.mean(jnp.square(x2 - mean), axis=-1, keepdims=True) + epsilon)
+  return (x2 - mean) * rstd, rstd
 
 
 def _fwd_reference(x, scale, bias=None, *, epsilon, rms):
   width = x.shape[-1]
-  x2 = x.reshape(-1, width).astype(jnp.float32)
-  mean, rstd = _stats(x2, rms, epsilon)
-  xhat = x2 * rstd[:, None] if rms else (x2 - mean[:, None]) * rstd[:, None]
+  xhat, _ = _normalized(x.reshape(-1, width).astype(jnp.float32), rms, epsilon)
   y = _grouped(xhat, scale) * scale[:, None, :]
   if not rms:
     y = y + bias[:, None, :]
-  y = y.reshape(x.shape).astype(x.dtype)
-  lead = x.shape[:-1]
-  if rms:
-    return y, rstd.reshape(lead)
-  return y, mean.reshape(lead), rstd.reshape(lead)
+  return y.reshape(x.shape).astype(x.dtype)
 
 
-def _bwd_reference(dy, x, scale, *stats, rms):
+def _bwd_reference(dy, x, scale, *, epsilon, rms):
   width = x.shape[-1]
   x2 = x.reshape(-1, width).astype(jnp.float32)
   dy2 = dy.reshape(-1, width).astype(jnp.float32)
-  rstd = stats[-1].reshape(-1, 1)
-  xhat = x2 * rstd if rms else (x2 - stats[0].reshape(-1, 1)) * rstd
+  xhat, rstd = _normalized(x2, rms, epsilon)
   g = (_grouped(dy2, scale) * scale[:, None, :]).reshape(-1, width)
   mean_gx = jnp.mean(g * xhat, axis=-1, keepdims=True)
   if rms:
     dx = rstd * (g - xhat * mean_gx)
   else:
     dx = rstd * (g - jnp.mean(g, axis=-1, keepdims=True) - xhat * mean_gx)
-  dscale = jnp.sum(_grouped(dy2 * xhat, scale), axis=1)
-  sums = 1 if rms else 2
-  ws = jnp.zeros((scale.shape[0], _parts(x2.shape[0], scale.shape[0], width, sums), sums, width),
-                 jnp.float32)
   dx = dx.reshape(x.shape).astype(x.dtype)
+  dscale = jnp.sum(_grouped(dy2 * xhat, scale), axis=1)
+  ws = jnp.zeros(_workspace_shape(x2.shape[0], *scale.shape, rms), jnp.float32)
   if rms:
     return dx, dscale, ws
   return dx, dscale, jnp.sum(_grouped(dy2, scale), axis=1), ws
@@ -104,19 +99,20 @@ def _bwd_reference(dy, x, scale, *stats, rms):
 # --- primitives ---------------------------------------------------------------
 
 
-def _fwd_abstract(x, scale, *bias, epsilon, rms):
-  y = ShapedArray(x.shape, x.dtype)
-  stat = ShapedArray(x.shape[:-1], jnp.float32)
-  return (y, stat) if rms else (y, stat, stat)
-
-
-def _bwd_abstract(dy, x, scale, *stats, rms):
-  groups, width = scale.shape
-  rows = math.prod(x.shape[:-1])
+def _workspace_shape(rows, groups, width, rms):
   sums = 1 if rms else 2
+  return (groups, _parts(rows, groups, width, sums), sums, width)
+
+
+def _fwd_abstract(x, scale, *bias, epsilon, rms):
+  return ShapedArray(x.shape, x.dtype)
+
+
+def _bwd_abstract(dy, x, scale, *, epsilon, rms):
+  rows = math.prod(x.shape[:-1])
   dx = ShapedArray(x.shape, x.dtype)
   dparam = ShapedArray(scale.shape, jnp.float32)
-  ws = ShapedArray((groups, _parts(rows, groups, width, sums), sums, width), jnp.float32)
+  ws = ShapedArray(_workspace_shape(rows, *scale.shape, rms), jnp.float32)
   return (dx, dparam, ws) if rms else (dx, dparam, dparam, ws)
 
 
@@ -124,79 +120,62 @@ def _fwd_batch(args, dims, *, epsilon, rms):
   x, params = args[0], args[1:]
   size = batch_size(args, dims)
   x = move_to_front(x, dims[0], size)
-  params = [fold_groups(p, d, size, True)[0] for p, d in zip(params, dims[1:])]
-  out = (rms_norm_fwd_p if rms else layer_norm_fwd_p).bind(x, *params, epsilon=epsilon)
-  return out, [0] * len(out)
+  params = [fold_groups(p, d, size, shared_ok=True) for p, d in zip(params, dims[1:])]
+  return (rms_norm_fwd_p if rms else layer_norm_fwd_p).bind(x, *params, epsilon=epsilon), 0
 
 
-def _bwd_batch(args, dims, *, rms):
-  dy, x, scale, *stats = args
+def _bwd_batch(args, dims, *, epsilon, rms):
+  dy, x, scale = args
   size = batch_size(args, dims)
   dy, x = move_to_front(dy, dims[0], size), move_to_front(x, dims[1], size)
-  stats = [move_to_front(s, d, size) for s, d in zip(stats, dims[3:])]
   groups, width = unbatched_shape(scale, dims[2])
-  scale, folded = fold_groups(scale, dims[2], size, True)
+  scale = fold_groups(scale, dims[2], size, shared_ok=False)
   prim = rms_norm_bwd_p if rms else layer_norm_bwd_p
-  dx, *dparams, _ = prim.bind(dy, x, scale, *stats)
+  dx, *dparams, _ = prim.bind(dy, x, scale, epsilon=epsilon)
+  dparams = [d.reshape((size, groups, width)) for d in dparams]
   # The workspace is scratch nobody reads: hand back a placeholder of the
   # unbatched shape (XLA removes it).
-  sums = 1 if rms else 2
-  rows = math.prod(x.shape[1:-1])
-  ws = jnp.zeros((groups, _parts(rows, groups, width, sums), sums, width), jnp.float32)
-  if not folded:
-    # One shared parameter group: the kernel already summed over the batch.
-    return [dx, *dparams, ws], [0] + [batching.not_mapped] * (len(dparams) + 1)
-  dparams = [d.reshape((size, groups) + d.shape[1:]) for d in dparams]
-  return [dx, *dparams, ws], [0] * (len(dparams) + 1) + [batching.not_mapped]
+  ws = jnp.zeros(_workspace_shape(math.prod(x.shape[1:-1]), groups, width, rms), jnp.float32)
+  return [dx, *dparams, ws], [0] * (len(dparams) + 1) + [NOT_MAPPED]
 
 
-layer_norm_fwd_p = define_primitive(
-    "layer_norm_fwd",
-    abstract_eval=functools.partial(_fwd_abstract, rms=False),
-    batching_rule=functools.partial(_fwd_batch, rms=False),
-    reference=functools.partial(_fwd_reference, rms=False),
-    multiple_results=True,
-)
-rms_norm_fwd_p = define_primitive(
-    "rms_norm_fwd",
-    abstract_eval=functools.partial(_fwd_abstract, rms=True),
-    batching_rule=functools.partial(_fwd_batch, rms=True),
-    reference=functools.partial(_fwd_reference, rms=True),
-    multiple_results=True,
-)
-layer_norm_bwd_p = define_primitive(
-    "layer_norm_bwd",
-    abstract_eval=functools.partial(_bwd_abstract, rms=False),
-    batching_rule=functools.partial(_bwd_batch, rms=False),
-    reference=functools.partial(_bwd_reference, rms=False),
-    multiple_results=True,
-)
-rms_norm_bwd_p = define_primitive(
-    "rms_norm_bwd",
-    abstract_eval=functools.partial(_bwd_abstract, rms=True),
-    batching_rule=functools.partial(_bwd_batch, rms=True),
-    reference=functools.partial(_bwd_reference, rms=True),
-    multiple_results=True,
-)
+def _define(name, rms):
+  fwd = define_primitive(
+      f"{name}_fwd",
+      abstract_eval=functools.partial(_fwd_abstract, rms=rms),
+      batching_rule=functools.partial(_fwd_batch, rms=rms),
+      reference=functools.partial(_fwd_reference, rms=rms),
+      multiple_results=False,
+  )
+  bwd = define_primitive(
+      f"{name}_bwd",
+      abstract_eval=functools.partial(_bwd_abstract, rms=rms),
+      batching_rule=functools.partial(_bwd_batch, rms=rms),
+      reference=functools.partial(_bwd_reference, rms=rms),
+      multiple_results=True,
+  )
+  return fwd, bwd
 
 
-# --- custom VJP ----------------------------------------------------------------
+layer_norm_fwd_p, layer_norm_bwd_p = _define("layer_norm", rms=False)
+rms_norm_fwd_p, rms_norm_bwd_p = _define("rms_norm", rms=True)
+
+
+# --- custom VJPs -----------------------------------------------------------------
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(3,))
 def _layer_norm(x, scale, bias, epsilon):
-  return layer_norm_fwd_p.bind(x, scale, bias, epsilon=epsilon)[0]
+  return layer_norm_fwd_p.bind(x, scale, bias, epsilon=epsilon)
 
 
 def _layer_norm_fwd(x, scale, bias, epsilon):
-  y, mean, rstd = layer_norm_fwd_p.bind(x, scale, bias, epsilon=epsilon)
-  return y, (x, scale, mean, rstd)
+  return layer_norm_fwd_p.bind(x, scale, bias, epsilon=epsilon), (x, scale)
 
 
 def _layer_norm_bwd(epsilon, res, dy):
-  del epsilon
-  x, scale, mean, rstd = res
-  dx, dscale, dbias, _ = layer_norm_bwd_p.bind(dy.astype(x.dtype), x, scale, mean, rstd)
+  x, scale = res
+  dx, dscale, dbias, _ = layer_norm_bwd_p.bind(dy.astype(x.dtype), x, scale, epsilon=epsilon)
   return dx, dscale, dbias
 
 
@@ -205,18 +184,16 @@ _layer_norm.defvjp(_layer_norm_fwd, _layer_norm_bwd)
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(2,))
 def _rms_norm(x, scale, epsilon):
-  return rms_norm_fwd_p.bind(x, scale, epsilon=epsilon)[0]
+  return rms_norm_fwd_p.bind(x, scale, epsilon=epsilon)
 
 
 def _rms_norm_fwd(x, scale, epsilon):
-  y, rstd = rms_norm_fwd_p.bind(x, scale, epsilon=epsilon)
-  return y, (x, scale, rstd)
+  return rms_norm_fwd_p.bind(x, scale, epsilon=epsilon), (x, scale)
 
 
 def _rms_norm_bwd(epsilon, res, dy):
-  del epsilon
-  x, scale, rstd = res
-  dx, dscale, _ = rms_norm_bwd_p.bind(dy.astype(x.dtype), x, scale, rstd)
+  x, scale = res
+  dx, dscale, _ = rms_norm_bwd_p.bind(dy.astype(x.dtype), x, scale, epsilon=epsilon)
   return dx, dscale
 
 
@@ -259,8 +236,7 @@ def layer_norm(x: jax.Array, scale: jax.Array | None = None, bias: jax.Array | N
   epsilon = checks.check_epsilon(op, epsilon)
   scale2 = _prepare(op, x, scale, "scale", 1.0)
   bias2 = _prepare(op, x, bias, "bias", 0.0)
-  y = _layer_norm(x, scale2, bias2, epsilon)
-  return y
+  return _layer_norm(x, scale2, bias2, epsilon)
 
 
 def rms_norm(x: jax.Array, scale: jax.Array | None = None, *, epsilon: float = 1e-6) -> jax.Array:

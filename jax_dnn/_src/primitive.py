@@ -27,6 +27,9 @@ import numpy as np
 
 from jax_dnn._src import extension
 
+# The batch dimension of an operand that vmap did not batch.
+NOT_MAPPED = None
+
 try:  # public in jax 0.10; fall back in case a later release moves it
   from jax.core import ShapedArray
 except ImportError:  # pragma: no cover
@@ -83,34 +86,35 @@ def define_primitive(
 
 def move_to_front(x, bdim, size):
   """Returns x with its batch axis first, broadcasting an unbatched x."""
-  if bdim is batching.not_mapped:
+  if bdim is NOT_MAPPED:
     return jax.numpy.broadcast_to(x, (size,) + x.shape)
   return jax.numpy.moveaxis(x, bdim, 0)
 
 
 def batch_size(args, dims) -> int:
   for x, d in zip(args, dims):
-    if d is not batching.not_mapped:
+    if d is not NOT_MAPPED:
       return x.shape[d]
   raise ValueError("batching rule called with no batched argument")
 
 
-def fold_groups(params, bdim, size, x_batched: bool):
+def fold_groups(params, bdim, size, *, shared_ok: bool):
   """Folds a vmapped axis into the group axis of a [groups, width] parameter.
 
   Row r of the kernel's input uses parameter group r // (rows / groups), and
   the batching rules put the vmapped axis of the input first, so the batched
-  parameter becomes [size * groups, width]. An unbatched parameter with one
-  group is left alone (every row still uses it); otherwise it is broadcast.
-  Returns (params, folded).
+  parameter becomes [size * groups, width] (broadcast when unbatched).
+  With shared_ok (forward rules), an unbatched single-group parameter is left
+  alone, since every row uses it anyway. Backward rules must fold: each batch
+  element needs its own parameter gradient (vmap of grad is per example).
   """
-  if bdim is batching.not_mapped and (params.shape[0] == 1 or not x_batched):
-    return params, False
+  if bdim is NOT_MAPPED and shared_ok and params.shape[0] == 1:
+    return params
   p = move_to_front(params, bdim, size)
-  return p.reshape((size * p.shape[1], p.shape[2])), True
+  return p.reshape((size * p.shape[1], p.shape[2]))
 
 
 def unbatched_shape(x, bdim) -> tuple[int, ...]:
-  if bdim is batching.not_mapped:
+  if bdim is NOT_MAPPED:
     return tuple(x.shape)
   return tuple(s for i, s in enumerate(x.shape) if i != bdim)

@@ -1,9 +1,12 @@
 """softmax and log_softmax along any axis.
 
-Numerics: fp32 max/sum/exp, output in the input dtype. The backward uses the
-forward output y as its residual:
+Numerics: fp32 max/sum/exp, output in the input dtype. The backward takes
+x as its residual and recomputes y = softmax(x) in fp32:
   softmax:      dx = y * (dy - sum(dy * y))
-  log_softmax:  dx = dy - exp(y) * sum(dy)
+  log_softmax:  dx = dy - y * sum(dy)
+so the forward saves nothing and a gradient-only program skips the forward
+kernel (XLA removes it); the recomputed y is also more accurate than a
+bf16-rounded saved one.
 """
 
 from __future__ import annotations
@@ -11,11 +14,10 @@ from __future__ import annotations
 import functools
 
 import jax
-from jax.interpreters import batching
 import jax.numpy as jnp
 
 from jax_dnn._src import checks
-from jax_dnn._src.primitive import ShapedArray, define_primitive, move_to_front
+from jax_dnn._src.primitive import ShapedArray, batch_size, define_primitive, move_to_front
 
 
 # --- references (pure JAX; what non-CUDA platforms run) ----------------------
@@ -27,13 +29,14 @@ def _softmax_fwd_reference(x, *, axis, log):
   return y.astype(x.dtype)
 
 
-def _softmax_bwd_reference(y, dy, *, axis, log):
-  yf, dyf = y.astype(jnp.float32), dy.astype(jnp.float32)
+def _softmax_bwd_reference(x, dy, *, axis, log):
+  yf = jax.nn.softmax(x.astype(jnp.float32), axis=axis)
+  dyf = dy.astype(jnp.float32)
   if log:
-    dx = dyf - jnp.exp(yf) * jnp.sum(dyf, axis=axis, keepdims=True)
+    dx = dyf - yf * jnp.sum(dyf, axis=axis, keepdims=True)
   else:
     dx = yf * (dyf - jnp.sum(dyf * yf, axis=axis, keepdims=True))
-  return dx.astype(y.dtype)
+  return dx.astype(x.dtype)
 
 
 # --- primitives ---------------------------------------------------------------
@@ -50,10 +53,9 @@ def _fwd_batch(args, dims, *, axis, log):
 
 
 def _bwd_batch(args, dims, *, axis, log):
-  y, dy = args
-  size = next(a.shape[d] for a, d in zip(args, dims) if d is not batching.not_mapped)
-  y, dy = (move_to_front(a, d, size) for a, d in zip(args, dims))
-  return softmax_bwd_p.bind(y, dy, axis=axis + 1, log=log), 0
+  size = batch_size(args, dims)
+  x, dy = (move_to_front(a, d, size) for a, d in zip(args, dims))
+  return softmax_bwd_p.bind(x, dy, axis=axis + 1, log=log), 0
 
 
 softmax_fwd_p = define_primitive(
@@ -66,7 +68,7 @@ softmax_fwd_p = define_primitive(
 
 softmax_bwd_p = define_primitive(
     "softmax_bwd",
-    abstract_eval=lambda y, dy, *, axis, log: ShapedArray(y.shape, y.dtype),
+    abstract_eval=lambda x, dy, *, axis, log: ShapedArray(x.shape, x.dtype),
     batching_rule=_bwd_batch,
     reference=_softmax_bwd_reference,
     multiple_results=False,
@@ -82,12 +84,11 @@ def _softmax(x, axis, log):
 
 
 def _softmax_vjp_fwd(x, axis, log):
-  y = softmax_fwd_p.bind(x, axis=axis, log=log)
-  return y, y
+  return softmax_fwd_p.bind(x, axis=axis, log=log), x
 
 
-def _softmax_vjp_bwd(axis, log, y, dy):
-  return (softmax_bwd_p.bind(y, dy.astype(y.dtype), axis=axis, log=log),)
+def _softmax_vjp_bwd(axis, log, x, dy):
+  return (softmax_bwd_p.bind(x, dy.astype(x.dtype), axis=axis, log=log),)
 
 
 _softmax.defvjp(_softmax_vjp_fwd, _softmax_vjp_bwd)

@@ -1,0 +1,26 @@
+"""Shared fixtures: every test that takes `device` runs once on the CPU (the
+reference path) and once on a CUDA GPU (our kernels; marker `gpu`, skipped
+visibly where no CUDA device is present)."""
+
+import jax
+import pytest
+
+
+def _gpu_device():
+  try:
+    devices = jax.devices("gpu")
+  except RuntimeError:
+    return None
+  return devices[0] if devices else None
+
+
+@pytest.fixture(params=["cpu", pytest.param("gpu", marks=pytest.mark.gpu)])
+def device(request):
+  if request.param == "cpu":
+    dev = jax.devices("cpu")[0]
+  else:
+    dev = _gpu_device()
+    if dev is None:
+      pytest.skip("no CUDA device: the GPU (kernel) variant of this test needs one")
+  with jax.default_device(dev):
+    yield dev

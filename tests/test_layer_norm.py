@@ -1,0 +1,153 @@
+"""layer_norm and rms_norm: against fp64 references over dtypes and awkward
+shapes, under jit/vmap/grad (including batched parameters), bad inputs, and
+the CUDA lowering."""
+
+import functools
+
+import jax
+from jax.test_util import check_grads
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import jax_dnn
+from helpers import DTYPES, check_fwd_bwd, cuda_hlo, on_gpu, randn
+
+EPS = 1e-5
+
+
+def naive_layer_norm(x, scale, bias, epsilon=EPS):
+  dt = x.dtype
+  mean = jnp.mean(x, axis=-1, keepdims=True)
+  var = jnp.mean(jnp.square(x - mean), axis=-1, keepdims=True)
+  y = (x - mean) * jax.lax.rsqrt(var + jnp.asarray(epsilon, dt))
+  return (y * scale.astype(dt) + bias.astype(dt)).astype(dt)
+
+
+def naive_rms_norm(x, scale, epsilon=EPS):
+  dt = x.dtype
+  ms = jnp.mean(jnp.square(x), axis=-1, keepdims=True)
+  return (x * jax.lax.rsqrt(ms + jnp.asarray(epsilon, dt)) * scale.astype(dt)).astype(dt)
+
+
+OPS = {
+    "layer_norm": (functools.partial(jax_dnn.layer_norm, epsilon=EPS), naive_layer_norm, 2),
+    "rms_norm": (functools.partial(jax_dnn.rms_norm, epsilon=EPS), naive_rms_norm, 1),
+}
+
+# 1 row, width 1, odd widths (scalar path), each team size, the uncached
+# wide-row path (> 16384 columns forward, > 8192 backward), empty rows.
+SHAPES = [(1, 1), (3, 7), (2, 3, 100), (64, 1024), (5, 4097), (16, 4096), (3, 12288), (2, 20000),
+          (0, 16)]
+
+
+def _params(width, n, dtype, key=7):
+  return [randn(key + i, (width,), dtype, scale=0.5, offset=1.0 - i) for i in range(n)]
+
+
+@pytest.mark.parametrize("name", OPS)
+@pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: jnp.dtype(d).name)
+@pytest.mark.parametrize("shape", SHAPES, ids=str)
+def test_against_reference(device, name, dtype, shape):
+  ours, naive, nparams = OPS[name]
+  # An offset mean tests the variance for cancellation.
+  x = randn(1, shape, dtype, scale=2.0, offset=3.0)
+  args = (x, *_params(shape[-1], nparams, dtype))
+  reused = check_fwd_bwd(device, ours, naive, args, dtype, what=name)
+  if on_gpu(device) and x.size:
+    assert reused >= 1, "the output did not land in a poisoned buffer"
+
+
+@pytest.mark.parametrize("name", OPS)
+def test_fp32_params_with_bf16_input(device, name):
+  ours, naive, nparams = OPS[name]
+  x = randn(2, (8, 256), jnp.bfloat16)
+  args = (x, *_params(256, nparams, jnp.float32))
+  check_fwd_bwd(device, ours, naive, args, jnp.bfloat16, what=name)
+
+
+@pytest.mark.parametrize("name", OPS)
+def test_jit_vmap_grad(device, name):
+  ours, naive, nparams = OPS[name]
+  tol = dict(rtol=5e-5, atol=5e-5)
+  x = randn(3, (4, 3, 40), jnp.float32)
+  params = _params(40, nparams, jnp.float32)
+  bparams = [randn(20 + i, (4, 40), jnp.float32) for i in range(nparams)]
+  close = lambda a, b: jax.tree.map(lambda u, v: np.testing.assert_allclose(u, v, **tol), a, b)
+
+  close(jax.jit(ours)(x, *params), naive(x, *params))
+  # vmap over each axis of x but the normalized one; parameters shared.
+  for axis in (0, 1):
+    f = lambda fn: jax.vmap(lambda v: fn(v, *params), in_axes=axis)
+    close(f(ours)(x), f(naive)(x))
+  # Batched parameters (per-example scale/bias), batched or shared x.
+  both = lambda fn: jax.vmap(fn, in_axes=(0,) + (0,) * nparams)
+  close(both(ours)(x, *bparams), both(naive)(x, *bparams))
+  only_params = lambda fn: jax.vmap(fn, in_axes=(None,) + (0,) * nparams)
+  close(only_params(ours)(x[0], *bparams), only_params(naive)(x[0], *bparams))
+  # Nested vmap, parameters batched on the outer level only.
+  nested = lambda fn: jax.vmap(jax.vmap(fn, in_axes=(0,) + (None,) * nparams),
+                               in_axes=(1,) + (0,) * nparams)
+  bp3 = [p[:3] for p in bparams]
+  close(nested(ours)(x, *bp3), nested(naive)(x, *bp3))
+
+  w = randn(5, (40,), jnp.float32)
+  loss = lambda fn: (lambda *a: jnp.sum(fn(*a) * w))
+  argnums = tuple(range(nparams + 1))
+  close(jax.grad(loss(ours), argnums)(x, *params), jax.grad(loss(naive), argnums)(x, *params))
+  # vmap(grad): per-example gradients, with shared and with batched parameters.
+  vg = lambda fn, axes: jax.vmap(jax.grad(loss(fn), argnums), in_axes=axes)
+  shared = (0,) + (None,) * nparams
+  close(vg(ours, shared)(x, *params), vg(naive, shared)(x, *params))
+  batched = (0,) + (0,) * nparams
+  close(vg(ours, batched)(x, *bparams), vg(naive, batched)(x, *bparams))
+  # grad of a vmapped loss: the parameter gradient sums over the batch.
+  vl = lambda fn: (lambda *a: jnp.sum(jax.vmap(loss(fn), in_axes=shared)(*a)))
+  close(jax.grad(vl(ours), argnums)(x, *params), jax.grad(vl(naive), argnums)(x, *params))
+
+
+@pytest.mark.parametrize("name", OPS)
+def test_check_grads(device, name):
+  ours, _, nparams = OPS[name]
+  x = randn(4, (3, 9), jnp.float32)
+  params = _params(9, nparams, jnp.float32)
+  check_grads(ours, (x, *params), order=1, modes=("rev",), atol=1e-2, rtol=1e-2)
+
+
+def test_optional_parameters(device):
+  x = randn(6, (5, 33), jnp.float32)
+  scale = randn(7, (33,), jnp.float32)
+  ones, zeros = jnp.ones(33), jnp.zeros(33)
+  tol = dict(rtol=1e-5, atol=1e-5)
+  np.testing.assert_allclose(jax_dnn.layer_norm(x), naive_layer_norm(x, ones, zeros, 1e-6), **tol)
+  np.testing.assert_allclose(jax_dnn.layer_norm(x, scale, epsilon=EPS),
+                             naive_layer_norm(x, scale, zeros), **tol)
+  np.testing.assert_allclose(jax_dnn.rms_norm(x), naive_rms_norm(x, ones, 1e-6), **tol)
+
+
+def test_bad_inputs():
+  x = jnp.ones((2, 8), jnp.float32)
+  with pytest.raises(TypeError, match="layer_norm: x has dtype int32"):
+    jax_dnn.layer_norm(jnp.ones((2, 8), jnp.int32))
+  with pytest.raises(ValueError, match=r"layer_norm: scale must have shape \(8,\)"):
+    jax_dnn.layer_norm(x, jnp.ones(4))
+  with pytest.raises(ValueError, match=r"rms_norm: scale must have shape \(8,\)"):
+    jax_dnn.rms_norm(x, jnp.ones((2, 8)))
+  with pytest.raises(ValueError, match="rank >= 1"):
+    jax_dnn.rms_norm(jnp.float32(1))
+  with pytest.raises(ValueError, match=r"x.shape\[-1\] must be > 0"):
+    jax_dnn.layer_norm(jnp.ones((3, 0)))
+  with pytest.raises(ValueError, match="epsilon must be > 0"):
+    jax_dnn.layer_norm(x, epsilon=0.0)
+  with pytest.raises(TypeError, match="scale must be floating point"):
+    jax_dnn.layer_norm(x, jnp.ones(8, jnp.int32))
+
+
+@pytest.mark.parametrize("name", OPS)
+def test_cuda_lowering_calls_kernels(name):
+  ours, _, nparams = OPS[name]
+  x = jnp.ones((4, 64), jnp.bfloat16)
+  params = [jnp.ones(64)] * nparams
+  assert f"jax_dnn_{name}_fwd" in cuda_hlo(ours, x, *params)
+  loss = lambda *a: ours(*a).astype(jnp.float32).sum()
+  assert f"jax_dnn_{name}_bwd" in cuda_hlo(jax.grad(loss, tuple(range(nparams + 1))), x, *params)

@@ -1,0 +1,104 @@
+"""softmax / log_softmax: against fp64 references, under jit/vmap/grad, bad
+inputs, and the CUDA lowering."""
+
+import functools
+
+import jax
+from jax.test_util import check_grads
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import jax_dnn
+from helpers import DTYPES, check_fwd_bwd, cuda_hlo, on_gpu, randn
+
+# (shape, axis): 1 row, odd widths, tile remainders, widths that take each
+# team size and the uncached long-row path, and non-last axes (strided kernel).
+CASES = [
+    ((1, 1), -1),
+    ((1, 7), -1),
+    ((3, 1000), -1),
+    ((5, 4097), -1),
+    ((64, 1024), -1),
+    ((2, 3, 33), 1),
+    ((4, 5, 6), 0),
+    ((7, 3, 5), 1),
+    ((6, 16, 64), 1),
+    ((2, 40000), -1),
+    ((0, 8), -1),
+]
+
+OPS = {
+    "softmax": (jax_dnn.softmax, jax.nn.softmax),
+    "log_softmax": (jax_dnn.log_softmax, jax.nn.log_softmax),
+}
+
+
+@pytest.mark.parametrize("name", OPS)
+@pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: jnp.dtype(d).name)
+@pytest.mark.parametrize("shape,axis", CASES, ids=str)
+def test_against_reference(device, name, dtype, shape, axis):
+  ours, naive = OPS[name]
+  x = randn(1, shape, dtype, scale=3.0)
+  reused = check_fwd_bwd(device, functools.partial(ours, axis=axis),
+                         functools.partial(naive, axis=axis), (x,), dtype, what=name)
+  if on_gpu(device) and x.size:
+    assert reused >= 1, "the output did not land in a poisoned buffer"
+
+
+@pytest.mark.parametrize("n", [262144, 300001])
+def test_very_long_rows(device, n):
+  if not on_gpu(device):
+    pytest.skip("kernel-only size: the long-row path exists only in the CUDA kernel")
+  x = randn(2, (3, n), jnp.bfloat16, scale=4.0)
+  check_fwd_bwd(device, jax_dnn.softmax, jax.nn.softmax, (x,), jnp.bfloat16, what="long row")
+
+
+@pytest.mark.parametrize("name", OPS)
+def test_jit_vmap_grad(device, name):
+  ours, naive = OPS[name]
+  x = randn(2, (3, 4, 37), jnp.float32)
+  tol = dict(rtol=2e-5, atol=2e-6)
+  np.testing.assert_allclose(jax.jit(ours)(x), naive(x), **tol)
+  for in_axis in range(3):
+    f = jax.vmap(lambda v: ours(v, axis=0), in_axes=in_axis)
+    g = jax.vmap(lambda v: naive(v, axis=0), in_axes=in_axis)
+    np.testing.assert_allclose(f(x), g(x), **tol)
+  nested = lambda f: jax.vmap(jax.vmap(f, in_axes=1), in_axes=2)
+  np.testing.assert_allclose(nested(ours)(x), nested(naive)(x), **tol)
+  w = randn(3, (37,), jnp.float32)
+  loss = lambda f: (lambda v: jnp.sum(f(v) * w))
+  np.testing.assert_allclose(jax.grad(loss(ours))(x), jax.grad(loss(naive))(x), **tol)
+  np.testing.assert_allclose(jax.vmap(jax.grad(loss(ours)))(x), jax.vmap(jax.grad(loss(naive)))(x),
+                             **tol)
+  # vmap of the backward with unbatched cotangent inputs: y batched, dy not.
+  dy = randn(4, (4, 37), jnp.float32)
+  vjp = lambda f: (lambda v: jax.vjp(f, v)[1](dy)[0])
+  np.testing.assert_allclose(jax.vmap(vjp(ours))(x), jax.vmap(vjp(naive))(x), **tol)
+
+
+@pytest.mark.parametrize("name", OPS)
+def test_check_grads(device, name):
+  ours, _ = OPS[name]
+  x = randn(5, (3, 6), jnp.float32)
+  check_grads(lambda v: ours(v, axis=-1), (x,), order=1, modes=("rev",), atol=1e-2, rtol=1e-2)
+  check_grads(lambda v: ours(v, axis=0), (x,), order=1, modes=("rev",), atol=1e-2, rtol=1e-2)
+
+
+def test_bad_inputs():
+  x = jnp.ones((2, 3), jnp.float32)
+  with pytest.raises(TypeError, match="softmax: x has dtype int32"):
+    jax_dnn.softmax(jnp.ones((2, 3), jnp.int32))
+  with pytest.raises(ValueError, match="axis 2 is out of range"):
+    jax_dnn.softmax(x, axis=2)
+  with pytest.raises(TypeError, match="axis must be an int"):
+    jax_dnn.log_softmax(x, axis=(0, 1))
+  with pytest.raises(ValueError, match="rank >= 1"):
+    jax_dnn.softmax(jnp.float32(1.0))
+
+
+def test_cuda_lowering_calls_kernels():
+  x = jnp.ones((4, 8), jnp.bfloat16)
+  assert "jax_dnn_softmax_fwd" in cuda_hlo(jax_dnn.softmax, x)
+  grad_hlo = cuda_hlo(jax.grad(lambda v: jax_dnn.log_softmax(v).astype(jnp.float32).sum()), x)
+  assert "jax_dnn_softmax_bwd" in grad_hlo
