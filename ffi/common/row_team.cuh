@@ -5,6 +5,8 @@
 // order, so results are deterministic.
 #pragma once
 
+#include <cmath>
+
 #include "ffi/common/device.cuh"
 
 namespace jax_dnn {
@@ -18,9 +20,11 @@ struct RowTeam {
   static constexpr int kWarps = kTeam / 32;
   static_assert(kTeam % 32 == 0 && kTeam <= 1024, "team is whole warps");
 
-  // Shared scratch for team reductions: one slot per warp, two values each.
+  // Shared scratch for team reductions: one slot per warp, up to kMaxState
+  // floats each.
+  static constexpr int kMaxState = 6;
   struct Scratch {
-    float v[kTeamsPerBlock][kWarps > 0 ? kWarps : 1][2];
+    float v[kTeamsPerBlock][kWarps > 0 ? kWarps : 1][kMaxState];
   };
 
   __device__ static int Lane() { return threadIdx.x % kTeam; }
@@ -49,6 +53,55 @@ struct RowTeam {
     }
   }
 
+  // Reduces a mergeable State (a struct of floats with a static
+  // `State Merge(const State&, const State&)`) over the team. Lanes merge down
+  // to lane 0 and broadcast, then warps merge in index order, so every thread
+  // gets the same bits and the result does not depend on scheduling. Every
+  // thread of the block must call it.
+  template <typename State>
+  __device__ static State Reduce(State st, Scratch& s) {
+    constexpr int kN = sizeof(State) / sizeof(float);
+    static_assert(sizeof(State) % sizeof(float) == 0 && kN <= kMaxState, "");
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) st = State::Merge(st, Shuffle(st, o, /*down=*/true));
+    st = Shuffle(st, 0, /*down=*/false);
+    if constexpr (kWarps > 1) {
+      const int warp = Lane() / 32;
+      __syncthreads();  // previous readers of the scratch are done
+      if (threadIdx.x % 32 == 0) {
+        const float* f = reinterpret_cast<const float*>(&st);
+#pragma unroll
+        for (int i = 0; i < kN; ++i) s.v[Team()][warp][i] = f[i];
+      }
+      __syncthreads();
+      st = Load<State>(s.v[Team()][0]);
+#pragma unroll
+      for (int w = 1; w < kWarps; ++w) st = State::Merge(st, Load<State>(s.v[Team()][w]));
+    }
+    return st;
+  }
+
+  template <typename State>
+  __device__ static State Shuffle(const State& st, int arg, bool down) {
+    constexpr int kN = sizeof(State) / sizeof(float);
+    State out;
+    const float* f = reinterpret_cast<const float*>(&st);
+    float* g = reinterpret_cast<float*>(&out);
+#pragma unroll
+    for (int i = 0; i < kN; ++i)
+      g[i] = down ? __shfl_down_sync(0xffffffffu, f[i], arg) : __shfl_sync(0xffffffffu, f[i], arg);
+    return out;
+  }
+
+  template <typename State>
+  __device__ static State Load(const float* f) {
+    State out;
+    float* g = reinterpret_cast<float*>(&out);
+#pragma unroll
+    for (int i = 0; i < static_cast<int>(sizeof(State) / sizeof(float)); ++i) g[i] = f[i];
+    return out;
+  }
+
   __device__ static float Sum(float a, Scratch& s) {
     float b = 0.f;
     Sum2(a, b, s);
@@ -67,6 +120,32 @@ struct RowTeam {
       for (int w = 1; w < kWarps; ++w) a = fmaxf(a, s.v[Team()][w][0]);
     }
     return a;
+  }
+};
+
+// Count, mean and sum of squared deviations of a set of values; merges
+// exactly (Chan et al.), so the variance never suffers E[x^2] - E[x]^2
+// cancellation. Empty sets (n = 0) merge as the identity.
+struct MeanM2 {
+  float n, mean, m2;
+  __device__ static MeanM2 Merge(const MeanM2& a, const MeanM2& b) {
+    const float n = a.n + b.n;
+    if (n == 0.f) return a;
+    const float delta = b.mean - a.mean;
+    const float wb = b.n / n;
+    return {n, a.mean + delta * wb, a.m2 + b.m2 + delta * delta * a.n * wb};
+  }
+};
+
+// Online softmax statistics: running max m and sum of exp(x - m).
+struct MaxSum {
+  float m, s;
+  __device__ static float Rescale(float from, float to) {
+    return from == -INFINITY ? 0.f : exp2f((from - to) * 1.4426950408889634f);
+  }
+  __device__ static MaxSum Merge(const MaxSum& a, const MaxSum& b) {
+    const float m = fmaxf(a.m, b.m);
+    return {m, a.s * Rescale(a.m, m) + b.s * Rescale(b.m, m)};
   }
 };
 

@@ -6,6 +6,8 @@
 //   dx   = rstd * (g - mean(g) - xhat * mean(g * xhat))   (RMS norm: no mean(g) term)
 //   dscale = sum over rows of dy * xhat,  dbias = sum over rows of dy
 //
+// One team reduction per row gives the statistics and both row sums
+// (MeanM2Grad in layer_norm_stats.cuh).
 // Stage 1 (this file): each block owns a strided set of rows of one group and
 // keeps its dscale/dbias partial sums for its columns in registers; at the end
 // the block writes one row of partials. Stage 2 (ffi/common/column_sum.cu) sums
@@ -18,11 +20,12 @@
 #include "ffi/common/column_sum.h"
 #include "ffi/common/row_team.cuh"
 #include "ffi/layer_norm/layer_norm.h"
+#include "ffi/layer_norm/layer_norm_stats.cuh"
 
 namespace jax_dnn {
 namespace {
 
-// 16 fp32 per thread: x, dy, scale and two accumulators are cached, 80 values;
+// 16 fp32 per thread: x, dy and two accumulators are cached, 64 values;
 // more would cut occupancy below what keeps enough loads in flight.
 constexpr int kCacheElems = 16;
 
@@ -78,69 +81,87 @@ __global__ void __launch_bounds__(RowTeam<kTeam>::kBlock)
       }
     };
 
-    // Load the row (padding is zero) and recompute the forward statistics.
-    float xv[kCache][V], dyv[kCache][V], sc[kCache][V];
-    float s1 = 0.f;  // layer norm: sum of x; RMS norm: sum of x^2
+    // Load the row (padding is zero).
+    // scale is re-read where needed (g = dy * scale) rather than held in
+    // registers: it is the same for every row, so it stays in L1.
+    float xv[kCache][V], dyv[kCache][V];
 #pragma unroll
     for (int c = 0; c < kCache; ++c) {
       const int64_t col = (c * static_cast<int64_t>(kTeam) + lane) * V;
       if (valid && col < n) {
         LoadVec<T, V>(x + col, xv[c]);
         LoadVec<T, V>(dy + col, dyv[c]);
-        LoadVec<float, V>(scale + col, sc[c]);
       } else {
 #pragma unroll
-        for (int i = 0; i < V; ++i) xv[c][i] = dyv[c][i] = sc[c][i] = 0.f;
+        for (int i = 0; i < V; ++i) xv[c][i] = dyv[c][i] = 0.f;
       }
-#pragma unroll
-      for (int i = 0; i < V; ++i) s1 += kRms ? xv[c][i] * xv[c][i] : xv[c][i];
     }
-    for_tail([&](int64_t, const float(&v)[V], const float(&)[V], const float(&)[V]) {
+    auto load_scale = [&](int c, float (&sc)[V]) {
+      const int64_t col = (c * static_cast<int64_t>(kTeam) + lane) * V;
+      if (col < n) {
+        LoadVec<float, V>(scale + col, sc);
+      } else {
 #pragma unroll
-      for (int i = 0; i < V; ++i) s1 += kRms ? v[i] * v[i] : v[i];
-    });
-    s1 = Team::Sum(s1, scratch);
-    float mean = 0.f;
-    float var = s1 * inv_n;
-    if constexpr (!kRms) {
-      mean = s1 * inv_n;
-      float s2 = 0.f;
+        for (int i = 0; i < V; ++i) sc[i] = 0.f;
+      }
+    };
+
+    // One team reduction gives the forward statistics and both row sums of
+    // the dx formula (sum g and sum g * xhat = rstd * sum g (x - mean)).
+    float mean = 0.f, rstd, sum_g = 0.f, sum_gx;
+    if constexpr (kRms) {
+      float ss = 0.f, sgx = 0.f;
 #pragma unroll
       for (int c = 0; c < kCache; ++c) {
-        const int64_t col = (c * static_cast<int64_t>(kTeam) + lane) * V;
-        if (col < n) {
+        float sc[V];
+        load_scale(c, sc);
 #pragma unroll
-          for (int i = 0; i < V; ++i) s2 += (xv[c][i] - mean) * (xv[c][i] - mean);
+        for (int i = 0; i < V; ++i) {
+          ss += xv[c][i] * xv[c][i];
+          sgx += dyv[c][i] * sc[i] * xv[c][i];
         }
       }
-      for_tail([&](int64_t, const float(&v)[V], const float(&)[V], const float(&)[V]) {
+      for_tail([&](int64_t, const float(&v)[V], const float(&d)[V], const float(&g)[V]) {
 #pragma unroll
-        for (int i = 0; i < V; ++i) s2 += (v[i] - mean) * (v[i] - mean);
+        for (int i = 0; i < V; ++i) ss += v[i] * v[i], sgx += d[i] * g[i] * v[i];
       });
-      var = Team::Sum(s2, scratch) * inv_n;
-    }
-    const float rstd = rsqrtf(var + p.epsilon);
-
-    // The two row sums of the dx formula, over g = dy * scale.
-    float sum_g = 0.f, sum_gx = 0.f;
+      Team::Sum2(ss, sgx, scratch);
+      rstd = rsqrtf(ss * inv_n + p.epsilon);
+      sum_gx = sgx * rstd;
+    } else {
+      const MeanM2 ms = LocalMeanM2<kTeam, V, kCache>(xv, lane, n);
+      MeanM2Grad st{ms.n, ms.mean, ms.m2, 0.f, 0.f};
 #pragma unroll
-    for (int c = 0; c < kCache; ++c) {
+      for (int c = 0; c < kCache; ++c) {
+        float sc[V];
+        load_scale(c, sc);
 #pragma unroll
-      for (int i = 0; i < V; ++i) {
-        xv[c][i] = (xv[c][i] - mean) * rstd;  // now xhat
-        const float g = dyv[c][i] * sc[c][i];
-        sum_g += g;
-        sum_gx += g * xv[c][i];
+        for (int i = 0; i < V; ++i) {
+          const float g = dyv[c][i] * sc[i];  // zero on padding
+          st.g += g;
+          st.s += g * (xv[c][i] - ms.mean);
+        }
       }
-    }
-    for_tail([&](int64_t, const float(&v)[V], const float(&d)[V], const float(&g)[V]) {
+      for_tail([&](int64_t, const float(&v)[V], const float(&d)[V], const float(&g)[V]) {
+        const MeanM2 cm = ChunkMeanM2<V>(v);
+        MeanM2Grad chunk{cm.n, cm.mean, cm.m2, 0.f, 0.f};
 #pragma unroll
-      for (int i = 0; i < V; ++i) {
-        sum_g += d[i] * g[i];
-        sum_gx += d[i] * g[i] * (v[i] - mean) * rstd;
-      }
-    });
-    Team::Sum2(sum_g, sum_gx, scratch);
+        for (int i = 0; i < V; ++i) {
+          chunk.g += d[i] * g[i];
+          chunk.s += d[i] * g[i] * (v[i] - cm.mean);
+        }
+        st = MeanM2Grad::Merge(st, chunk);
+      });
+      st = Team::Reduce(st, scratch);
+      mean = st.mean;
+      rstd = rsqrtf(st.m2 * inv_n + p.epsilon);
+      sum_g = st.g;
+      sum_gx = st.s * rstd;
+    }
+#pragma unroll
+    for (int c = 0; c < kCache; ++c)
+#pragma unroll
+      for (int i = 0; i < V; ++i) xv[c][i] = (xv[c][i] - mean) * rstd;  // now xhat
     const float mean_g = kRms ? 0.f : sum_g * inv_n;
     const float mean_gx = sum_gx * inv_n;
     if (!valid) continue;  // no barrier follows in this iteration
@@ -150,10 +171,11 @@ __global__ void __launch_bounds__(RowTeam<kTeam>::kBlock)
     for (int c = 0; c < kCache; ++c) {
       const int64_t col = (c * static_cast<int64_t>(kTeam) + lane) * V;
       if (col >= n) continue;
-      float out[V];
+      float out[V], sc[V];
+      LoadVec<float, V>(scale + col, sc);
 #pragma unroll
       for (int i = 0; i < V; ++i) {
-        out[i] = rstd * (dyv[c][i] * sc[c][i] - mean_g - xv[c][i] * mean_gx);
+        out[i] = rstd * (dyv[c][i] * sc[i] - mean_g - xv[c][i] * mean_gx);
         acc_scale[c][i] += dyv[c][i] * xv[c][i];
         acc_bias[c][i] += dyv[c][i];
       }

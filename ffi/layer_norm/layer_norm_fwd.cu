@@ -3,14 +3,15 @@
 // One row per "row team" (ffi/common/row_team.cuh): the narrowest team whose
 // register cache (kCacheElems fp32 per thread) holds the row. Then x is read
 // from memory once and y written once, the minimum traffic (2 * rows * width
-// elements); the mean and the variance are computed exactly in two passes over
-// the registers (no E[x^2] - E[x]^2 cancellation). Rows wider than the widest
-// team's cache (512 * kCacheElems) re-read the uncached tail from memory
-// (usually L2) in each pass: three reads of that tail instead of one.
+// elements). Statistics take one team reduction per row: each thread's exact
+// (count, mean, M2) is merged across the team (no E[x^2] - E[x]^2
+// cancellation). Rows wider than the widest team's cache (512 * kCacheElems)
+// re-read the uncached tail from memory (usually L2): two reads of that tail.
 #include <algorithm>
 
 #include "ffi/common/row_team.cuh"
 #include "ffi/layer_norm/layer_norm.h"
+#include "ffi/layer_norm/layer_norm_stats.cuh"
 
 namespace jax_dnn {
 namespace {
@@ -43,7 +44,6 @@ __global__ void __launch_bounds__(RowTeam<kTeam>::kBlock)
     T* y = static_cast<T*>(p.y) + row * n;
 
     float buf[kCache][V];
-    float s1 = 0.f;  // layer norm: sum of x; RMS norm: sum of x^2
 #pragma unroll
     for (int c = 0; c < kCache; ++c) {
       const int64_t col = (c * static_cast<int64_t>(kTeam) + lane) * V;
@@ -53,43 +53,38 @@ __global__ void __launch_bounds__(RowTeam<kTeam>::kBlock)
 #pragma unroll
         for (int i = 0; i < V; ++i) buf[c][i] = 0.f;  // padding adds nothing below
       }
-#pragma unroll
-      for (int i = 0; i < V; ++i) s1 += kRms ? buf[c][i] * buf[c][i] : buf[c][i];
     }
-    for (int64_t c = kCache; c < chunks; ++c) {
-      const int64_t col = (c * kTeam + lane) * V;
-      if (!valid || col >= n) continue;
-      float v[V];
-      LoadVec<T, V>(x + col, v);
-#pragma unroll
-      for (int i = 0; i < V; ++i) s1 += kRms ? v[i] * v[i] : v[i];
-    }
-    s1 = Team::Sum(s1, scratch);
-
-    float mean = 0.f;
-    float var;
+    // One team reduction per row. Layer norm: each thread's exact (count,
+    // mean, M2) over its values, merged across the team (row_team.cuh).
+    // RMS norm: the sum of squares.
+    float mean = 0.f, var;
     if constexpr (kRms) {
-      var = s1 * inv_n;
-    } else {
-      mean = s1 * inv_n;
-      float s2 = 0.f;
+      float s1 = 0.f;
 #pragma unroll
-      for (int c = 0; c < kCache; ++c) {
-        const int64_t col = (c * static_cast<int64_t>(kTeam) + lane) * V;
-        if (col < n) {
+      for (int c = 0; c < kCache; ++c)
 #pragma unroll
-          for (int i = 0; i < V; ++i) s2 += (buf[c][i] - mean) * (buf[c][i] - mean);
-        }
-      }
+        for (int i = 0; i < V; ++i) s1 += buf[c][i] * buf[c][i];
       for (int64_t c = kCache; c < chunks; ++c) {
         const int64_t col = (c * kTeam + lane) * V;
         if (!valid || col >= n) continue;
         float v[V];
         LoadVec<T, V>(x + col, v);
 #pragma unroll
-        for (int i = 0; i < V; ++i) s2 += (v[i] - mean) * (v[i] - mean);
+        for (int i = 0; i < V; ++i) s1 += v[i] * v[i];
       }
-      var = Team::Sum(s2, scratch) * inv_n;
+      var = Team::Sum(s1, scratch) * inv_n;
+    } else {
+      MeanM2 st = LocalMeanM2<kTeam, V, kCache>(buf, lane, n);
+      for (int64_t c = kCache; c < chunks; ++c) {
+        const int64_t col = (c * kTeam + lane) * V;
+        if (!valid || col >= n) continue;
+        float v[V];
+        LoadVec<T, V>(x + col, v);
+        st = MeanM2::Merge(st, ChunkMeanM2<V>(v));
+      }
+      st = Team::Reduce(st, scratch);
+      mean = st.mean;
+      var = st.m2 * inv_n;
     }
     const float rstd = rsqrtf(var + p.epsilon);
     if (!valid) continue;  // no barrier follows in this iteration

@@ -10,9 +10,9 @@
 // Strided kernels (any other axis): one thread per V consecutive inner
 // positions walks down the axis; an online pass then a writing pass.
 //
-// The backward recomputes softmax(x) from x (see softmax.h), so its row
-// kernel caches x and dy and makes three team reductions (max, sum, and the
-// dx formula's sum).
+// Each row takes one team reduction of mergeable (max, sum[, t]) states.
+// The backward recomputes softmax(x) from x (see softmax.h); its row kernel
+// caches x and dy.
 //
 // NaN: padding lanes never enter a sum; a row whose max is -inf (all -inf)
 // gives NaN exactly as jax.nn.softmax does.
@@ -36,6 +36,18 @@ __device__ __forceinline__ float Exp(float x) { return exp2f(x * 1.4426950408889
 __device__ __forceinline__ float ExpDiff(float a, float b) {
   return b == -INFINITY ? 0.f : Exp(a - b);
 }
+
+// Backward row state: MaxSum plus t, the sum of dy * exp(x - m) (softmax;
+// rescaled with m) or of dy (log_softmax; not rescaled).
+template <bool kLog>
+struct BwdState {
+  float m, s, t;
+  __device__ static BwdState Merge(const BwdState& a, const BwdState& b) {
+    const float m = fmaxf(a.m, b.m);
+    const float ra = MaxSum::Rescale(a.m, m), rb = MaxSum::Rescale(b.m, m);
+    return {m, a.s * ra + b.s * rb, kLog ? a.t + b.t : a.t * ra + b.t * rb};
+  }
+};
 
 template <int kTeam>
 __device__ __forceinline__ int64_t ColOf(int64_t c, int lane, int V) {
@@ -92,9 +104,10 @@ __global__ void __launch_bounds__(RowTeam<kTeam>::kBlock) SoftmaxRowFwdKernel(So
 #pragma unroll
       for (int i = 0; i < V; ++i) s += ExpDiff(v[i], m);
     }
-    // Combine threads: rescale each partial sum to the row max.
-    const float row_max = Team::Max(m, scratch);
-    const float row_sum = Team::Sum(s * ExpDiff(m, row_max), scratch);
+    // One team reduction merges the threads' (max, sum) pairs.
+    const MaxSum stats = Team::Reduce(MaxSum{m, s}, scratch);
+    const float row_max = stats.m;
+    const float row_sum = stats.s;
     if (!valid) continue;  // no barrier follows in this iteration
 
     const float inv_sum = 1.f / row_sum;
@@ -149,7 +162,8 @@ __global__ void __launch_bounds__(RowTeam<kTeam>::kBlock) SoftmaxRowBwdKernel(So
       }
     };
 
-    // Recompute the forward: row max and sum of exp(x - max).
+    // Recompute the forward (row max, sum of exp(x - max)) and, in the same
+    // team reduction, t = sum(dy * exp(x - max)) (softmax) or sum(dy) (log).
     float xb[kCache][V], db[kCache][V];
     float m = -INFINITY;
 #pragma unroll
@@ -165,39 +179,36 @@ __global__ void __launch_bounds__(RowTeam<kTeam>::kBlock) SoftmaxRowBwdKernel(So
         for (int i = 0; i < V; ++i) xb[c][i] = -INFINITY, db[c][i] = 0.f;
       }
     }
-    float s = 0.f;
-#pragma unroll
-    for (int c = 0; c < kCache; ++c) {
-#pragma unroll
-      for (int i = 0; i < V; ++i) s += ExpDiff(xb[c][i], m);  // padding: exp(-inf) = 0
-    }
-    for_tail([&](int64_t, const float(&v)[V], const float(&)[V]) {
-      float cm = m;
-#pragma unroll
-      for (int i = 0; i < V; ++i) cm = fmaxf(cm, v[i]);
-      s *= ExpDiff(m, cm);
-      m = cm;
-#pragma unroll
-      for (int i = 0; i < V; ++i) s += ExpDiff(v[i], m);
-    });
-    const float row_max = Team::Max(m, scratch);
-    const float inv_sum = 1.f / Team::Sum(s * ExpDiff(m, row_max), scratch);
-
-    // softmax needs sum(dy * y); log_softmax needs sum(dy).
-    float t = 0.f;
+    BwdState<kLog> st{m, 0.f, 0.f};
 #pragma unroll
     for (int c = 0; c < kCache; ++c) {
 #pragma unroll
       for (int i = 0; i < V; ++i) {
-        xb[c][i] = ExpDiff(xb[c][i], row_max) * inv_sum;  // now y = softmax(x)
-        t += kLog ? db[c][i] : db[c][i] * xb[c][i];
+        const float e = ExpDiff(xb[c][i], m);  // padding: exp(-inf) = 0
+        st.s += e;
+        st.t += kLog ? db[c][i] : db[c][i] * e;
       }
     }
     for_tail([&](int64_t, const float(&v)[V], const float(&d)[V]) {
+      BwdState<kLog> chunk{-INFINITY, 0.f, 0.f};
 #pragma unroll
-      for (int i = 0; i < V; ++i) t += kLog ? d[i] : d[i] * Exp(v[i] - row_max) * inv_sum;
+      for (int i = 0; i < V; ++i) chunk.m = fmaxf(chunk.m, v[i]);
+#pragma unroll
+      for (int i = 0; i < V; ++i) {
+        const float e = ExpDiff(v[i], chunk.m);
+        chunk.s += e;
+        chunk.t += kLog ? d[i] : d[i] * e;
+      }
+      st = BwdState<kLog>::Merge(st, chunk);
     });
-    t = Team::Sum(t, scratch);
+    st = Team::Reduce(st, scratch);
+    const float row_max = st.m;
+    const float inv_sum = 1.f / st.s;
+    const float t = kLog ? st.t : st.t * inv_sum;  // sum(dy) or sum(dy * y)
+#pragma unroll
+    for (int c = 0; c < kCache; ++c)
+#pragma unroll
+      for (int i = 0; i < V; ++i) xb[c][i] = ExpDiff(xb[c][i], row_max) * inv_sum;  // now y
     if (!valid) continue;  // no barrier follows in this iteration
 
     auto grad = [&](float y, float d) { return kLog ? d - y * t : y * (d - t); };
