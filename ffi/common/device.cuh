@@ -62,6 +62,14 @@ __device__ __forceinline__ void StoreVec(T* p, const float (&in)[V]) {
   *reinterpret_cast<Packed<T, V>*>(p) = pack;
 }
 
+// 2^x as one MUFU.EX2 instruction (ex2.approx.ftz.f32: relative error
+// ~2^-22; denormal results flush to zero).
+__device__ __forceinline__ float FastExp2(float x) {
+  float y;
+  asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
+  return y;
+}
+
 __device__ __forceinline__ float WarpSum(float v) {
 #pragma unroll
   for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);

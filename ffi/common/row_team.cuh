@@ -141,7 +141,7 @@ struct MeanM2 {
 struct MaxSum {
   float m, s;
   __device__ static float Rescale(float from, float to) {
-    return from == -INFINITY ? 0.f : exp2f((from - to) * 1.4426950408889634f);
+    return from == -INFINITY ? 0.f : FastExp2((from - to) * 1.4426950408889634f);
   }
   __device__ static MaxSum Merge(const MaxSum& a, const MaxSum& b) {
     const float m = fmaxf(a.m, b.m);

@@ -18,6 +18,7 @@
 #include <algorithm>
 
 #include "ffi/common/column_sum.h"
+#include "ffi/common/row_pipeline.cuh"
 #include "ffi/common/row_team.cuh"
 #include "ffi/layer_norm/layer_norm.h"
 #include "ffi/layer_norm/layer_norm_stats.cuh"
@@ -28,11 +29,19 @@ namespace {
 // 16 fp32 per thread: x, dy and two accumulators are cached, 64 values;
 // more would cut occupancy below what keeps enough loads in flight.
 constexpr int kCacheElems = 16;
+// Row groups in flight per block when pipelined (x and dy each), and the most
+// shared memory a block's stages may take.
+constexpr int kPipeStages = 4;
+constexpr size_t kPipeSmemBudget = 96 * 1024;
 
-template <typename T, int kTeam, int V, bool kRms>
+// kPipe: x and dy rows arrive in shared memory through BulkRowPipeline
+// (ffi/common/row_pipeline.cuh); the whole row is then cached (no tail).
+template <typename T, int kTeam, int V, bool kRms, bool kPipe>
 __global__ void __launch_bounds__(RowTeam<kTeam>::kBlock)
     LayerNormBwdKernel(LayerNormBwdParams p) {
   using Team = RowTeam<kTeam>;
+  using Pipe = BulkRowPipeline<kPipeStages, 2>;
+  extern __shared__ __align__(128) char smem[];
   constexpr int kCache = kCacheElems / V;
   constexpr int kSums = kRms ? 1 : 2;
   __shared__ typename Team::Scratch scratch;
@@ -60,17 +69,41 @@ __global__ void __launch_bounds__(RowTeam<kTeam>::kBlock)
   float acc_scale[kCache][V] = {};
   float acc_bias[kCache][V] = {};
   const int64_t step = p.parts * Team::kTeamsPerBlock;
-  for (int64_t base = part * Team::kTeamsPerBlock; base < rows_per_group; base += step) {
+  Pipe pipe(smem, static_cast<uint32_t>(Team::kTeamsPerBlock * n * sizeof(T)));
+  auto issue = [&](int k) {
+    const int64_t first = part * Team::kTeamsPerBlock + k * step;  // within the group
+    if (first >= rows_per_group) return;
+    const int64_t count =
+        rows_per_group - first < Team::kTeamsPerBlock ? rows_per_group - first : Team::kTeamsPerBlock;
+    const int64_t offset = (group * rows_per_group + first) * n;
+    const void* src[2] = {static_cast<const T*>(p.x) + offset, static_cast<const T*>(p.dy) + offset};
+    pipe.Issue(k, src, static_cast<uint32_t>(count * n * sizeof(T)));
+  };
+  if constexpr (kPipe) {
+    if (threadIdx.x == 0) {
+      pipe.Init();
+      for (int k = 0; k < kPipeStages; ++k) issue(k);
+    }
+    __syncthreads();
+  }
+
+  int k = 0;
+  for (int64_t base = part * Team::kTeamsPerBlock; base < rows_per_group; base += step, ++k) {
     const int64_t local = base + Team::Team();
     const bool valid = local < rows_per_group;
     const int64_t row = group * rows_per_group + local;
     const T* x = static_cast<const T*>(p.x) + row * n;
     const T* dy = static_cast<const T*>(p.dy) + row * n;
+    if constexpr (kPipe) {
+      pipe.Wait(k);
+      x = reinterpret_cast<const T*>(pipe.Stage(k, 0)) + Team::Team() * n;
+      dy = reinterpret_cast<const T*>(pipe.Stage(k, 1)) + Team::Team() * n;
+    }
     T* dx = static_cast<T*>(p.dx) + row * n;
     // Calls fn(col, x, dy, scale) for each chunk of the uncached tail (wide
     // rows only), re-reading it from memory.
     auto for_tail = [&](auto fn) {
-      for (int64_t c = kCache; c < chunks; ++c) {
+      for (int64_t c = kCache; !kPipe && c < chunks; ++c) {
         const int64_t col = (c * kTeam + lane) * V;
         if (!valid || col >= n) continue;
         float xv[V], dv[V], sc[V];
@@ -164,34 +197,38 @@ __global__ void __launch_bounds__(RowTeam<kTeam>::kBlock)
       for (int i = 0; i < V; ++i) xv[c][i] = (xv[c][i] - mean) * rstd;  // now xhat
     const float mean_g = kRms ? 0.f : sum_g * inv_n;
     const float mean_gx = sum_gx * inv_n;
-    if (!valid) continue;  // no barrier follows in this iteration
-
-    // dx and the parameter-gradient partials.
+    if (valid) {
+      // dx and the parameter-gradient partials.
 #pragma unroll
-    for (int c = 0; c < kCache; ++c) {
-      const int64_t col = (c * static_cast<int64_t>(kTeam) + lane) * V;
-      if (col >= n) continue;
-      float out[V], sc[V];
-      LoadVec<float, V>(scale + col, sc);
+      for (int c = 0; c < kCache; ++c) {
+        const int64_t col = (c * static_cast<int64_t>(kTeam) + lane) * V;
+        if (col >= n) continue;
+        float out[V], sc[V];
+        LoadVec<float, V>(scale + col, sc);
 #pragma unroll
-      for (int i = 0; i < V; ++i) {
-        out[i] = rstd * (dyv[c][i] * sc[i] - mean_g - xv[c][i] * mean_gx);
-        acc_scale[c][i] += dyv[c][i] * xv[c][i];
-        acc_bias[c][i] += dyv[c][i];
+        for (int i = 0; i < V; ++i) {
+          out[i] = rstd * (dyv[c][i] * sc[i] - mean_g - xv[c][i] * mean_gx);
+          acc_scale[c][i] += dyv[c][i] * xv[c][i];
+          acc_bias[c][i] += dyv[c][i];
+        }
+        StoreVec<T, V>(dx + col, out);
       }
-      StoreVec<T, V>(dx + col, out);
+      for_tail([&](int64_t col, const float(&v)[V], const float(&d)[V], const float(&g)[V]) {
+        float out[V];
+#pragma unroll
+        for (int i = 0; i < V; ++i) {
+          const float xh = (v[i] - mean) * rstd;
+          out[i] = rstd * (d[i] * g[i] - mean_g - xh * mean_gx);
+          partial[col + i] += d[i] * xh;
+          if constexpr (!kRms) partial[n + col + i] += d[i];
+        }
+        StoreVec<T, V>(dx + col, out);
+      });
     }
-    for_tail([&](int64_t col, const float(&v)[V], const float(&d)[V], const float(&g)[V]) {
-      float out[V];
-#pragma unroll
-      for (int i = 0; i < V; ++i) {
-        const float xh = (v[i] - mean) * rstd;
-        out[i] = rstd * (d[i] * g[i] - mean_g - xh * mean_gx);
-        partial[col + i] += d[i] * xh;
-        if constexpr (!kRms) partial[n + col + i] += d[i];
-      }
-      StoreVec<T, V>(dx + col, out);
-    });
+    if constexpr (kPipe) {
+      pipe.Release();
+      if (threadIdx.x == 0) issue(k + kPipeStages);
+    }
   }
 
   // Combine the teams of this block in a fixed order (team 0 first), then
@@ -233,10 +270,24 @@ cudaError_t Launch(const LayerNormBwdParams& p, cudaStream_t stream) {
   return DispatchTeam(p.width, kCacheElems, [&](auto team) {
     constexpr int kTeam = decltype(team)::value;
     using Team = RowTeam<kTeam>;
+    using Pipe = BulkRowPipeline<kPipeStages, 2>;
     const int64_t blocks = p.groups * p.parts;
     if (blocks > (int64_t{1} << 30)) return cudaErrorInvalidValue;
-    LayerNormBwdKernel<T, kTeam, V, kRms>
-        <<<static_cast<unsigned>(blocks), Team::kBlock, 0, stream>>>(p);
+    // One block per (group, part): the grid is fixed by the partials buffer.
+    const size_t smem = Pipe::SmemBytes(
+        static_cast<uint32_t>(Team::kTeamsPerBlock * p.width * int64_t{sizeof(T)}));
+    if (V > 1 && p.width <= int64_t{kTeam} * kCacheElems && smem <= kPipeSmemBudget) {
+      auto kernel = LayerNormBwdKernel<T, kTeam, V, kRms, true>;
+      if (smem > 48 * 1024) {
+        cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                             static_cast<int>(smem));
+        if (e != cudaSuccess) return e;
+      }
+      kernel<<<static_cast<unsigned>(blocks), Team::kBlock, smem, stream>>>(p);
+    } else {
+      LayerNormBwdKernel<T, kTeam, V, kRms, false>
+          <<<static_cast<unsigned>(blocks), Team::kBlock, 0, stream>>>(p);
+    }
     return cudaGetLastError();
   });
 }

@@ -9,6 +9,7 @@
 // re-read the uncached tail from memory (usually L2): two reads of that tail.
 #include <algorithm>
 
+#include "ffi/common/row_pipeline.cuh"
 #include "ffi/common/row_team.cuh"
 #include "ffi/layer_norm/layer_norm.h"
 #include "ffi/layer_norm/layer_norm_stats.cuh"
@@ -19,13 +20,22 @@ namespace {
 // 32 fp32 per thread: a 4096-wide bf16 row fits a 128-thread team, and the
 // kernel stays under ~64 registers, so an SM keeps 2048 threads in flight.
 constexpr int kCacheElems = 32;
+// Row groups in flight per block when pipelined, and the most shared memory a
+// block's stages may take (so that several blocks share an SM).
+constexpr int kPipeStages = 4;
+constexpr size_t kPipeSmemBudget = 96 * 1024;
 
-template <typename T, int kTeam, int V, bool kRms>
+// kPipe: rows arrive in shared memory through BulkRowPipeline
+// (ffi/common/row_pipeline.cuh), kPipeStages row groups ahead; the whole row
+// is then cached (no uncached tail).
+template <typename T, int kTeam, int V, bool kRms, bool kPipe>
 __global__ void __launch_bounds__(RowTeam<kTeam>::kBlock)
     LayerNormFwdKernel(LayerNormFwdParams p) {
   using Team = RowTeam<kTeam>;
+  using Pipe = BulkRowPipeline<kPipeStages, 1>;
   constexpr int kCache = kCacheElems / V;
   __shared__ typename Team::Scratch scratch;
+  extern __shared__ __align__(128) char smem[];
 
   const int lane = Team::Lane();
   const int64_t n = p.width;
@@ -33,14 +43,36 @@ __global__ void __launch_bounds__(RowTeam<kTeam>::kBlock)
   const int64_t chunks = (n + stride - 1) / stride;
   const int64_t rows_per_group = p.rows / p.groups;
   const float inv_n = 1.f / static_cast<float>(n);
+  const int64_t group_stride = static_cast<int64_t>(gridDim.x) * Team::kTeamsPerBlock;
+
+  Pipe pipe(smem, static_cast<uint32_t>(Team::kTeamsPerBlock * n * sizeof(T)));
+  auto issue = [&](int k) {
+    const int64_t first = static_cast<int64_t>(blockIdx.x) * Team::kTeamsPerBlock + k * group_stride;
+    if (first >= p.rows) return;
+    const int64_t count = p.rows - first < Team::kTeamsPerBlock ? p.rows - first : Team::kTeamsPerBlock;
+    const void* src[1] = {static_cast<const T*>(p.x) + first * n};
+    pipe.Issue(k, src, static_cast<uint32_t>(count * n * sizeof(T)));
+  };
+  if constexpr (kPipe) {
+    if (threadIdx.x == 0) {
+      pipe.Init();
+      for (int k = 0; k < kPipeStages; ++k) issue(k);
+    }
+    __syncthreads();
+  }
 
   // All teams of a block step through rows together so that every thread
   // reaches the team reductions' barriers, including teams past the last row.
+  int k = 0;
   for (int64_t base = static_cast<int64_t>(blockIdx.x) * Team::kTeamsPerBlock; base < p.rows;
-       base += static_cast<int64_t>(gridDim.x) * Team::kTeamsPerBlock) {
+       base += group_stride, ++k) {
     const int64_t row = base + Team::Team();
     const bool valid = row < p.rows;
     const T* x = static_cast<const T*>(p.x) + row * n;
+    if constexpr (kPipe) {
+      pipe.Wait(k);
+      x = reinterpret_cast<const T*>(pipe.Stage(k, 0)) + Team::Team() * n;
+    }
     T* y = static_cast<T*>(p.y) + row * n;
 
     float buf[kCache][V];
@@ -64,7 +96,7 @@ __global__ void __launch_bounds__(RowTeam<kTeam>::kBlock)
       for (int c = 0; c < kCache; ++c)
 #pragma unroll
         for (int i = 0; i < V; ++i) s1 += buf[c][i] * buf[c][i];
-      for (int64_t c = kCache; c < chunks; ++c) {
+      for (int64_t c = kCache; !kPipe && c < chunks; ++c) {
         const int64_t col = (c * kTeam + lane) * V;
         if (!valid || col >= n) continue;
         float v[V];
@@ -75,7 +107,7 @@ __global__ void __launch_bounds__(RowTeam<kTeam>::kBlock)
       var = Team::Sum(s1, scratch) * inv_n;
     } else {
       MeanM2 st = LocalMeanM2<kTeam, V, kCache>(buf, lane, n);
-      for (int64_t c = kCache; c < chunks; ++c) {
+      for (int64_t c = kCache; !kPipe && c < chunks; ++c) {
         const int64_t col = (c * kTeam + lane) * V;
         if (!valid || col >= n) continue;
         float v[V];
@@ -87,33 +119,37 @@ __global__ void __launch_bounds__(RowTeam<kTeam>::kBlock)
       var = st.m2 * inv_n;
     }
     const float rstd = rsqrtf(var + p.epsilon);
-    if (!valid) continue;  // no barrier follows in this iteration
-
-    const int64_t group = row / rows_per_group;
-    const float* scale = p.scale + group * n;
-    const float* bias = kRms ? nullptr : p.bias + group * n;
-    auto write = [&](int64_t col, float (&v)[V]) {
-      float g[V], b[V], out[V];
-      LoadVec<float, V>(scale + col, g);
-      if constexpr (!kRms) LoadVec<float, V>(bias + col, b);
+    if (valid) {
+      const int64_t group = row / rows_per_group;
+      const float* scale = p.scale + group * n;
+      const float* bias = kRms ? nullptr : p.bias + group * n;
+      auto write = [&](int64_t col, float (&v)[V]) {
+        float g[V], b[V], out[V];
+        LoadVec<float, V>(scale + col, g);
+        if constexpr (!kRms) LoadVec<float, V>(bias + col, b);
 #pragma unroll
-      for (int i = 0; i < V; ++i) {
-        out[i] = (v[i] - mean) * rstd * g[i];
-        if constexpr (!kRms) out[i] += b[i];
+        for (int i = 0; i < V; ++i) {
+          out[i] = (v[i] - mean) * rstd * g[i];
+          if constexpr (!kRms) out[i] += b[i];
+        }
+        StoreVec<T, V>(y + col, out);
+      };
+#pragma unroll
+      for (int c = 0; c < kCache; ++c) {
+        const int64_t col = (c * static_cast<int64_t>(kTeam) + lane) * V;
+        if (col < n) write(col, buf[c]);
       }
-      StoreVec<T, V>(y + col, out);
-    };
-#pragma unroll
-    for (int c = 0; c < kCache; ++c) {
-      const int64_t col = (c * static_cast<int64_t>(kTeam) + lane) * V;
-      if (col < n) write(col, buf[c]);
+      for (int64_t c = kCache; !kPipe && c < chunks; ++c) {
+        const int64_t col = (c * kTeam + lane) * V;
+        if (col >= n) continue;
+        float v[V];
+        LoadVec<T, V>(x + col, v);
+        write(col, v);
+      }
     }
-    for (int64_t c = kCache; c < chunks; ++c) {
-      const int64_t col = (c * kTeam + lane) * V;
-      if (col >= n) continue;
-      float v[V];
-      LoadVec<T, V>(x + col, v);
-      write(col, v);
+    if constexpr (kPipe) {
+      pipe.Release();
+      if (threadIdx.x == 0) issue(k + kPipeStages);
     }
   }
 }
@@ -123,10 +159,11 @@ cudaError_t Launch(const LayerNormFwdParams& p, cudaStream_t stream) {
   return DispatchTeam(p.width, kCacheElems, [&](auto team) {
     constexpr int kTeam = decltype(team)::value;
     using Team = RowTeam<kTeam>;
-    const int64_t blocks = (p.rows + Team::kTeamsPerBlock - 1) / Team::kTeamsPerBlock;
-    const unsigned grid = static_cast<unsigned>(std::min<int64_t>(blocks, int64_t{1} << 30));
-    LayerNormFwdKernel<T, kTeam, V, kRms><<<grid, Team::kBlock, 0, stream>>>(p);
-    return cudaGetLastError();
+    // Pipelined only when aligned (V > 1) and the row fits the register cache.
+    return LaunchRowKernel<kPipeStages, 1>(
+        LayerNormFwdKernel<T, kTeam, V, kRms, true>, LayerNormFwdKernel<T, kTeam, V, kRms, false>,
+        V > 1 && p.width <= int64_t{kTeam} * kCacheElems, kPipeSmemBudget, Team::kBlock,
+        Team::kTeamsPerBlock, p.rows, p.width * int64_t{sizeof(T)}, p, stream);
   });
 }
 

@@ -19,6 +19,8 @@
 #include <algorithm>
 #include <cmath>
 
+#include "ffi/common/device_info.h"
+#include "ffi/common/row_pipeline.cuh"
 #include "ffi/common/row_team.cuh"
 #include "ffi/softmax/softmax.h"
 
@@ -26,11 +28,16 @@ namespace jax_dnn {
 namespace {
 
 constexpr int kFwdCacheElems = 32;
-constexpr int kBwdCacheElems = 16;  // two tensors (y, dy) are cached
+constexpr int kBwdCacheElems = 16;  // two tensors (x, dy) are cached
+// Row groups in flight per block in the pipelined kernels, and the most
+// shared memory one block's stages may take (so several blocks fit an SM).
+constexpr int kPipeStages = 4;
+constexpr size_t kPipeSmemBudget = 96 * 1024;
 
-// exp through exp2f (one ex2 instruction plus a multiply, 2 ulp): accurate
-// enough for fp32 inputs, unlike __expf, whose error grows with |x|.
-__device__ __forceinline__ float Exp(float x) { return exp2f(x * 1.4426950408889634f); }
+// exp(x) as one multiply and one MUFU.EX2 (ex2.approx.ftz: ~2 ulp). Inputs
+// are x - max <= 0, so flushing denormal results to zero loses nothing that
+// matters after normalization; the multiply's rounding costs |x| * 2^-24.
+__device__ __forceinline__ float Exp(float x) { return FastExp2(x * 1.4426950408889634f); }
 
 // exp(a - b) where b is a running max, safe when both are -inf.
 __device__ __forceinline__ float ExpDiff(float a, float b) {
@@ -54,23 +61,51 @@ __device__ __forceinline__ int64_t ColOf(int64_t c, int lane, int V) {
   return (c * kTeam + lane) * V;
 }
 
-template <typename T, int kTeam, int V, bool kLog>
+// Row groups of one iteration: kTeamsPerBlock consecutive rows, one per team.
+// kPipe: rows arrive in shared memory through BulkRowPipeline (see
+// row_pipeline.cuh); then the whole row is cached (no uncached tail).
+template <typename T, int kTeam, int V, bool kLog, bool kPipe>
 __global__ void __launch_bounds__(RowTeam<kTeam>::kBlock) SoftmaxRowFwdKernel(SoftmaxFwdParams p) {
   using Team = RowTeam<kTeam>;
+  using Pipe = BulkRowPipeline<kPipeStages, 1>;
   constexpr int kCache = kFwdCacheElems / V;
   __shared__ typename Team::Scratch scratch;
+  extern __shared__ __align__(128) char smem[];
   const int lane = Team::Lane();
   const int64_t n = p.n;
   const int64_t chunks = (n + int64_t{kTeam} * V - 1) / (int64_t{kTeam} * V);
+  const int64_t group_stride = int64_t{gridDim.x} * Team::kTeamsPerBlock;
 
+  Pipe pipe(smem, static_cast<uint32_t>(Team::kTeamsPerBlock * n * sizeof(T)));
+  auto issue = [&](int k) {
+    const int64_t first = int64_t{blockIdx.x} * Team::kTeamsPerBlock + k * group_stride;
+    if (first >= p.outer) return;
+    const int64_t count = p.outer - first < Team::kTeamsPerBlock ? p.outer - first : Team::kTeamsPerBlock;
+    const void* src[1] = {static_cast<const T*>(p.x) + first * n};
+    pipe.Issue(k, src, static_cast<uint32_t>(count * n * sizeof(T)));
+  };
+  if constexpr (kPipe) {
+    if (threadIdx.x == 0) {
+      pipe.Init();
+      for (int k = 0; k < kPipeStages; ++k) issue(k);
+    }
+    __syncthreads();
+  }
+
+  int k = 0;
   for (int64_t base = int64_t{blockIdx.x} * Team::kTeamsPerBlock; base < p.outer;
-       base += int64_t{gridDim.x} * Team::kTeamsPerBlock) {
+       base += group_stride, ++k) {
     const int64_t row = base + Team::Team();
     const bool valid = row < p.outer;
     const T* x = static_cast<const T*>(p.x) + row * n;
+    if constexpr (kPipe) {
+      pipe.Wait(k);
+      x = reinterpret_cast<const T*>(pipe.Stage(k, 0)) + Team::Team() * n;
+    }
     T* y = static_cast<T*>(p.y) + row * n;
 
-    // Pass 1: running max and sum of exp(x - max), per thread.
+    // Pass 1: running max and sum of exp(x - max), per thread. buf keeps
+    // exp(x - m) so that the write pass needs no second exp.
     float buf[kCache][V];
     float m = -INFINITY;
 #pragma unroll
@@ -80,85 +115,130 @@ __global__ void __launch_bounds__(RowTeam<kTeam>::kBlock) SoftmaxRowFwdKernel(So
         LoadVec<T, V>(x + col, buf[c]);
 #pragma unroll
         for (int i = 0; i < V; ++i) m = fmaxf(m, buf[c][i]);
+      } else {
+#pragma unroll
+        for (int i = 0; i < V; ++i) buf[c][i] = -INFINITY;
       }
     }
     float s = 0.f;
 #pragma unroll
     for (int c = 0; c < kCache; ++c) {
-      const int64_t col = ColOf<kTeam>(c, lane, V);
-      if (valid && col < n) {
 #pragma unroll
-        for (int i = 0; i < V; ++i) s += ExpDiff(buf[c][i], m);
+      for (int i = 0; i < V; ++i) {
+        buf[c][i] = kLog ? buf[c][i] : ExpDiff(buf[c][i], m);  // padding: exp(-inf) = 0
+        s += kLog ? ExpDiff(buf[c][i], m) : buf[c][i];
       }
     }
-    for (int64_t c = kCache; c < chunks; ++c) {
-      const int64_t col = ColOf<kTeam>(c, lane, V);
-      if (!valid || col >= n) continue;
-      float v[V];
-      LoadVec<T, V>(x + col, v);
-      float cm = m;
+    if constexpr (!kPipe) {
+      for (int64_t c = kCache; c < chunks; ++c) {
+        const int64_t col = ColOf<kTeam>(c, lane, V);
+        if (!valid || col >= n) continue;
+        float v[V];
+        LoadVec<T, V>(x + col, v);
+        float cm = m;
 #pragma unroll
-      for (int i = 0; i < V; ++i) cm = fmaxf(cm, v[i]);
-      s *= ExpDiff(m, cm);
-      m = cm;
+        for (int i = 0; i < V; ++i) cm = fmaxf(cm, v[i]);
+        s *= ExpDiff(m, cm);
 #pragma unroll
-      for (int i = 0; i < V; ++i) s += ExpDiff(v[i], m);
+        for (int i = 0; i < V; ++i) s += ExpDiff(v[i], cm);
+        // The cached exp(x - m) values are rescaled to the new max below.
+        if (cm != m && !kLog) {
+#pragma unroll
+          for (int c2 = 0; c2 < kCache; ++c2)
+#pragma unroll
+            for (int i = 0; i < V; ++i) buf[c2][i] *= ExpDiff(m, cm);
+        }
+        m = cm;
+      }
     }
     // One team reduction merges the threads' (max, sum) pairs.
     const MaxSum stats = Team::Reduce(MaxSum{m, s}, scratch);
-    const float row_max = stats.m;
-    const float row_sum = stats.s;
-    if (!valid) continue;  // no barrier follows in this iteration
-
-    const float inv_sum = 1.f / row_sum;
-    const float log_sum = logf(row_sum);
-    auto write = [&](int64_t col, const float (&v)[V]) {
-      float out[V];
+    if (valid) {
+      // softmax: y = exp(x - m) * exp(m - row_max) / sum; log: x - row_max - log(sum).
+      const float scale = ExpDiff(m, stats.m) / stats.s;
+      const float shift = stats.m + logf(stats.s);
 #pragma unroll
-      for (int i = 0; i < V; ++i)
-        out[i] = kLog ? v[i] - row_max - log_sum : Exp(v[i] - row_max) * inv_sum;
-      StoreVec<T, V>(y + col, out);
-    };
+      for (int c = 0; c < kCache; ++c) {
+        const int64_t col = ColOf<kTeam>(c, lane, V);
+        if (col >= n) continue;
+        float out[V];
 #pragma unroll
-    for (int c = 0; c < kCache; ++c) {
-      const int64_t col = ColOf<kTeam>(c, lane, V);
-      if (col < n) write(col, buf[c]);
+        for (int i = 0; i < V; ++i) out[i] = kLog ? buf[c][i] - shift : buf[c][i] * scale;
+        StoreVec<T, V>(y + col, out);
+      }
+      if constexpr (!kPipe) {
+        const float inv_sum = 1.f / stats.s;
+        for (int64_t c = kCache; c < chunks; ++c) {
+          const int64_t col = ColOf<kTeam>(c, lane, V);
+          if (col >= n) continue;
+          float v[V];
+          LoadVec<T, V>(x + col, v);
+#pragma unroll
+          for (int i = 0; i < V; ++i) v[i] = kLog ? v[i] - shift : Exp(v[i] - stats.m) * inv_sum;
+          StoreVec<T, V>(y + col, v);
+        }
+      }
     }
-    for (int64_t c = kCache; c < chunks; ++c) {
-      const int64_t col = ColOf<kTeam>(c, lane, V);
-      if (col >= n) continue;
-      float v[V];
-      LoadVec<T, V>(x + col, v);
-      write(col, v);
+    if constexpr (kPipe) {
+      pipe.Release();
+      if (threadIdx.x == 0) issue(k + kPipeStages);
     }
   }
 }
 
-template <typename T, int kTeam, int V, bool kLog>
+template <typename T, int kTeam, int V, bool kLog, bool kPipe>
 __global__ void __launch_bounds__(RowTeam<kTeam>::kBlock) SoftmaxRowBwdKernel(SoftmaxBwdParams p) {
   using Team = RowTeam<kTeam>;
+  using Pipe = BulkRowPipeline<kPipeStages, 2>;
   constexpr int kCache = kBwdCacheElems / V;
   __shared__ typename Team::Scratch scratch;
+  extern __shared__ __align__(128) char smem[];
   const int lane = Team::Lane();
   const int64_t n = p.n;
   const int64_t chunks = (n + int64_t{kTeam} * V - 1) / (int64_t{kTeam} * V);
+  const int64_t group_stride = int64_t{gridDim.x} * Team::kTeamsPerBlock;
 
+  Pipe pipe(smem, static_cast<uint32_t>(Team::kTeamsPerBlock * n * sizeof(T)));
+  auto issue = [&](int k) {
+    const int64_t first = int64_t{blockIdx.x} * Team::kTeamsPerBlock + k * group_stride;
+    if (first >= p.outer) return;
+    const int64_t count = p.outer - first < Team::kTeamsPerBlock ? p.outer - first : Team::kTeamsPerBlock;
+    const void* src[2] = {static_cast<const T*>(p.x) + first * n,
+                          static_cast<const T*>(p.dy) + first * n};
+    pipe.Issue(k, src, static_cast<uint32_t>(count * n * sizeof(T)));
+  };
+  if constexpr (kPipe) {
+    if (threadIdx.x == 0) {
+      pipe.Init();
+      for (int k = 0; k < kPipeStages; ++k) issue(k);
+    }
+    __syncthreads();
+  }
+
+  int k = 0;
   for (int64_t base = int64_t{blockIdx.x} * Team::kTeamsPerBlock; base < p.outer;
-       base += int64_t{gridDim.x} * Team::kTeamsPerBlock) {
+       base += group_stride, ++k) {
     const int64_t row = base + Team::Team();
     const bool valid = row < p.outer;
     const T* x = static_cast<const T*>(p.x) + row * n;
     const T* dy = static_cast<const T*>(p.dy) + row * n;
+    if constexpr (kPipe) {
+      pipe.Wait(k);
+      x = reinterpret_cast<const T*>(pipe.Stage(k, 0)) + Team::Team() * n;
+      dy = reinterpret_cast<const T*>(pipe.Stage(k, 1)) + Team::Team() * n;
+    }
     T* dx = static_cast<T*>(p.dx) + row * n;
     // Calls fn(col, x, dy) for each chunk of the uncached tail (long rows).
     auto for_tail = [&](auto fn) {
-      for (int64_t c = kCache; c < chunks; ++c) {
-        const int64_t col = ColOf<kTeam>(c, lane, V);
-        if (!valid || col >= n) continue;
-        float xv[V], dv[V];
-        LoadVec<T, V>(x + col, xv);
-        LoadVec<T, V>(dy + col, dv);
-        fn(col, xv, dv);
+      if constexpr (!kPipe) {
+        for (int64_t c = kCache; c < chunks; ++c) {
+          const int64_t col = ColOf<kTeam>(c, lane, V);
+          if (!valid || col >= n) continue;
+          float xv[V], dv[V];
+          LoadVec<T, V>(x + col, xv);
+          LoadVec<T, V>(dy + col, dv);
+          fn(col, xv, dv);
+        }
       }
     };
 
@@ -184,9 +264,9 @@ __global__ void __launch_bounds__(RowTeam<kTeam>::kBlock) SoftmaxRowBwdKernel(So
     for (int c = 0; c < kCache; ++c) {
 #pragma unroll
       for (int i = 0; i < V; ++i) {
-        const float e = ExpDiff(xb[c][i], m);  // padding: exp(-inf) = 0
-        st.s += e;
-        st.t += kLog ? db[c][i] : db[c][i] * e;
+        xb[c][i] = ExpDiff(xb[c][i], m);  // now exp(x - m); padding: 0
+        st.s += xb[c][i];
+        st.t += kLog ? db[c][i] : db[c][i] * xb[c][i];
       }
     }
     for_tail([&](int64_t, const float(&v)[V], const float(&d)[V]) {
@@ -201,32 +281,34 @@ __global__ void __launch_bounds__(RowTeam<kTeam>::kBlock) SoftmaxRowBwdKernel(So
       }
       st = BwdState<kLog>::Merge(st, chunk);
     });
-    st = Team::Reduce(st, scratch);
-    const float row_max = st.m;
-    const float inv_sum = 1.f / st.s;
-    const float t = kLog ? st.t : st.t * inv_sum;  // sum(dy) or sum(dy * y)
+    // The cached values are relative to this thread's max at the cached
+    // chunks (m), the merged state to the row max.
+    const BwdState<kLog> row_st = Team::Reduce(st, scratch);
+    const float inv_sum = 1.f / row_st.s;
+    const float t = kLog ? row_st.t : row_st.t * inv_sum;  // sum(dy) or sum(dy * y)
+    const float y_scale = ExpDiff(m, row_st.m) * inv_sum;   // y = exp(x - m) * y_scale
+    if (valid) {
+      auto grad = [&](float y, float d) { return kLog ? d - y * t : y * (d - t); };
 #pragma unroll
-    for (int c = 0; c < kCache; ++c)
+      for (int c = 0; c < kCache; ++c) {
+        const int64_t col = ColOf<kTeam>(c, lane, V);
+        if (col >= n) continue;
+        float out[V];
 #pragma unroll
-      for (int i = 0; i < V; ++i) xb[c][i] = ExpDiff(xb[c][i], row_max) * inv_sum;  // now y
-    if (!valid) continue;  // no barrier follows in this iteration
-
-    auto grad = [&](float y, float d) { return kLog ? d - y * t : y * (d - t); };
+        for (int i = 0; i < V; ++i) out[i] = grad(xb[c][i] * y_scale, db[c][i]);
+        StoreVec<T, V>(dx + col, out);
+      }
+      for_tail([&](int64_t col, const float(&v)[V], const float(&d)[V]) {
+        float out[V];
 #pragma unroll
-    for (int c = 0; c < kCache; ++c) {
-      const int64_t col = ColOf<kTeam>(c, lane, V);
-      if (col >= n) continue;
-      float out[V];
-#pragma unroll
-      for (int i = 0; i < V; ++i) out[i] = grad(xb[c][i], db[c][i]);
-      StoreVec<T, V>(dx + col, out);
+        for (int i = 0; i < V; ++i) out[i] = grad(Exp(v[i] - row_st.m) * inv_sum, d[i]);
+        StoreVec<T, V>(dx + col, out);
+      });
     }
-    for_tail([&](int64_t col, const float(&v)[V], const float(&d)[V]) {
-      float out[V];
-#pragma unroll
-      for (int i = 0; i < V; ++i) out[i] = grad(Exp(v[i] - row_max) * inv_sum, d[i]);
-      StoreVec<T, V>(dx + col, out);
-    });
+    if constexpr (kPipe) {
+      pipe.Release();
+      if (threadIdx.x == 0) issue(k + kPipeStages);
+    }
   }
 }
 
@@ -315,13 +397,8 @@ __global__ void __launch_bounds__(kStridedThreads) SoftmaxStridedBwdKernel(Softm
   }
 }
 
-unsigned RowGrid(int64_t rows, int teams_per_block) {
-  const int64_t blocks = (rows + teams_per_block - 1) / teams_per_block;
-  return static_cast<unsigned>(std::min<int64_t>(blocks, int64_t{1} << 30));
-}
-
-// Launches the row or strided kernel of one direction. RowKernel/StridedKernel
-// are templates selected by the caller; V is 16 bytes when alignment allows.
+// Launches the row (inner == 1) or strided kernel of one direction; V is 16
+// bytes when alignment allows.
 template <typename T, bool kLog, int kCacheElems, typename Params, typename RowLaunch,
           typename StridedLaunch>
 cudaError_t LaunchAny(const Params& p, bool vec, RowLaunch row, StridedLaunch strided) {
@@ -350,10 +427,14 @@ cudaError_t LaunchSoftmaxFwd(const SoftmaxFwdParams& p, cudaStream_t stream) {
           p, vec,
           [&](auto team, auto v) {
             constexpr int kTeam = decltype(team)::value;
+            constexpr int kV = decltype(v)::value;
             using Team = RowTeam<kTeam>;
-            SoftmaxRowFwdKernel<T, kTeam, decltype(v)::value, kLog>
-                <<<RowGrid(p.outer, Team::kTeamsPerBlock), Team::kBlock, 0, stream>>>(p);
-            return cudaGetLastError();
+            // Pipelined only when aligned (kV > 1) and the row fits the cache.
+            return LaunchRowKernel<kPipeStages, 1>(
+                SoftmaxRowFwdKernel<T, kTeam, kV, kLog, true>,
+                SoftmaxRowFwdKernel<T, kTeam, kV, kLog, false>,
+                kV > 1 && p.n <= int64_t{kTeam} * kFwdCacheElems, kPipeSmemBudget, Team::kBlock,
+                Team::kTeamsPerBlock, p.outer, p.n * int64_t{sizeof(T)}, p, stream);
           },
           [&](auto v) {
             const int64_t threads = p.outer * (p.inner / decltype(v)::value);
@@ -382,10 +463,13 @@ cudaError_t LaunchSoftmaxBwd(const SoftmaxBwdParams& p, cudaStream_t stream) {
           p, vec,
           [&](auto team, auto v) {
             constexpr int kTeam = decltype(team)::value;
+            constexpr int kV = decltype(v)::value;
             using Team = RowTeam<kTeam>;
-            SoftmaxRowBwdKernel<T, kTeam, decltype(v)::value, kLog>
-                <<<RowGrid(p.outer, Team::kTeamsPerBlock), Team::kBlock, 0, stream>>>(p);
-            return cudaGetLastError();
+            return LaunchRowKernel<kPipeStages, 2>(
+                SoftmaxRowBwdKernel<T, kTeam, kV, kLog, true>,
+                SoftmaxRowBwdKernel<T, kTeam, kV, kLog, false>,
+                kV > 1 && p.n <= int64_t{kTeam} * kBwdCacheElems, kPipeSmemBudget, Team::kBlock,
+                Team::kTeamsPerBlock, p.outer, p.n * int64_t{sizeof(T)}, p, stream);
           },
           [&](auto v) {
             const int64_t threads = p.outer * (p.inner / decltype(v)::value);

@@ -1,0 +1,40 @@
+// Device properties the launchers size grids with, read once per device
+// (host code; cudaDeviceGetAttribute does not synchronize).
+#pragma once
+
+#include <cuda_runtime.h>
+
+namespace jax_dnn {
+
+inline int SmCount() {
+  constexpr int kMaxDevices = 64;
+  static int cache[kMaxDevices] = {};
+  int dev = 0;
+  if (cudaGetDevice(&dev) != cudaSuccess || dev < 0 || dev >= kMaxDevices) return 1;
+  if (cache[dev] == 0) {
+    int sms = 0;
+    cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev);
+    cache[dev] = sms > 0 ? sms : 1;
+  }
+  return cache[dev];
+}
+
+// Blocks for a persistent kernel: as many as fit on the device at once
+// (occupancy API with the kernel's dynamic shared memory), at most `work`.
+template <typename Kernel>
+cudaError_t PersistentGrid(Kernel kernel, int block, size_t smem, long long work, unsigned* grid) {
+  if (smem > 48 * 1024) {
+    cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                         static_cast<int>(smem));
+    if (e != cudaSuccess) return e;
+  }
+  int per_sm = 0;
+  cudaError_t e = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, block, smem);
+  if (e != cudaSuccess) return e;
+  if (per_sm < 1) return cudaErrorInvalidConfiguration;
+  const long long slots = static_cast<long long>(per_sm) * SmCount();
+  *grid = static_cast<unsigned>(work < slots ? work : slots);
+  return cudaSuccess;
+}
+
+}  // namespace jax_dnn
