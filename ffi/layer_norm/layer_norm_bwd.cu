@@ -66,6 +66,16 @@ __global__ void __launch_bounds__(RowTeam<kTeam>::kBlock)
       for (int i = 0; i < V; ++i) partial[s * n + col + i] = 0.f;
   }
 
+  // This thread's columns of scale: a block stays in one group, so they are
+  // loaded once (zero on padding columns).
+  float scs[kCache][V];
+#pragma unroll
+  for (int c = 0; c < kCache; ++c) {
+    const int64_t col = (c * static_cast<int64_t>(kTeam) + lane) * V;
+#pragma unroll
+    for (int i = 0; i < V; ++i) scs[c][i] = 0.f;
+    if (col < n) LoadVec<float, V>(scale + col, scs[c]);
+  }
   float acc_scale[kCache][V] = {};
   float acc_bias[kCache][V] = {};
   const int64_t step = p.parts * Team::kTeamsPerBlock;
@@ -115,8 +125,6 @@ __global__ void __launch_bounds__(RowTeam<kTeam>::kBlock)
     };
 
     // Load the row (padding is zero).
-    // scale is re-read where needed (g = dy * scale) rather than held in
-    // registers: it is the same for every row, so it stays in L1.
     float xv[kCache][V], dyv[kCache][V];
 #pragma unroll
     for (int c = 0; c < kCache; ++c) {
@@ -130,13 +138,8 @@ __global__ void __launch_bounds__(RowTeam<kTeam>::kBlock)
       }
     }
     auto load_scale = [&](int c, float (&sc)[V]) {
-      const int64_t col = (c * static_cast<int64_t>(kTeam) + lane) * V;
-      if (col < n) {
-        LoadVec<float, V>(scale + col, sc);
-      } else {
 #pragma unroll
-        for (int i = 0; i < V; ++i) sc[i] = 0.f;
-      }
+      for (int i = 0; i < V; ++i) sc[i] = scs[c][i];
     };
 
     // One team reduction gives the forward statistics and both row sums of
@@ -203,11 +206,10 @@ __global__ void __launch_bounds__(RowTeam<kTeam>::kBlock)
       for (int c = 0; c < kCache; ++c) {
         const int64_t col = (c * static_cast<int64_t>(kTeam) + lane) * V;
         if (col >= n) continue;
-        float out[V], sc[V];
-        LoadVec<float, V>(scale + col, sc);
+        float out[V];
 #pragma unroll
         for (int i = 0; i < V; ++i) {
-          out[i] = rstd * (dyv[c][i] * sc[i] - mean_g - xv[c][i] * mean_gx);
+          out[i] = rstd * (dyv[c][i] * scs[c][i] - mean_g - xv[c][i] * mean_gx);
           acc_scale[c][i] += dyv[c][i] * xv[c][i];
           acc_bias[c][i] += dyv[c][i];
         }

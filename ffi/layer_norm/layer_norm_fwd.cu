@@ -61,6 +61,12 @@ __global__ void __launch_bounds__(RowTeam<kTeam>::kBlock)
     __syncthreads();
   }
 
+  // This thread's columns of scale and bias, kept across rows (the persistent
+  // pipelined grid walks many rows; re-reading them per row cost as many L1/L2
+  // loads as the row itself).
+  float gs[kCache][V], bs[kCache][V];
+  int64_t param_group = -1;
+
   // All teams of a block step through rows together so that every thread
   // reaches the team reductions' barriers, including teams past the last row.
   int k = 0;
@@ -123,10 +129,18 @@ __global__ void __launch_bounds__(RowTeam<kTeam>::kBlock)
       const int64_t group = row / rows_per_group;
       const float* scale = p.scale + group * n;
       const float* bias = kRms ? nullptr : p.bias + group * n;
-      auto write = [&](int64_t col, float (&v)[V]) {
-        float g[V], b[V], out[V];
-        LoadVec<float, V>(scale + col, g);
-        if constexpr (!kRms) LoadVec<float, V>(bias + col, b);
+      if (group != param_group) {  // once per block unless vmap batched the parameters
+        param_group = group;
+#pragma unroll
+        for (int c = 0; c < kCache; ++c) {
+          const int64_t col = (c * static_cast<int64_t>(kTeam) + lane) * V;
+          if (col >= n) continue;
+          LoadVec<float, V>(scale + col, gs[c]);
+          if constexpr (!kRms) LoadVec<float, V>(bias + col, bs[c]);
+        }
+      }
+      auto write = [&](int64_t col, const float (&v)[V], const float (&g)[V], const float (&b)[V]) {
+        float out[V];
 #pragma unroll
         for (int i = 0; i < V; ++i) {
           out[i] = (v[i] - mean) * rstd * g[i];
@@ -137,14 +151,16 @@ __global__ void __launch_bounds__(RowTeam<kTeam>::kBlock)
 #pragma unroll
       for (int c = 0; c < kCache; ++c) {
         const int64_t col = (c * static_cast<int64_t>(kTeam) + lane) * V;
-        if (col < n) write(col, buf[c]);
+        if (col < n) write(col, buf[c], gs[c], bs[c]);
       }
       for (int64_t c = kCache; !kPipe && c < chunks; ++c) {
         const int64_t col = (c * kTeam + lane) * V;
         if (col >= n) continue;
-        float v[V];
+        float v[V], g[V], b[V];
         LoadVec<T, V>(x + col, v);
-        write(col, v);
+        LoadVec<float, V>(scale + col, g);
+        if constexpr (!kRms) LoadVec<float, V>(bias + col, b);
+        write(col, v, g, b);
       }
     }
     if constexpr (kPipe) {

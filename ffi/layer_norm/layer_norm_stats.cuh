@@ -20,7 +20,7 @@ __device__ __forceinline__ MeanM2 LocalMeanM2(const float (&buf)[kCache][V], int
       for (int i = 0; i < V; ++i) sum += buf[c][i];
     }
   }
-  const float mean = count > 0.f ? sum / count : 0.f;
+  const float mean = count > 0.f ? sum * __frcp_rn(count) : 0.f;
   float m2 = 0.f;
 #pragma unroll
   for (int c = 0; c < kCache; ++c) {
@@ -37,7 +37,7 @@ __device__ __forceinline__ MeanM2 ChunkMeanM2(const float (&v)[V]) {
   float sum = 0.f;
 #pragma unroll
   for (int i = 0; i < V; ++i) sum += v[i];
-  const float mean = sum / V;
+  const float mean = sum * (1.f / V);
   float m2 = 0.f;
 #pragma unroll
   for (int i = 0; i < V; ++i) m2 += (v[i] - mean) * (v[i] - mean);
@@ -55,7 +55,8 @@ struct MeanM2Grad {
     const float delta = b.mean - a.mean;
     const MeanM2 ms = MeanM2::Merge({a.n, a.mean, a.m2}, {b.n, b.mean, b.m2});
     // S about the merged mean: S_a + G_a (m_a - m) + S_b + G_b (m_b - m).
-    return {n, ms.mean, ms.m2, a.g + b.g, a.s + b.s + delta * (b.g * a.n - a.g * b.n) / n};
+    return {n, ms.mean, ms.m2, a.g + b.g,
+            a.s + b.s + delta * (b.g * a.n - a.g * b.n) * __frcp_rn(n)};
   }
 };
 
