@@ -43,7 +43,7 @@ for tool in memcheck racecheck; do
   (cd scripts && compute-sanitizer --tool $tool --error-exitcode 9 python3 sanitize_ops.py) \
     > "$OUT/sanitizer_$tool.log" 2>&1
   rc=$?
-  san="$san $tool=rc$rc($(grep -c '=========.*Error\|========= Invalid\|RACE' "$OUT/sanitizer_$tool.log") findings)"
+  san="$san $tool: rc=$rc, $(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY' "$OUT/sanitizer_$tool.log" | sed 's/=* *//');"
   tail -4 "$OUT/sanitizer_$tool.log"
 done
 unset XLA_PYTHON_CLIENT_PREALLOCATE
