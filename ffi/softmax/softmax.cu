@@ -312,118 +312,6 @@ __global__ void __launch_bounds__(RowTeam<kTeam>::kBlock) SoftmaxRowBwdKernel(So
   }
 }
 
-// Warp-per-row kernels: the row stays in shared memory (BulkRowPipeline
-// stages of kWarpRows rows, one per warp) and each warp makes two passes over
-// it: an online (max, sum[, t]) pass, a warp-shuffle reduction, and a writing
-// pass. Unlike the team kernels, a row needs no block barrier for its
-// reduction (only one barrier per stage, to release it), and the row need not
-// fit in registers. Two exps per element instead of one; the SFU has room.
-constexpr int kWarpRows = 4;
-constexpr int kWarpStages = 3;
-constexpr size_t kWarpSmemBudget = 200 * 1024;
-
-template <typename T, bool kLog, bool kBwd>
-__global__ void __launch_bounds__(kWarpRows * 32)
-    SoftmaxWarpKernel(const T* __restrict__ x_all, const T* __restrict__ dy_all, T* __restrict__ out_all,
-                      int64_t rows, int64_t n) {
-  constexpr int V = 16 / sizeof(T);
-  constexpr int kArrays = kBwd ? 2 : 1;
-  using Pipe = BulkRowPipeline<kWarpStages, kArrays>;
-  using Warp = RowTeam<32>;
-  __shared__ typename Warp::Scratch scratch;  // unused: a one-warp team reduces by shuffles
-  extern __shared__ __align__(128) char smem[];
-  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-  const int64_t stride = int64_t{gridDim.x} * kWarpRows;
-
-  Pipe pipe(smem, static_cast<uint32_t>(kWarpRows * n * sizeof(T)));
-  auto issue = [&](int k) {
-    const int64_t first = int64_t{blockIdx.x} * kWarpRows + k * stride;
-    if (first >= rows) return;
-    const int64_t count = rows - first < kWarpRows ? rows - first : kWarpRows;
-    const void* src[kArrays];
-    src[0] = x_all + first * n;
-    if constexpr (kBwd) src[kArrays - 1] = dy_all + first * n;
-    pipe.Issue(k, src, static_cast<uint32_t>(count * n * sizeof(T)));
-  };
-  if (threadIdx.x == 0) {
-    pipe.Init();
-    for (int k = 0; k < kWarpStages; ++k) issue(k);
-  }
-  __syncthreads();
-
-  int k = 0;
-  for (int64_t base = int64_t{blockIdx.x} * kWarpRows; base < rows; base += stride, ++k) {
-    pipe.Wait(k);
-    const int64_t row = base + warp;
-    if (row < rows) {
-      const T* x = reinterpret_cast<const T*>(pipe.Stage(k, 0)) + warp * n;
-      const T* dy = kBwd ? reinterpret_cast<const T*>(pipe.Stage(k, kArrays - 1)) + warp * n : nullptr;
-      // Pass 1: online statistics over this lane's vectors.
-      BwdState<kLog> st{-INFINITY, 0.f, 0.f};
-      for (int64_t col = lane * V; col < n; col += 32 * V) {
-        float v[V], d[V];
-        LoadVec<T, V>(x + col, v);
-        if constexpr (kBwd) LoadVec<T, V>(dy + col, d);
-        float cm = st.m;
-#pragma unroll
-        for (int i = 0; i < V; ++i) cm = fmaxf(cm, v[i]);
-        const float r = ExpDiff(st.m, cm);
-        st.s *= r;
-        if constexpr (kBwd && !kLog) st.t *= r;
-        st.m = cm;
-#pragma unroll
-        for (int i = 0; i < V; ++i) {
-          const float e = ExpDiff(v[i], cm);
-          st.s += e;
-          if constexpr (kBwd) st.t += kLog ? d[i] : d[i] * e;
-        }
-      }
-      st = Warp::Reduce(st, scratch);
-      const float inv_sum = 1.f / st.s;
-      const float shift = st.m + logf(st.s);
-      const float t = kLog ? st.t : st.t * inv_sum;  // sum(dy) or sum(dy * y)
-      // Pass 2: write y (forward) or dx (backward).
-      T* out = out_all + row * n;
-      for (int64_t col = lane * V; col < n; col += 32 * V) {
-        float v[V], d[V];
-        LoadVec<T, V>(x + col, v);
-        if constexpr (kBwd) LoadVec<T, V>(dy + col, d);
-#pragma unroll
-        for (int i = 0; i < V; ++i) {
-          if constexpr (kBwd) {
-            const float y = Exp(v[i] - st.m) * inv_sum;
-            v[i] = kLog ? d[i] - y * t : y * (d[i] - t);
-          } else {
-            v[i] = kLog ? v[i] - shift : Exp(v[i] - st.m) * inv_sum;
-          }
-        }
-        StoreVec<T, V>(out + col, v);
-      }
-    }
-    pipe.Release();
-    if (threadIdx.x == 0) issue(k + kWarpStages);
-  }
-}
-
-// Launches the warp-per-row kernel when rows are 16-byte aligned and its
-// stages fit the budget; returns false (launching nothing) otherwise.
-template <typename T, bool kLog, bool kBwd>
-bool LaunchWarpRows(const T* x, const T* dy, T* out, int64_t rows, int64_t n, bool aligned,
-                    cudaStream_t stream, cudaError_t* status) {
-  using Pipe = BulkRowPipeline<kWarpStages, kBwd ? 2 : 1>;
-  const int64_t row_bytes = n * int64_t{sizeof(T)};
-  if (!aligned || row_bytes % 16 != 0 || kWarpRows * row_bytes > (int64_t{1} << 31)) return false;
-  const size_t smem = Pipe::SmemBytes(static_cast<uint32_t>(kWarpRows * row_bytes));
-  if (smem > kWarpSmemBudget) return false;
-  auto kernel = SoftmaxWarpKernel<T, kLog, kBwd>;
-  unsigned grid = 0;
-  *status = PersistentGrid(kernel, kWarpRows * 32, smem, (rows + kWarpRows - 1) / kWarpRows, &grid);
-  if (*status != cudaSuccess) return true;
-  kernel<<<grid, kWarpRows * 32, smem, stream>>>(x, dy, out, rows, n);
-  *status = cudaGetLastError();
-  return true;
-}
-
 constexpr int kStridedThreads = 256;
 
 // Thread t handles inner positions [i, i + V) of one outer index.
@@ -535,11 +423,6 @@ cudaError_t LaunchSoftmaxFwd(const SoftmaxFwdParams& p, cudaStream_t stream) {
     const bool vec = span % kVec == 0 && IsAligned(p.x, 16) && IsAligned(p.y, 16);
     auto run = [&](auto log) {
       constexpr bool kLog = decltype(log)::value;
-      cudaError_t status = cudaSuccess;
-      if (p.inner == 1 &&
-          LaunchWarpRows<T, kLog, false>(static_cast<const T*>(p.x), nullptr, static_cast<T*>(p.y),
-                                         p.outer, p.n, vec, stream, &status))
-        return status;
       return LaunchAny<T, kLog, kFwdCacheElems>(
           p, vec,
           [&](auto team, auto v) {
@@ -576,11 +459,6 @@ cudaError_t LaunchSoftmaxBwd(const SoftmaxBwdParams& p, cudaStream_t stream) {
                      IsAligned(p.dx, 16);
     auto run = [&](auto log) {
       constexpr bool kLog = decltype(log)::value;
-      cudaError_t status = cudaSuccess;
-      if (p.inner == 1 &&
-          LaunchWarpRows<T, kLog, true>(static_cast<const T*>(p.x), static_cast<const T*>(p.dy),
-                                        static_cast<T*>(p.dx), p.outer, p.n, vec, stream, &status))
-        return status;
       return LaunchAny<T, kLog, kBwdCacheElems>(
           p, vec,
           [&](auto team, auto v) {
