@@ -32,7 +32,7 @@ ffi::Error SoftmaxFwdImpl(cudaStream_t stream, ffi::AnyBuffer x, ffi::Result<ffi
   return LaunchStatus(LaunchSoftmaxFwd(p, stream), "jax_dnn_softmax_fwd");
 }
 
-ffi::Error SoftmaxBwdImpl(cudaStream_t stream, ffi::AnyBuffer x, ffi::AnyBuffer dy,
+ffi::Error SoftmaxBwdImpl(cudaStream_t stream, ffi::AnyBuffer dy, ffi::AnyBuffer x,
                           ffi::Result<ffi::AnyBuffer> dx, int64_t axis, bool log) {
   auto dtype = ToDType(x.element_type());
   if (!dtype || dy.element_type() != x.element_type() || dx->element_type() != x.element_type())
@@ -63,8 +63,8 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(SoftmaxFwd, SoftmaxFwdImpl,
 XLA_FFI_DEFINE_HANDLER_SYMBOL(SoftmaxBwd, SoftmaxBwdImpl,
                               ffi::Ffi::Bind()
                                   .Ctx<ffi::PlatformStream<cudaStream_t>>()
-                                  .Arg<ffi::AnyBuffer>()  // x (forward input)
                                   .Arg<ffi::AnyBuffer>()  // dy
+                                  .Arg<ffi::AnyBuffer>()  // x (forward input)
                                   .Ret<ffi::AnyBuffer>()  // dx
                                   .Attr<int64_t>("axis")
                                   .Attr<bool>("log"),

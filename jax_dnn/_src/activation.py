@@ -12,7 +12,6 @@ fixed order) and returned in bias's dtype. The primitives take bias as fp32
 
 from __future__ import annotations
 
-import functools
 import math
 
 import jax
@@ -27,6 +26,7 @@ from jax_dnn._src.primitive import (
     fold_groups,
     move_to_front,
     unbatched_shape,
+    vjp_op,
 )
 
 # FFI attribute values; the numbering matches enum Activation in ffi/activation/activation.h.
@@ -165,41 +165,8 @@ bias_act_bwd_p = define_primitive(
 )
 
 
-# --- custom VJPs -----------------------------------------------------------------
-
-
-@functools.partial(jax.custom_vjp, nondiff_argnums=(1,))
-def _activation(x, activation):
-  return activation_fwd_p.bind(x, activation=activation)
-
-
-def _activation_fwd(x, activation):
-  return activation_fwd_p.bind(x, activation=activation), x
-
-
-def _activation_bwd(activation, x, dy):
-  return (activation_bwd_p.bind(dy.astype(x.dtype), x, activation=activation),)
-
-
-_activation.defvjp(_activation_fwd, _activation_bwd)
-
-
-@functools.partial(jax.custom_vjp, nondiff_argnums=(2,))
-def _bias_act(x, bias, activation):
-  return bias_act_fwd_p.bind(x, bias, activation=activation)
-
-
-def _bias_act_fwd(x, bias, activation):
-  return bias_act_fwd_p.bind(x, bias, activation=activation), (x, bias)
-
-
-def _bias_act_bwd(activation, res, dy):
-  x, bias = res
-  dx, dbias, _ = bias_act_bwd_p.bind(dy.astype(x.dtype), x, bias, activation=activation)
-  return dx, dbias
-
-
-_bias_act.defvjp(_bias_act_fwd, _bias_act_bwd)
+_activation = vjp_op(activation_fwd_p, activation_bwd_p)
+_bias_act = vjp_op(bias_act_fwd_p, bias_act_bwd_p)
 
 
 # --- public API -------------------------------------------------------------------
@@ -208,7 +175,7 @@ _bias_act.defvjp(_bias_act_fwd, _bias_act_bwd)
 def _unary(name: str):
   def fn(x: jax.Array) -> jax.Array:
     checks.check_float(name, "x", x)
-    return _activation(x, ACTIVATIONS[name])
+    return _activation(x, activation=ACTIVATIONS[name])
 
   fn.__name__ = name
   return fn
@@ -229,7 +196,7 @@ def gelu(x: jax.Array, approximate: bool = True) -> jax.Array:
   checks.check_float("gelu", "x", x)
   if not isinstance(approximate, bool):
     raise TypeError(f"gelu: approximate must be a bool, got {approximate!r}")
-  return _activation(x, ACTIVATIONS["gelu_tanh" if approximate else "gelu"])
+  return _activation(x, activation=ACTIVATIONS["gelu_tanh" if approximate else "gelu"])
 
 
 def bias_act(x: jax.Array, bias: jax.Array, activation: str = "gelu") -> jax.Array:
@@ -247,4 +214,4 @@ def bias_act(x: jax.Array, bias: jax.Array, activation: str = "gelu") -> jax.Arr
   width = x.shape[-1]
   checks.check_param(op, "bias", bias, width)
   bias2 = bias.astype(jnp.float32).reshape(1, width)
-  return _bias_act(x, bias2, ACTIVATIONS[activation])
+  return _bias_act(x, bias2, activation=ACTIVATIONS[activation])

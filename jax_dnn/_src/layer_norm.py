@@ -33,6 +33,7 @@ from jax_dnn._src.primitive import (
     fold_groups,
     move_to_front,
     unbatched_shape,
+    vjp_op,
 )
 
 # Blocks of partial parameter gradients per launch (all groups together): about
@@ -161,43 +162,9 @@ layer_norm_fwd_p, layer_norm_bwd_p = _define("layer_norm", rms=False)
 rms_norm_fwd_p, rms_norm_bwd_p = _define("rms_norm", rms=True)
 
 
-# --- custom VJPs -----------------------------------------------------------------
-
-
-@functools.partial(jax.custom_vjp, nondiff_argnums=(3,))
-def _layer_norm(x, scale, bias, epsilon):
-  return layer_norm_fwd_p.bind(x, scale, bias, epsilon=epsilon)
-
-
-def _layer_norm_fwd(x, scale, bias, epsilon):
-  return layer_norm_fwd_p.bind(x, scale, bias, epsilon=epsilon), (x, scale)
-
-
-def _layer_norm_bwd(epsilon, res, dy):
-  x, scale = res
-  dx, dscale, dbias, _ = layer_norm_bwd_p.bind(dy.astype(x.dtype), x, scale, epsilon=epsilon)
-  return dx, dscale, dbias
-
-
-_layer_norm.defvjp(_layer_norm_fwd, _layer_norm_bwd)
-
-
-@functools.partial(jax.custom_vjp, nondiff_argnums=(2,))
-def _rms_norm(x, scale, epsilon):
-  return rms_norm_fwd_p.bind(x, scale, epsilon=epsilon)
-
-
-def _rms_norm_fwd(x, scale, epsilon):
-  return rms_norm_fwd_p.bind(x, scale, epsilon=epsilon), (x, scale)
-
-
-def _rms_norm_bwd(epsilon, res, dy):
-  x, scale = res
-  dx, dscale, _ = rms_norm_bwd_p.bind(dy.astype(x.dtype), x, scale, epsilon=epsilon)
-  return dx, dscale
-
-
-_rms_norm.defvjp(_rms_norm_fwd, _rms_norm_bwd)
+# bias is not needed by the backward: keep only (x, scale).
+_layer_norm = vjp_op(layer_norm_fwd_p, layer_norm_bwd_p, bwd_argnums=(0, 1))
+_rms_norm = vjp_op(rms_norm_fwd_p, rms_norm_bwd_p)
 
 
 # --- public API -------------------------------------------------------------------
@@ -236,7 +203,7 @@ def layer_norm(x: jax.Array, scale: jax.Array | None = None, bias: jax.Array | N
   epsilon = checks.check_epsilon(op, epsilon)
   scale2 = _prepare(op, x, scale, "scale", 1.0)
   bias2 = _prepare(op, x, bias, "bias", 0.0)
-  return _layer_norm(x, scale2, bias2, epsilon)
+  return _layer_norm(x, scale2, bias2, epsilon=epsilon)
 
 
 def rms_norm(x: jax.Array, scale: jax.Array | None = None, *, epsilon: float = 1e-6) -> jax.Array:
@@ -250,4 +217,4 @@ def rms_norm(x: jax.Array, scale: jax.Array | None = None, *, epsilon: float = 1
   op = "rms_norm"
   _check_x(op, x)
   epsilon = checks.check_epsilon(op, epsilon)
-  return _rms_norm(x, _prepare(op, x, scale, "scale", 1.0), epsilon)
+  return _rms_norm(x, _prepare(op, x, scale, "scale", 1.0), epsilon=epsilon)

@@ -81,6 +81,35 @@ def define_primitive(
   return prim
 
 
+def vjp_op(fwd_p: Primitive, bwd_p: Primitive, bwd_argnums=None) -> Callable[..., Any]:
+  """The differentiable op over a forward/backward primitive pair.
+
+  Every jax_dnn op follows one pattern: the output is fwd_p(*args, **params);
+  the backward kernels recompute what they need from the inputs, so the
+  residuals are inputs (those at bwd_argnums; default all); and the gradients
+  with respect to the args are the first len(args) outputs of
+  bwd_p(dy, *residuals, **params) (any further outputs are workspace).
+  Params are static (hashable) keywords.
+  """
+
+  @functools.partial(jax.custom_vjp, nondiff_argnums=(0,))
+  def op(params, *args):
+    return fwd_p.bind(*args, **dict(params))
+
+  def fwd(params, *args):
+    keep = args if bwd_argnums is None else tuple(args[i] for i in bwd_argnums)
+    return fwd_p.bind(*args, **dict(params)), (keep, len(args))
+
+  def bwd(params, res, dy):
+    keep, nargs = res
+    outs = bwd_p.bind(dy.astype(keep[0].dtype), *keep, **dict(params))
+    outs = outs if bwd_p.multiple_results else (outs,)
+    return tuple(outs[:nargs])
+
+  op.defvjp(fwd, bwd)
+  return lambda *args, **params: op(tuple(sorted(params.items())), *args)
+
+
 # --- helpers shared by batching rules ---------------------------------------
 
 

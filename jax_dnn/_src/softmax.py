@@ -11,13 +11,11 @@ bf16-rounded saved one.
 
 from __future__ import annotations
 
-import functools
-
 import jax
 import jax.numpy as jnp
 
 from jax_dnn._src import checks
-from jax_dnn._src.primitive import ShapedArray, batch_size, define_primitive, move_to_front
+from jax_dnn._src.primitive import ShapedArray, batch_size, define_primitive, move_to_front, vjp_op
 
 
 # --- references (pure JAX; what non-CUDA platforms run) ----------------------
@@ -29,7 +27,7 @@ def _softmax_fwd_reference(x, *, axis, log):
   return y.astype(x.dtype)
 
 
-def _softmax_bwd_reference(x, dy, *, axis, log):
+def _softmax_bwd_reference(dy, x, *, axis, log):
   yf = jax.nn.softmax(x.astype(jnp.float32), axis=axis)
   dyf = dy.astype(jnp.float32)
   if log:
@@ -54,8 +52,8 @@ def _fwd_batch(args, dims, *, axis, log):
 
 def _bwd_batch(args, dims, *, axis, log):
   size = batch_size(args, dims)
-  x, dy = (move_to_front(a, d, size) for a, d in zip(args, dims))
-  return softmax_bwd_p.bind(x, dy, axis=axis + 1, log=log), 0
+  dy, x = (move_to_front(a, d, size) for a, d in zip(args, dims))
+  return softmax_bwd_p.bind(dy, x, axis=axis + 1, log=log), 0
 
 
 softmax_fwd_p = define_primitive(
@@ -68,30 +66,16 @@ softmax_fwd_p = define_primitive(
 
 softmax_bwd_p = define_primitive(
     "softmax_bwd",
-    abstract_eval=lambda x, dy, *, axis, log: ShapedArray(x.shape, x.dtype),
+    abstract_eval=lambda dy, x, *, axis, log: ShapedArray(x.shape, x.dtype),
     batching_rule=_bwd_batch,
     reference=_softmax_bwd_reference,
     multiple_results=False,
 )
 
 
-# --- custom VJP and public API -------------------------------------------------
+# --- public API -------------------------------------------------------------------
 
-
-@functools.partial(jax.custom_vjp, nondiff_argnums=(1, 2))
-def _softmax(x, axis, log):
-  return softmax_fwd_p.bind(x, axis=axis, log=log)
-
-
-def _softmax_vjp_fwd(x, axis, log):
-  return softmax_fwd_p.bind(x, axis=axis, log=log), x
-
-
-def _softmax_vjp_bwd(axis, log, x, dy):
-  return (softmax_bwd_p.bind(x, dy.astype(x.dtype), axis=axis, log=log),)
-
-
-_softmax.defvjp(_softmax_vjp_fwd, _softmax_vjp_bwd)
+_softmax = vjp_op(softmax_fwd_p, softmax_bwd_p)
 
 
 def _check(op, x, axis):
@@ -108,10 +92,10 @@ def softmax(x: jax.Array, axis: int = -1) -> jax.Array:
   (custom VJP), batchable (vmap folds into the kernel's rows).
   """
   axis = _check("softmax", x, axis)
-  return _softmax(x, axis, False)
+  return _softmax(x, axis=axis, log=False)
 
 
 def log_softmax(x: jax.Array, axis: int = -1) -> jax.Array:
   """Log-softmax of `x` along `axis`, like `jax.nn.log_softmax`."""
   axis = _check("log_softmax", x, axis)
-  return _softmax(x, axis, True)
+  return _softmax(x, axis=axis, log=True)
