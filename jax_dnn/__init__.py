@@ -7,6 +7,7 @@ composes with jit, vmap, grad and checkpoint on any platform.
 
 from jax_dnn._src import extension as _extension
 from jax_dnn._src.activation import bias_act, gelu, relu, sigmoid, silu, tanh
+from jax_dnn._src.attention import dot_product_attention
 from jax_dnn._src.layer_norm import layer_norm, rms_norm
 from jax_dnn._src.softmax import log_softmax, softmax
 
@@ -17,6 +18,7 @@ has_cuda_kernels = _extension.has_cuda_kernels
 
 __all__ = [
     "bias_act",
+    "dot_product_attention",
     "gelu",
     "has_cuda_kernels",
     "layer_norm",

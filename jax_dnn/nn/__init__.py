@@ -1,5 +1,6 @@
 """Flax NNX layers over jax_dnn's ops (drop-in for their flax.nnx namesakes)."""
 
+from jax_dnn.nn.attention import MultiHeadAttention, dot_product_attention
 from jax_dnn.nn.normalization import LayerNorm, RMSNorm
 
-__all__ = ["LayerNorm", "RMSNorm"]
+__all__ = ["LayerNorm", "MultiHeadAttention", "RMSNorm", "dot_product_attention"]

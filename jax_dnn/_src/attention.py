@@ -1,0 +1,329 @@
+"""dot_product_attention: the API, mask semantics, primitives and reference.
+
+Shapes (the layout of jax.nn.dot_product_attention):
+  query [B, T, N, H], key [B, S, K, H], value [B, S, K, Hv]; K divides N
+  (grouped-query / multi-query attention); Hv may differ from H (as in MLA).
+  bias [G, N|1, T, S] (any float dtype), mask [G, N|1, T, S] bool, where G
+  divides B and batch b uses entry b // (B / G) (G is 1 or B for users; vmap
+  folds its axis into B and G the same way, never looping).
+  query_seq_lengths, key_value_seq_lengths [B] int; segment ids [B, T] / [B, S].
+Math, per head n (kv head n // (N / K)), in fp32:
+  s = scale * q k^T;  s = cap * tanh(s / cap) if logits_soft_cap;  s += bias
+  s = -inf where masked (mask, causal, window, lengths, segments)
+  o = softmax(s) v;   lse = logsumexp(s)
+A fully masked query row gives o = 0 (and lse = -inf), with zero gradients:
+never NaN. (jax.nn.dot_product_attention instead averages V over such rows,
+except for rows beyond query_seq_lengths, which it also zeroes.)
+
+Status: the primitives lower to the pure-JAX reference on every platform,
+CUDA included, until the fused Hopper kernels land (see README). The
+reference materializes the [T, S] scores; the kernels will not.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from jax_dnn._src import checks
+from jax_dnn._src.primitive import NOT_MAPPED, ShapedArray, batch_size, define_primitive, move_to_front
+
+# Operand order after q, k, v; each present or absent (params record which).
+_OPTIONAL = ("bias", "mask", "q_lens", "kv_lens", "q_seg", "kv_seg")
+
+
+# --- the reference (pure JAX; what every platform runs for now) ---------------
+
+
+def _grouped(op, s, x):
+  """op(s, x) for s [B, ...] and x [G, ...] with G dividing B (see above)."""
+  g = x.shape[0]
+  return op(s.reshape((g, -1) + s.shape[1:]), x[:, None]).reshape(s.shape)
+
+
+def _logits_and_valid(q, k, ops, *, scale, softcap, is_causal, window):
+  """fp32 scores [B, N, T, S] and the boolean mask of allowed positions."""
+  b, t, n, _ = q.shape
+  s_len, kh = k.shape[1], k.shape[2]
+  g = n // kh
+  kf = jnp.repeat(k.astype(jnp.float32), g, axis=2) if g > 1 else k.astype(jnp.float32)
+  s = jnp.einsum("btnh,bsnh->bnts", q.astype(jnp.float32), kf) * scale
+  if softcap:
+    s = softcap * jnp.tanh(s / softcap)
+  if ops.get("bias") is not None:
+    s = _grouped(lambda a, c: a + c, s, ops["bias"].astype(jnp.float32))
+  valid = jnp.ones((1, 1, t, s_len), bool)
+  qi = jnp.arange(t)[:, None]
+  kj = jnp.arange(s_len)[None, :]
+  if is_causal:
+    valid = valid & (kj <= qi)[None, None]
+  if window is not None:
+    left, right = window
+    valid = valid & ((qi - kj <= left) & (kj - qi <= right))[None, None]
+  valid = jnp.broadcast_to(valid, (b, n, t, s_len))
+  if ops.get("mask") is not None:
+    valid = _grouped(jnp.logical_and, valid, ops["mask"])
+  if ops.get("q_lens") is not None:
+    valid = valid & (jnp.arange(t)[None, :] < ops["q_lens"][:, None])[:, None, :, None]
+  if ops.get("kv_lens") is not None:
+    valid = valid & (jnp.arange(s_len)[None, :] < ops["kv_lens"][:, None])[:, None, None, :]
+  if ops.get("q_seg") is not None:
+    same = ops["q_seg"][:, :, None] == ops["kv_seg"][:, None, :]
+    valid = valid & same[:, None]
+  return s, jnp.broadcast_to(valid, (b, n, t, s_len))
+
+
+def _fwd_reference(q, k, v, *operands, present, **params):
+  ops = dict(zip(present, operands))
+  s, valid = _logits_and_valid(q, k, ops, **params)
+  s = jnp.where(valid, s, -jnp.inf)
+  m = jnp.max(s, axis=-1, keepdims=True)
+  m_safe = jnp.where(jnp.isfinite(m), m, 0.0)  # fully masked rows: no -inf - -inf
+  p = jnp.where(valid, jnp.exp(s - m_safe), 0.0)
+  l = jnp.sum(p, axis=-1, keepdims=True)
+  g = q.shape[2] // k.shape[2]
+  vf = v.astype(jnp.float32)
+  vf = jnp.repeat(vf, g, axis=2) if g > 1 else vf
+  o = jnp.einsum("bnts,bsnh->btnh", p / jnp.where(l > 0, l, 1.0), vf)
+  lse = jnp.where(l[..., 0] > 0, m_safe[..., 0] + jnp.log(jnp.where(l > 0, l, 1.0))[..., 0],
+                  -jnp.inf)
+  return o.astype(q.dtype), lse
+
+
+def _bwd_reference(do, q, k, v, o, lse, *operands, present, **params):
+  del o, lse  # the reference recomputes; the kernels will use them
+  diff = [q, k, v] + ([operands[0]] if "bias" in present else [])
+  rest = operands[1:] if "bias" in present else operands
+
+  def f(*d):
+    ops = (d[3],) + tuple(rest) if "bias" in present else tuple(rest)
+    return _fwd_reference(d[0], d[1], d[2], *ops, present=present, **params)[0]
+
+  grads = jax.vjp(f, *diff)[1](do.astype(q.dtype))
+  return tuple(grads)
+
+
+# --- primitives ---------------------------------------------------------------
+
+
+def _fwd_abstract(q, k, v, *operands, present, **params):
+  b, t, n, _ = q.shape
+  return (ShapedArray((b, t, n, v.shape[-1]), q.dtype), ShapedArray((b, n, t), jnp.float32))
+
+
+def _bwd_abstract(do, q, k, v, o, lse, *operands, present, **params):
+  out = [ShapedArray(a.shape, a.dtype) for a in (q, k, v)]
+  if "bias" in present:
+    out.append(ShapedArray(operands[0].shape, operands[0].dtype))
+  return tuple(out)
+
+
+def _batch_rule(prim, n_main, args, dims, *, keep_shared, **params):
+  """Folds the vmapped axis into the attention batch B of every operand.
+
+  The first n_main operands are [B, ...]; bias and mask are [G, ...] with G
+  dividing B, so folding them keeps the b -> b // (B / G) correspondence.
+  With keep_shared (forward), an unbatched G = 1 bias/mask stays as is; the
+  backward folds it, since dbias must be per example under vmap.
+  """
+  size = batch_size(args, dims)
+  grouped = {n_main + i for i, name in enumerate(params["present"]) if name in ("bias", "mask")}
+  folded = []
+  for i, (a, d) in enumerate(zip(args, dims)):
+    if keep_shared and i in grouped and d is NOT_MAPPED and a.shape[0] == 1:
+      folded.append(a)
+      continue
+    a = move_to_front(a, d, size)
+    folded.append(a.reshape((size * a.shape[1],) + a.shape[2:]))
+  outs = prim.bind(*folded, **params)
+  return [o.reshape((size, o.shape[0] // size) + o.shape[1:]) for o in outs], [0] * len(outs)
+
+
+def _fwd_batch(args, dims, **params):
+  return _batch_rule(attention_fwd_p, 3, args, dims, keep_shared=True, **params)
+
+
+def _bwd_batch(args, dims, **params):
+  return _batch_rule(attention_bwd_p, 6, args, dims, keep_shared=False, **params)
+
+
+attention_fwd_p = define_primitive(
+    "attention_fwd",
+    abstract_eval=_fwd_abstract,
+    batching_rule=_fwd_batch,
+    reference=_fwd_reference,
+    multiple_results=True,
+)
+attention_bwd_p = define_primitive(
+    "attention_bwd",
+    abstract_eval=_bwd_abstract,
+    batching_rule=_bwd_batch,
+    reference=_bwd_reference,
+    multiple_results=True,
+)
+
+
+# --- custom VJP ----------------------------------------------------------------
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(0,))
+def _attention(params, q, k, v, *operands):
+  return attention_fwd_p.bind(q, k, v, *operands, **dict(params))
+
+
+def _attention_fwd(params, q, k, v, *operands):
+  o, lse = attention_fwd_p.bind(q, k, v, *operands, **dict(params))
+  return (o, lse), (q, k, v, o, lse, operands)
+
+
+def _attention_bwd(params, res, cts):
+  q, k, v, o, lse, operands = res
+  do, _ = cts  # lse is returned without gradient (like jax's return_residual)
+  grads = attention_bwd_p.bind(do.astype(o.dtype), q, k, v, o, lse, *operands, **dict(params))
+  present = dict(params)["present"]
+  dops = []
+  for name, x in zip(present, operands):
+    if name == "bias":
+      dops.append(grads[3])
+    elif jnp.issubdtype(x.dtype, jnp.floating):
+      dops.append(jnp.zeros_like(x))
+    else:  # integer / bool operands take float0 cotangents
+      dops.append(np.zeros(x.shape, jax.dtypes.float0))
+  return (grads[0], grads[1], grads[2], *dops)
+
+
+_attention.defvjp(_attention_fwd, _attention_bwd)
+
+
+# --- public API -------------------------------------------------------------------
+
+_OP = "dot_product_attention"
+
+
+def _check_4d(name, x, *, bsize=None):
+  checks.check_float(_OP, name, x)
+  if x.ndim != 4:
+    raise ValueError(f"{_OP}: {name} must have rank 4 ([B, T|S, heads, head_dim]); got shape "
+                     f"{tuple(x.shape)}")
+
+
+def _check_logits_operand(name, x, b, n, t, s_len):
+  """bias / mask: [B|1, N|1, T, S]; also accepts rank 3 [N|1, T, S] and 2 [T, S]."""
+  checks.check_array(_OP, name, x)
+  x = jnp.asarray(x)
+  if x.ndim < 2 or x.ndim > 4:
+    raise ValueError(f"{_OP}: {name} must have shape [B|1, N|1, T, S]; got {tuple(x.shape)}")
+  x = x.reshape((1,) * (4 - x.ndim) + x.shape)
+  ok = (x.shape[0] in (1, b) and x.shape[1] in (1, n) and x.shape[2] == t and x.shape[3] == s_len)
+  if not ok:
+    raise ValueError(f"{_OP}: {name} must broadcast as [B|1, N|1, T, S] = [{b}|1, {n}|1, {t}, "
+                     f"{s_len}]; got {tuple(x.shape)}")
+  return x
+
+
+def _check_ids(name, x, shape):
+  checks.check_array(_OP, name, x)
+  x = jnp.asarray(x)
+  if tuple(x.shape) != shape or not jnp.issubdtype(x.dtype, jnp.integer):
+    raise ValueError(f"{_OP}: {name} must be an integer array of shape {shape}; got "
+                     f"{x.dtype}{tuple(x.shape)}")
+  return x.astype(jnp.int32)
+
+
+def _window(local_window_size):
+  if local_window_size is None:
+    return None
+  if isinstance(local_window_size, (int, np.integer)) and not isinstance(local_window_size, bool):
+    w = (int(local_window_size), int(local_window_size))
+  elif (isinstance(local_window_size, (tuple, list)) and len(local_window_size) == 2
+        and all(isinstance(v, (int, np.integer)) for v in local_window_size)):
+    w = (int(local_window_size[0]), int(local_window_size[1]))
+  else:
+    raise TypeError(f"{_OP}: local_window_size must be an int or a (left, right) pair of ints; "
+                    f"got {local_window_size!r}")
+  if w[0] < 0 or w[1] < 0:
+    raise ValueError(f"{_OP}: local_window_size must be non-negative; got {local_window_size!r}")
+  return w
+
+
+def dot_product_attention(query, key, value, bias=None, mask=None, *, scale=None,
+                          is_causal=False, query_seq_lengths=None, key_value_seq_lengths=None,
+                          local_window_size=None, implementation=None, return_residual=False,
+                          q_segment_ids=None, kv_segment_ids=None, logits_soft_cap=None):
+  """Scaled dot-product attention, drop-in for jax.nn.dot_product_attention.
+
+  Same arguments, layout ([B, T, N, H]) and semantics as
+  jax.nn.dot_product_attention (see the module docstring for the one
+  difference: fully masked query rows give zeros). Beyond it:
+    q_segment_ids [B, T], kv_segment_ids [B, S]: packed sequences; a query
+      attends only to keys with the same segment id.
+    logits_soft_cap: c > 0 applies c * tanh(logits / c) to the scaled logits
+      (before bias and masks).
+    key/value may have fewer heads than query (K divides N) and value's head
+      dim may differ from query/key's.
+    return_residual: also return the logsumexp [B, T, N] (fp32, no gradient).
+  `implementation` is accepted for compatibility: None or "jax_dnn".
+  """
+  for name, x in (("query", query), ("key", key), ("value", value)):
+    _check_4d(name, x)
+  b, t, n, h = query.shape
+  kb, s_len, kh, kd = key.shape
+  if kb != b or value.shape[0] != b:
+    raise ValueError(f"{_OP}: query, key and value must share the batch size; got "
+                     f"{b}, {kb}, {value.shape[0]}")
+  if kd != h:
+    raise ValueError(f"{_OP}: key head dim {kd} must equal query head dim {h}")
+  if value.shape[1] != s_len or value.shape[2] != kh:
+    raise ValueError(f"{_OP}: value must be [B, S, K, Hv] = [{b}, {s_len}, {kh}, Hv]; got "
+                     f"{tuple(value.shape)}")
+  if kh == 0 or n % kh != 0:
+    raise ValueError(f"{_OP}: the number of key/value heads ({kh}) must divide the number of "
+                     f"query heads ({n})")
+  if not (query.dtype == key.dtype == value.dtype):
+    raise TypeError(f"{_OP}: query, key and value must share one dtype; got {query.dtype}, "
+                    f"{key.dtype}, {value.dtype}")
+  if implementation not in (None, "jax_dnn"):
+    raise ValueError(f"{_OP}: implementation must be None or 'jax_dnn'; got {implementation!r}")
+  if scale is None:
+    scale = 1.0 / math.sqrt(h)
+  if not isinstance(scale, (int, float, np.floating, np.integer)) or isinstance(scale, bool):
+    raise TypeError(f"{_OP}: scale must be a Python float; got {scale!r}")
+  if not isinstance(is_causal, bool):
+    raise TypeError(f"{_OP}: is_causal must be a bool; got {is_causal!r}")
+  softcap = 0.0
+  if logits_soft_cap is not None:
+    if not isinstance(logits_soft_cap, (int, float)) or not logits_soft_cap > 0:
+      raise ValueError(f"{_OP}: logits_soft_cap must be a positive float; got {logits_soft_cap!r}")
+    softcap = float(logits_soft_cap)
+
+  ops = {}
+  if bias is not None:
+    ops["bias"] = _check_logits_operand("bias", bias, b, n, t, s_len)
+    if not jnp.issubdtype(ops["bias"].dtype, jnp.floating):
+      raise TypeError(f"{_OP}: bias must be floating point; got {ops['bias'].dtype}")
+  if mask is not None:
+    ops["mask"] = _check_logits_operand("mask", mask, b, n, t, s_len)
+    if ops["mask"].dtype != jnp.bool_:
+      raise TypeError(f"{_OP}: mask must be boolean (True = attend); got {ops['mask'].dtype}")
+  if query_seq_lengths is not None:
+    ops["q_lens"] = _check_ids("query_seq_lengths", query_seq_lengths, (b,))
+  if key_value_seq_lengths is not None:
+    ops["kv_lens"] = _check_ids("key_value_seq_lengths", key_value_seq_lengths, (b,))
+  if (q_segment_ids is None) != (kv_segment_ids is None):
+    raise ValueError(f"{_OP}: q_segment_ids and kv_segment_ids must be given together")
+  if q_segment_ids is not None:
+    ops["q_seg"] = _check_ids("q_segment_ids", q_segment_ids, (b, t))
+    ops["kv_seg"] = _check_ids("kv_segment_ids", kv_segment_ids, (b, s_len))
+
+  present = tuple(name for name in _OPTIONAL if name in ops)
+  params = dict(present=present, scale=float(scale), softcap=softcap, is_causal=is_causal,
+                window=_window(local_window_size))
+  o, lse = _attention(tuple(sorted(params.items())), query, key, value,
+                      *[ops[name] for name in present])
+  if return_residual:
+    return o, jnp.transpose(jax.lax.stop_gradient(lse), (0, 2, 1))
+  return o

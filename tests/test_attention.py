@@ -1,0 +1,221 @@
+"""dot_product_attention: against jax.nn.dot_product_attention and an
+independent naive reference, under jit/vmap/grad, bad inputs, Flax glue.
+
+These run the reference path (the fused kernels are not built yet); the GPU
+variants check that the CUDA lowering runs it too."""
+
+import functools
+
+from flax import nnx
+import jax
+from jax.test_util import check_grads
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import jax_dnn
+import jax_dnn.nn
+from helpers import check_fwd_bwd, randn
+
+
+def naive_attention(q, k, v, bias=None, valid=None, *, scale=None, softcap=None):
+  """Independent reference: plain einsums, masked positions excluded, fully
+  masked rows -> 0. valid: bool broadcastable to [B, N, T, S]."""
+  n, kh = q.shape[2], k.shape[2]
+  k = jnp.repeat(k, n // kh, axis=2)
+  v = jnp.repeat(v, n // kh, axis=2)
+  scale = 1.0 / np.sqrt(q.shape[-1]) if scale is None else scale
+  s = jnp.einsum("btnh,bsnh->bnts", q, k) * scale
+  if softcap:
+    s = softcap * jnp.tanh(s / softcap)
+  if bias is not None:
+    s = s + bias
+  if valid is None:
+    valid = jnp.ones(s.shape, bool)
+  valid = jnp.broadcast_to(valid, s.shape)
+  s = jnp.where(valid, s, -1e30)
+  p = jnp.exp(s - jnp.max(s, axis=-1, keepdims=True)) * valid
+  denom = jnp.sum(p, axis=-1, keepdims=True)
+  p = p / jnp.where(denom > 0, denom, 1)
+  return jnp.einsum("bnts,bsnh->btnh", p, v).astype(q.dtype)
+
+
+def qkv(key, b, t, s, n, k, h, dtype, hv=None):
+  return (randn(key, (b, t, n, h), dtype), randn(key + 1, (b, s, k, h), dtype),
+          randn(key + 2, (b, s, k, hv or h), dtype))
+
+
+SHAPES = [  # B, T, S, N, K, H
+    (1, 1, 1, 1, 1, 32),
+    (2, 7, 9, 4, 2, 16),
+    (2, 17, 17, 4, 4, 64),
+    (1, 33, 20, 8, 1, 128),
+    (1, 5, 12, 2, 2, 256),
+]
+
+
+@pytest.mark.parametrize("dtype", [jnp.float32, jnp.bfloat16], ids=lambda d: jnp.dtype(d).name)
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("shape", SHAPES, ids=str)
+def test_matches_jax_nn(device, shape, causal, dtype):
+  q, k, v = qkv(1, *shape, dtype)
+  ours = functools.partial(jax_dnn.dot_product_attention, is_causal=causal)
+  if dtype == jnp.float32:
+    theirs = functools.partial(jax.nn.dot_product_attention, is_causal=causal)
+  else:  # XLA:CPU cannot run jax.nn's bf16 x bf16 -> f32 dot algorithm
+    valid = jnp.tril(jnp.ones(shape[1:3], bool)) if causal else None
+    theirs = functools.partial(naive_attention, valid=valid)
+  check_fwd_bwd(device, ours, theirs, (q, k, v), dtype, poison=False, what="attention")
+
+
+def _options(b, t, s, n):
+  rng = np.random.default_rng(0)
+  mask = rng.random((b, n, t, s)) < 0.7
+  mask[..., :, 0] = True  # no fully masked rows (jax.nn averages those)
+  return {
+      "bias": dict(bias=randn(5, (b, n, t, s), jnp.float32)),
+      "bias_bcast_batch": dict(bias=randn(5, (1, n, t, s), jnp.float32)),
+      "bias_bcast_heads": dict(bias=randn(5, (b, 1, t, s), jnp.float32)),
+      "mask": dict(mask=jnp.asarray(mask)),
+      "lengths": dict(query_seq_lengths=jnp.array([t, t - 2]),
+                      key_value_seq_lengths=jnp.array([s - 3, 1])),
+      "window": dict(local_window_size=(2, 1)),
+      "window_causal": dict(local_window_size=3, is_causal=True),
+      "scale": dict(scale=0.3),
+  }
+
+
+@pytest.mark.parametrize("option", list(_options(2, 6, 8, 4)))
+def test_options_match_jax_nn(device, option):
+  b, t, s, n, kh, h = 2, 6, 8, 4, 2, 32
+  q, k, v = qkv(2, b, t, s, n, kh, h, jnp.float32)
+  kwargs = _options(b, t, s, n)[option]
+  ours = functools.partial(jax_dnn.dot_product_attention, **kwargs)
+  theirs = functools.partial(jax.nn.dot_product_attention, **kwargs)
+  np.testing.assert_allclose(ours(q, k, v), theirs(q, k, v), rtol=1e-5, atol=1e-5)
+  loss = lambda f: (lambda *a: jnp.sum(f(*a) ** 2))
+  g_ours = jax.grad(loss(ours), (0, 1, 2))(q, k, v)
+  g_theirs = jax.grad(loss(theirs), (0, 1, 2))(q, k, v)
+  jax.tree.map(lambda a, c: np.testing.assert_allclose(a, c, rtol=1e-4, atol=1e-5), g_ours, g_theirs)
+  if "bias" in kwargs:
+    bias = kwargs["bias"]
+    db_ours = jax.grad(lambda c: jnp.sum(jax_dnn.dot_product_attention(q, k, v, c) ** 2))(bias)
+    db_theirs = jax.grad(lambda c: jnp.sum(jax.nn.dot_product_attention(q, k, v, c) ** 2))(bias)
+    np.testing.assert_allclose(db_ours, db_theirs, rtol=1e-4, atol=1e-5)
+
+
+def test_return_residual_matches_jax_nn(device):
+  q, k, v = qkv(3, 2, 5, 7, 2, 2, 16, jnp.float32)
+  o, lse = jax_dnn.dot_product_attention(q, k, v, is_causal=True, return_residual=True)
+  o2, lse2 = jax.nn.dot_product_attention(q, k, v, is_causal=True, return_residual=True)
+  np.testing.assert_allclose(o, o2, rtol=1e-5, atol=1e-5)
+  np.testing.assert_allclose(lse, lse2, rtol=1e-5, atol=1e-5)
+
+
+def test_segments_softcap_and_value_head_dim(device):
+  b, t, n, kh, h, hv = 2, 9, 4, 2, 32, 48
+  q, k, v = qkv(4, b, t, t, n, kh, h, jnp.float32, hv=hv)
+  seg = jnp.array([[0, 0, 0, 1, 1, 2, 2, 2, 2], [0, 1, 1, 1, 1, 1, 1, 3, 3]])
+  valid = (seg[:, :, None] == seg[:, None, :])[:, None]
+  ours = lambda *a: jax_dnn.dot_product_attention(*a, q_segment_ids=seg, kv_segment_ids=seg,
+                                                  logits_soft_cap=5.0)
+  naive = lambda *a: naive_attention(*a, valid=valid, softcap=5.0)
+  check_fwd_bwd(jax.devices()[0], ours, naive, (q, k, v), jnp.float32, poison=False,
+                what="segments+softcap")
+  assert ours(q, k, v).shape == (b, t, n, hv)
+
+
+def test_fully_masked_rows_give_zeros_and_zero_grads(device):
+  q, k, v = qkv(5, 2, 4, 6, 2, 1, 16, jnp.float32)
+  mask = jnp.ones((2, 1, 4, 6), bool).at[1, :, 2, :].set(False)  # batch 1, query row 2
+  f = lambda a, c, d: jax_dnn.dot_product_attention(a, c, d, mask=mask)
+  o = f(q, k, v)
+  assert np.all(np.isfinite(o))
+  np.testing.assert_array_equal(o[1, 2], 0.0)
+  dq, dk, dv = jax.grad(lambda *a: jnp.sum(f(*a) ** 2), (0, 1, 2))(q, k, v)
+  for g in (dq, dk, dv):
+    assert np.all(np.isfinite(g))
+  np.testing.assert_array_equal(dq[1, 2], 0.0)
+  # kv length 0: every row of that batch is masked.
+  o = jax_dnn.dot_product_attention(q, k, v, key_value_seq_lengths=jnp.array([6, 0]))
+  np.testing.assert_array_equal(o[1], 0.0)
+  _, lse = jax_dnn.dot_product_attention(q, k, v, key_value_seq_lengths=jnp.array([6, 0]),
+                                         return_residual=True)
+  assert np.all(np.isneginf(lse[1])) and np.all(np.isfinite(lse[0]))
+
+
+def test_jit_vmap_grad(device):
+  tol = dict(rtol=1e-4, atol=1e-5)
+  close = lambda a, c: jax.tree.map(lambda x, y: np.testing.assert_allclose(x, y, **tol), a, c)
+  # Leading axis (3) is the vmapped one; then B = 1, T = 5, S = 6, N = 2, K = 1, H = 16.
+  q, k, v = (x[:, None] for x in qkv(6, 3, 5, 6, 2, 1, 16, jnp.float32))
+  bias = randn(9, (3, 1, 2, 5, 6), jnp.float32)
+  ours = lambda a, c, d, bb=None: jax_dnn.dot_product_attention(a, c, d, bb, is_causal=True)
+  naive_valid = jnp.tril(jnp.ones((5, 6), bool))
+  naive = lambda a, c, d, bb=None: naive_attention(a, c, d, bb, valid=naive_valid)
+  close(jax.jit(ours)(q[0], k[0], v[0]), naive(q[0], k[0], v[0]))
+  for axes in [(0, 0, 0), (1, None, None), (None, 1, 1)]:
+    qa = q if axes[0] == 0 else (jnp.moveaxis(q, 0, 1) if axes[0] == 1 else q[0])
+    ka = k[0] if axes[1] is None else (jnp.moveaxis(k, 0, 1) if axes[1] == 1 else k)
+    va = v[0] if axes[2] is None else (jnp.moveaxis(v, 0, 1) if axes[2] == 1 else v)
+    close(jax.vmap(ours, in_axes=axes)(qa, ka, va), jax.vmap(naive, in_axes=axes)(qa, ka, va))
+  # Batched and shared bias, and per-example gradients (vmap of grad).
+  loss = lambda f: (lambda *a: jnp.sum(f(*a) ** 2))
+  for baxes, bb in [((0, 0, 0, 0), bias), ((0, 0, 0, None), bias[0])]:
+    close(jax.vmap(ours, in_axes=baxes)(q, k, v, bb), jax.vmap(naive, in_axes=baxes)(q, k, v, bb))
+    close(jax.vmap(jax.grad(loss(ours), (0, 1, 2, 3)), in_axes=baxes)(q, k, v, bb),
+          jax.vmap(jax.grad(loss(naive), (0, 1, 2, 3)), in_axes=baxes)(q, k, v, bb))
+  # Nested vmap.
+  q5 = jnp.stack([q, q * 0.5])
+  nested = lambda f: jax.vmap(jax.vmap(f, in_axes=(0, 0, 0)), in_axes=(0, None, None))
+  close(nested(ours)(q5, k, v), nested(naive)(q5, k, v))
+
+
+def test_check_grads(device):
+  q, k, v = qkv(7, 1, 3, 4, 2, 1, 8, jnp.float32)
+  bias = randn(8, (1, 2, 3, 4), jnp.float32)
+  f = lambda a, c, d, bb: jax_dnn.dot_product_attention(a, c, d, bb, is_causal=True)
+  check_grads(f, (q, k, v, bias), order=1, modes=("rev",), atol=1e-2, rtol=1e-2)
+
+
+def test_bad_inputs():
+  q, k, v = qkv(8, 1, 4, 4, 4, 2, 16, jnp.float32)
+  dpa = jax_dnn.dot_product_attention
+  with pytest.raises(ValueError, match="must divide the number of query heads"):
+    dpa(q, k[:, :, :1].repeat(3, axis=2), v[:, :, :1].repeat(3, axis=2))
+  with pytest.raises(ValueError, match="key head dim 8 must equal query head dim 16"):
+    dpa(q, k[..., :8], v)
+  with pytest.raises(ValueError, match="rank 4"):
+    dpa(q[0], k, v)
+  with pytest.raises(ValueError, match="mask must broadcast"):
+    dpa(q, k, v, mask=jnp.ones((1, 1, 4, 5), bool))
+  with pytest.raises(TypeError, match="mask must be boolean"):
+    dpa(q, k, v, mask=jnp.ones((4, 4), jnp.float32))
+  with pytest.raises(TypeError, match="query has dtype int32"):
+    dpa(q.astype(jnp.int32), k, v)
+  with pytest.raises(TypeError, match="share one dtype"):
+    dpa(q.astype(jnp.bfloat16), k, v)
+  with pytest.raises(ValueError, match="given together"):
+    dpa(q, k, v, q_segment_ids=jnp.zeros((1, 4), jnp.int32))
+  with pytest.raises(ValueError, match="logits_soft_cap"):
+    dpa(q, k, v, logits_soft_cap=-1.0)
+  with pytest.raises(ValueError, match="implementation"):
+    dpa(q, k, v, implementation="cudnn")
+  with pytest.raises(TypeError, match="local_window_size"):
+    dpa(q, k, v, local_window_size="wide")
+
+
+def test_flax_multi_head_attention(device):
+  x = randn(9, (2, 3, 5, 32), jnp.float32)
+  mask = nnx.make_causal_mask(jnp.ones((2, 3, 5)))
+  ours = jax_dnn.nn.MultiHeadAttention(4, 32, decode=False, rngs=nnx.Rngs(0))
+  theirs = nnx.MultiHeadAttention(4, 32, decode=False, rngs=nnx.Rngs(0))
+  np.testing.assert_allclose(ours(x, mask=mask), theirs(x, mask=mask), rtol=1e-5, atol=1e-5)
+  plain = nnx.MultiHeadAttention(4, 32, decode=False, rngs=nnx.Rngs(0),
+                                 attention_fn=jax_dnn.nn.dot_product_attention)
+  np.testing.assert_allclose(plain(x), theirs(x), rtol=1e-5, atol=1e-5)
+  dropping = jax_dnn.nn.MultiHeadAttention(4, 32, decode=False, dropout_rate=0.1,
+                                           rngs=nnx.Rngs(0, dropout=1))
+  with pytest.raises(ValueError, match="dropout is not supported"):
+    dropping(x, deterministic=False)
+  np.testing.assert_allclose(dropping(x, deterministic=True), theirs(x), rtol=1e-5, atol=1e-5)
