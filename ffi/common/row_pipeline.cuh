@@ -9,9 +9,10 @@
 // and writes the current group.
 //
 // Use: one block walks iterations k = 0, 1, ...; iteration k reads kArrays
-// row groups (e.g. x and dy), each `bytes` long from a global address. Thread
-// 0 issues; everyone waits on the stage's mbarrier, reads it, then calls
-// Release before thread 0 refills the stage with iteration k + kStages.
+// row groups (e.g. x and dy), each `bytes` long from a global address.
+// Start(issue) primes kStages iterations; per iteration every thread calls
+// Wait(k), reads the stage (Row), then Advance(k, issue), which refills the
+// stage with iteration k + kStages.
 // Requirements: bytes % 16 == 0 and 16-byte-aligned global addresses.
 #pragma once
 
@@ -82,12 +83,44 @@ struct BulkRowPipeline {
     }
   }
 
-  // Every thread, after its last read of iteration k's stage: the block syncs,
-  // then the caller's thread 0 may Issue iteration k + kStages into it. The
-  // proxy fence orders the generic-proxy reads before the copy engine's writes.
-  __device__ void Release() const {
+  // Thread 0 only: starts iteration k's copies of `count` consecutive rows of
+  // `width` elements from each array, beginning at row `first`.
+  template <typename T>
+  __device__ void IssueRows(int k, const T* const (&arrays)[kArrays], int64_t first, int64_t count,
+                            int64_t width) {
+    const void* src[kArrays];
+    for (int a = 0; a < kArrays; ++a) src[a] = arrays[a] + first * width;
+    Issue(k, src, static_cast<uint32_t>(count * width * static_cast<int64_t>(sizeof(T))));
+  }
+
+  // Row `row` of array a's stage for iteration k (rows of `width` elements).
+  template <typename T>
+  __device__ const T* Row(int k, int a, int row, int64_t width) const {
+    return reinterpret_cast<const T*>(Stage(k, a)) + row * width;
+  }
+
+  // Every thread: thread 0 initializes the barriers and starts iterations
+  // 0 .. kStages - 1 through issue(k) (which does nothing past the block's
+  // last iteration).
+  template <typename IssueFn>
+  __device__ void Start(IssueFn issue) {
+    if (threadIdx.x == 0) {
+      Init();
+      for (int k = 0; k < kStages; ++k) issue(k);
+    }
     __syncthreads();
-    if (threadIdx.x == 0) asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
+  }
+
+  // Every thread, after its last read of iteration k's stage: the block
+  // syncs, and thread 0 refills the stage with iteration k + kStages. The
+  // proxy fence orders the generic-proxy reads before the copy engine's writes.
+  template <typename IssueFn>
+  __device__ void Advance(int k, IssueFn issue) {
+    __syncthreads();
+    if (threadIdx.x == 0) {
+      asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
+      issue(k + kStages);
+    }
   }
 };
 

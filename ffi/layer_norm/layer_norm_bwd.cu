@@ -80,22 +80,15 @@ __global__ void __launch_bounds__(RowTeam<kTeam>::kBlock)
   float acc_bias[kCache][V] = {};
   const int64_t step = p.parts * Team::kTeamsPerBlock;
   Pipe pipe(smem, static_cast<uint32_t>(Team::kTeamsPerBlock * n * sizeof(T)));
+  const T* arrays[2] = {static_cast<const T*>(p.x), static_cast<const T*>(p.dy)};
   auto issue = [&](int k) {
     const int64_t first = part * Team::kTeamsPerBlock + k * step;  // within the group
     if (first >= rows_per_group) return;
     const int64_t count =
         rows_per_group - first < Team::kTeamsPerBlock ? rows_per_group - first : Team::kTeamsPerBlock;
-    const int64_t offset = (group * rows_per_group + first) * n;
-    const void* src[2] = {static_cast<const T*>(p.x) + offset, static_cast<const T*>(p.dy) + offset};
-    pipe.Issue(k, src, static_cast<uint32_t>(count * n * sizeof(T)));
+    pipe.IssueRows(k, arrays, group * rows_per_group + first, count, n);
   };
-  if constexpr (kPipe) {
-    if (threadIdx.x == 0) {
-      pipe.Init();
-      for (int k = 0; k < kPipeStages; ++k) issue(k);
-    }
-    __syncthreads();
-  }
+  if constexpr (kPipe) pipe.Start(issue);
 
   int k = 0;
   for (int64_t base = part * Team::kTeamsPerBlock; base < rows_per_group; base += step, ++k) {
@@ -106,8 +99,8 @@ __global__ void __launch_bounds__(RowTeam<kTeam>::kBlock)
     const T* dy = static_cast<const T*>(p.dy) + row * n;
     if constexpr (kPipe) {
       pipe.Wait(k);
-      x = reinterpret_cast<const T*>(pipe.Stage(k, 0)) + Team::Team() * n;
-      dy = reinterpret_cast<const T*>(pipe.Stage(k, 1)) + Team::Team() * n;
+      x = pipe.template Row<T>(k, 0, Team::Team(), n);
+      dy = pipe.template Row<T>(k, 1, Team::Team(), n);
     }
     T* dx = static_cast<T*>(p.dx) + row * n;
     // Calls fn(col, x, dy, scale) for each chunk of the uncached tail (wide
@@ -228,8 +221,7 @@ __global__ void __launch_bounds__(RowTeam<kTeam>::kBlock)
       });
     }
     if constexpr (kPipe) {
-      pipe.Release();
-      if (threadIdx.x == 0) issue(k + kPipeStages);
+      pipe.Advance(k, issue);
     }
   }
 

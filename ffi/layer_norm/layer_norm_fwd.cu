@@ -46,20 +46,14 @@ __global__ void __launch_bounds__(RowTeam<kTeam>::kBlock)
   const int64_t group_stride = static_cast<int64_t>(gridDim.x) * Team::kTeamsPerBlock;
 
   Pipe pipe(smem, static_cast<uint32_t>(Team::kTeamsPerBlock * n * sizeof(T)));
+  const T* arrays[1] = {static_cast<const T*>(p.x)};
   auto issue = [&](int k) {
     const int64_t first = static_cast<int64_t>(blockIdx.x) * Team::kTeamsPerBlock + k * group_stride;
     if (first >= p.rows) return;
     const int64_t count = p.rows - first < Team::kTeamsPerBlock ? p.rows - first : Team::kTeamsPerBlock;
-    const void* src[1] = {static_cast<const T*>(p.x) + first * n};
-    pipe.Issue(k, src, static_cast<uint32_t>(count * n * sizeof(T)));
+    pipe.IssueRows(k, arrays, first, count, n);
   };
-  if constexpr (kPipe) {
-    if (threadIdx.x == 0) {
-      pipe.Init();
-      for (int k = 0; k < kPipeStages; ++k) issue(k);
-    }
-    __syncthreads();
-  }
+  if constexpr (kPipe) pipe.Start(issue);
 
   // This thread's columns of scale and bias, kept across rows (the persistent
   // pipelined grid walks many rows; re-reading them per row cost as many L1/L2
@@ -77,7 +71,7 @@ __global__ void __launch_bounds__(RowTeam<kTeam>::kBlock)
     const T* x = static_cast<const T*>(p.x) + row * n;
     if constexpr (kPipe) {
       pipe.Wait(k);
-      x = reinterpret_cast<const T*>(pipe.Stage(k, 0)) + Team::Team() * n;
+      x = pipe.template Row<T>(k, 0, Team::Team(), n);
     }
     T* y = static_cast<T*>(p.y) + row * n;
 
@@ -164,8 +158,7 @@ __global__ void __launch_bounds__(RowTeam<kTeam>::kBlock)
       }
     }
     if constexpr (kPipe) {
-      pipe.Release();
-      if (threadIdx.x == 0) issue(k + kPipeStages);
+      pipe.Advance(k, issue);
     }
   }
 }

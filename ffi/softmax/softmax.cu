@@ -77,20 +77,14 @@ __global__ void __launch_bounds__(RowTeam<kTeam>::kBlock) SoftmaxRowFwdKernel(So
   const int64_t group_stride = int64_t{gridDim.x} * Team::kTeamsPerBlock;
 
   Pipe pipe(smem, static_cast<uint32_t>(Team::kTeamsPerBlock * n * sizeof(T)));
+  const T* arrays[1] = {static_cast<const T*>(p.x)};
   auto issue = [&](int k) {
     const int64_t first = int64_t{blockIdx.x} * Team::kTeamsPerBlock + k * group_stride;
     if (first >= p.outer) return;
     const int64_t count = p.outer - first < Team::kTeamsPerBlock ? p.outer - first : Team::kTeamsPerBlock;
-    const void* src[1] = {static_cast<const T*>(p.x) + first * n};
-    pipe.Issue(k, src, static_cast<uint32_t>(count * n * sizeof(T)));
+    pipe.IssueRows(k, arrays, first, count, n);
   };
-  if constexpr (kPipe) {
-    if (threadIdx.x == 0) {
-      pipe.Init();
-      for (int k = 0; k < kPipeStages; ++k) issue(k);
-    }
-    __syncthreads();
-  }
+  if constexpr (kPipe) pipe.Start(issue);
 
   int k = 0;
   for (int64_t base = int64_t{blockIdx.x} * Team::kTeamsPerBlock; base < p.outer;
@@ -100,7 +94,7 @@ __global__ void __launch_bounds__(RowTeam<kTeam>::kBlock) SoftmaxRowFwdKernel(So
     const T* x = static_cast<const T*>(p.x) + row * n;
     if constexpr (kPipe) {
       pipe.Wait(k);
-      x = reinterpret_cast<const T*>(pipe.Stage(k, 0)) + Team::Team() * n;
+      x = pipe.template Row<T>(k, 0, Team::Team(), n);
     }
     T* y = static_cast<T*>(p.y) + row * n;
 
@@ -180,8 +174,7 @@ __global__ void __launch_bounds__(RowTeam<kTeam>::kBlock) SoftmaxRowFwdKernel(So
       }
     }
     if constexpr (kPipe) {
-      pipe.Release();
-      if (threadIdx.x == 0) issue(k + kPipeStages);
+      pipe.Advance(k, issue);
     }
   }
 }
@@ -199,21 +192,14 @@ __global__ void __launch_bounds__(RowTeam<kTeam>::kBlock) SoftmaxRowBwdKernel(So
   const int64_t group_stride = int64_t{gridDim.x} * Team::kTeamsPerBlock;
 
   Pipe pipe(smem, static_cast<uint32_t>(Team::kTeamsPerBlock * n * sizeof(T)));
+  const T* arrays[2] = {static_cast<const T*>(p.x), static_cast<const T*>(p.dy)};
   auto issue = [&](int k) {
     const int64_t first = int64_t{blockIdx.x} * Team::kTeamsPerBlock + k * group_stride;
     if (first >= p.outer) return;
     const int64_t count = p.outer - first < Team::kTeamsPerBlock ? p.outer - first : Team::kTeamsPerBlock;
-    const void* src[2] = {static_cast<const T*>(p.x) + first * n,
-                          static_cast<const T*>(p.dy) + first * n};
-    pipe.Issue(k, src, static_cast<uint32_t>(count * n * sizeof(T)));
+    pipe.IssueRows(k, arrays, first, count, n);
   };
-  if constexpr (kPipe) {
-    if (threadIdx.x == 0) {
-      pipe.Init();
-      for (int k = 0; k < kPipeStages; ++k) issue(k);
-    }
-    __syncthreads();
-  }
+  if constexpr (kPipe) pipe.Start(issue);
 
   int k = 0;
   for (int64_t base = int64_t{blockIdx.x} * Team::kTeamsPerBlock; base < p.outer;
@@ -224,8 +210,8 @@ __global__ void __launch_bounds__(RowTeam<kTeam>::kBlock) SoftmaxRowBwdKernel(So
     const T* dy = static_cast<const T*>(p.dy) + row * n;
     if constexpr (kPipe) {
       pipe.Wait(k);
-      x = reinterpret_cast<const T*>(pipe.Stage(k, 0)) + Team::Team() * n;
-      dy = reinterpret_cast<const T*>(pipe.Stage(k, 1)) + Team::Team() * n;
+      x = pipe.template Row<T>(k, 0, Team::Team(), n);
+      dy = pipe.template Row<T>(k, 1, Team::Team(), n);
     }
     T* dx = static_cast<T*>(p.dx) + row * n;
     // Calls fn(col, x, dy) for each chunk of the uncached tail (long rows).
@@ -306,8 +292,7 @@ __global__ void __launch_bounds__(RowTeam<kTeam>::kBlock) SoftmaxRowBwdKernel(So
       });
     }
     if constexpr (kPipe) {
-      pipe.Release();
-      if (threadIdx.x == 0) issue(k + kPipeStages);
+      pipe.Advance(k, issue);
     }
   }
 }
