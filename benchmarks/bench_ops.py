@@ -30,7 +30,6 @@ import time
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 
 import jax_dnn
 
