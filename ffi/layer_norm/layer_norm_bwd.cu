@@ -26,8 +26,9 @@
 namespace jax_dnn {
 namespace {
 
-// 16 fp32 per thread: x, dy and two accumulators are cached, 64 values;
-// more would cut occupancy below what keeps enough loads in flight.
+// 16 fp32 per thread: x, dy, scale and two accumulators are cached, 80 values
+// (~110 registers with ptxas's choice: two 256-thread blocks per SM); more
+// would cut occupancy further.
 constexpr int kCacheElems = 16;
 // Row groups in flight per block when pipelined (x and dy each), and the most
 // shared memory a block's stages may take.

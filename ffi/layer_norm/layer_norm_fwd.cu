@@ -17,8 +17,9 @@
 namespace jax_dnn {
 namespace {
 
-// 32 fp32 per thread: a 4096-wide bf16 row fits a 128-thread team, and the
-// kernel stays under ~64 registers, so an SM keeps 2048 threads in flight.
+// 32 fp32 per thread: a 4096-wide bf16 row fits a 128-thread team. With
+// scale and bias also held in registers (96 values) the pipelined kernel
+// keeps several blocks per SM; its rows wait in shared memory, not registers.
 constexpr int kCacheElems = 32;
 // Row groups in flight per block when pipelined, and the most shared memory a
 // block's stages may take (so that several blocks share an SM).
