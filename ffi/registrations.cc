@@ -16,6 +16,8 @@ XLA_FFI_DECLARE_HANDLER_SYMBOL(LayerNormFwd);
 XLA_FFI_DECLARE_HANDLER_SYMBOL(LayerNormBwd);
 XLA_FFI_DECLARE_HANDLER_SYMBOL(RmsNormFwd);
 XLA_FFI_DECLARE_HANDLER_SYMBOL(RmsNormBwd);
+XLA_FFI_DECLARE_HANDLER_SYMBOL(AttentionFwd);
+XLA_FFI_DECLARE_HANDLER_SYMBOL(AttentionBwd);
 }  // namespace jax_dnn
 #endif
 
@@ -42,6 +44,8 @@ nb::dict Registrations() {
   d["jax_dnn_layer_norm_bwd"] = Capsule(LayerNormBwd);
   d["jax_dnn_rms_norm_fwd"] = Capsule(RmsNormFwd);
   d["jax_dnn_rms_norm_bwd"] = Capsule(RmsNormBwd);
+  d["jax_dnn_attention_fwd"] = Capsule(AttentionFwd);
+  d["jax_dnn_attention_bwd"] = Capsule(AttentionBwd);
 #endif
   return d;
 }

@@ -5,8 +5,10 @@
 # are a short summary table.
 #
 #   bash scripts/gpu_check.sh [STAGES]
-# STAGES: comma-separated subset of build,tests,sanitize,bench,quickbench
-# (default: build,tests,sanitize,bench). Stages after build reuse the install.
+# STAGES: comma-separated subset of build,tests,sanitize,bench,quickbench,
+# attnbench,quickattn (default: build,tests,sanitize,bench; the attention
+# benchmark, attnbench or its --quick form quickattn, runs only when named).
+# Stages after build reuse the install.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-$PWD/gpu_out}
@@ -54,6 +56,13 @@ if has bench || has quickbench; then
   bench_args="--json $OUT/bench_ops.json"
   has quickbench && bench_args="$bench_args --quick"
   (cd benchmarks && python3 bench_ops.py $bench_args 2>&1) | tee "$OUT/bench.log" | tail -80
+fi
+
+if has attnbench || has quickattn; then
+  echo "== attention benchmark"
+  attn_args="--json $OUT/bench_attention.json --plot $OUT/bench_attention.png"
+  has quickattn && attn_args="$attn_args --quick"
+  (cd benchmarks && python3 bench_attention.py $attn_args 2>&1) | tee "$OUT/bench_attention.log" | tail -60
 fi
 
 echo

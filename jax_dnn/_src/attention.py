@@ -15,9 +15,12 @@ A fully masked query row gives o = 0 (and lse = -inf), with zero gradients:
 never NaN. (jax.nn.dot_product_attention instead averages V over such rows,
 except for rows beyond query_seq_lengths, which it also zeroes.)
 
-Status: the primitives lower to the pure-JAX reference on every platform,
-CUDA included, until the fused Hopper kernels land (see README). The
-reference materializes the [T, S] scores; the kernels will not.
+On CUDA the primitives lower to the fused Hopper kernels (ffi/attention/)
+for bfloat16/float16 with head dims that are multiples of 8 up to 256 (key and
+value head dims padded to the same 64-multiple, or 192/128 as in MLA); memory
+is O(T + S) per head. Every other case (float32, other head dims, empty
+shapes, other platforms) lowers to the pure-JAX reference below, which
+materializes the [T, S] scores. A bias is passed to the kernels as float32.
 """
 
 from __future__ import annotations
@@ -95,16 +98,25 @@ def _fwd_reference(q, k, v, *operands, present, **params):
 
 
 def _bwd_reference(do, q, k, v, o, lse, *operands, present, **params):
-  del o, lse  # the reference recomputes; the kernels will use them
-  diff = [q, k, v] + ([operands[0]] if "bias" in present else [])
-  rest = operands[1:] if "bias" in present else operands
+  """(dq, dk, dv, dlogits [B, N, T, S] fp32 or [B, 0] without bias, delta)."""
+  del lse  # the reference recomputes
+  b, t, n, _ = q.shape
+  s_len = k.shape[1]
+  has_bias = "bias" in present
+  rest = operands[1:] if has_bias else operands
+  diff = [q, k, v]
+  if has_bias:  # differentiate w.r.t. a full-shaped bias: dlogits, as the kernel returns
+    diff.append(jnp.broadcast_to(_grouped(lambda a, c: a + c, jnp.zeros((b, n, t, s_len)),
+                                          operands[0].astype(jnp.float32)), (b, n, t, s_len)))
 
   def f(*d):
-    ops = (d[3],) + tuple(rest) if "bias" in present else tuple(rest)
+    ops = (d[3],) + tuple(rest) if has_bias else tuple(rest)
     return _fwd_reference(d[0], d[1], d[2], *ops, present=present, **params)[0]
 
   grads = jax.vjp(f, *diff)[1](do.astype(q.dtype))
-  return tuple(grads)
+  ds = grads[3] if has_bias else jnp.zeros((b, 0), jnp.float32)
+  delta = jnp.einsum("btnh,btnh->bnt", do.astype(jnp.float32), o.astype(jnp.float32))
+  return (*grads[:3], ds, delta)
 
 
 # --- primitives ---------------------------------------------------------------
@@ -116,10 +128,48 @@ def _fwd_abstract(q, k, v, *operands, present, **params):
 
 
 def _bwd_abstract(do, q, k, v, o, lse, *operands, present, **params):
+  """dq, dk, dv; dlogits (the bias gradient before reduction over its
+  broadcast, [B, N, T, S] fp32, or [B, 0] without bias); delta = rowsum(do * o)
+  [B, N, T] fp32 (workspace)."""
+  b, t, n, _ = q.shape
   out = [ShapedArray(a.shape, a.dtype) for a in (q, k, v)]
-  if "bias" in present:
-    out.append(ShapedArray(operands[0].shape, operands[0].dtype))
+  ds_shape = (b, n, t, k.shape[1]) if "bias" in present else (b, 0)
+  out.append(ShapedArray(ds_shape, jnp.float32))
+  out.append(ShapedArray((b, n, t), jnp.float32))
   return tuple(out)
+
+
+_KERNEL_DIMS = {(64, 64), (128, 128), (192, 192), (256, 256), (192, 128)}
+
+
+def _kernel_supported(avals, **params):
+  """Whether the CUDA kernels take these operands (else: the reference)."""
+  del params
+  q, k, v = avals
+  pad = lambda d: -(-d // 64) * 64
+  return (q.dtype in (jnp.bfloat16, jnp.float16) and q.shape[-1] % 8 == 0
+          and v.shape[-1] % 8 == 0 and (pad(q.shape[-1]), pad(v.shape[-1])) in _KERNEL_DIMS
+          and min(q.shape[:3]) > 0 and k.shape[1] > 0)
+
+
+def _fwd_supported(avals, **params):
+  return _kernel_supported(avals[:3], **params)
+
+
+def _bwd_supported(avals, **params):
+  return _kernel_supported(avals[1:4], **params)
+
+
+def _ffi_params(params):
+  """Primitive params -> the handlers' attributes."""
+  present = params["present"]
+  window = params["window"]
+  return dict(has_bias="bias" in present, has_mask="mask" in present,
+              has_q_lens="q_lens" in present, has_kv_lens="kv_lens" in present,
+              has_seg="q_seg" in present, is_causal=params["is_causal"],
+              window_left=-1 if window is None else window[0],
+              window_right=-1 if window is None else window[1],
+              scale=params["scale"], softcap=params["softcap"])
 
 
 def _batch_rule(prim, n_main, args, dims, *, keep_shared, **params):
@@ -157,6 +207,8 @@ attention_fwd_p = define_primitive(
     batching_rule=_fwd_batch,
     reference=_fwd_reference,
     multiple_results=True,
+    ffi_params=_ffi_params,
+    supported=_fwd_supported,
 )
 attention_bwd_p = define_primitive(
     "attention_bwd",
@@ -164,6 +216,8 @@ attention_bwd_p = define_primitive(
     batching_rule=_bwd_batch,
     reference=_bwd_reference,
     multiple_results=True,
+    ffi_params=_ffi_params,
+    supported=_bwd_supported,
 )
 
 
@@ -187,8 +241,12 @@ def _attention_bwd(params, res, cts):
   present = dict(params)["present"]
   dops = []
   for name, x in zip(present, operands):
-    if name == "bias":
-      dops.append(grads[3])
+    if name == "bias":  # reduce dlogits [B, N, T, S] over the bias's broadcast [G, N|1, T, S]
+      ds = grads[3]
+      ds = ds.reshape((x.shape[0], -1) + ds.shape[1:]).sum(axis=1)
+      if x.shape[1] == 1:
+        ds = ds.sum(axis=1, keepdims=True)
+      dops.append(ds.astype(x.dtype))
     elif jnp.issubdtype(x.dtype, jnp.floating):
       dops.append(jnp.zeros_like(x))
     else:  # integer / bool operands take float0 cotangents
@@ -305,6 +363,7 @@ def dot_product_attention(query, key, value, bias=None, mask=None, *, scale=None
     ops["bias"] = _check_logits_operand("bias", bias, b, n, t, s_len)
     if not jnp.issubdtype(ops["bias"].dtype, jnp.floating):
       raise TypeError(f"{_OP}: bias must be floating point; got {ops['bias'].dtype}")
+    ops["bias"] = ops["bias"].astype(jnp.float32)  # what the kernels read; grads flow back
   if mask is not None:
     ops["mask"] = _check_logits_operand("mask", mask, b, n, t, s_len)
     if ops["mask"].dtype != jnp.bool_:

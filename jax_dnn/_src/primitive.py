@@ -54,11 +54,14 @@ def define_primitive(
     reference: Callable[..., Any],
     multiple_results: bool,
     ffi_params: Callable[[dict[str, Any]], dict[str, Any]] | None = None,
+    supported: Callable[..., bool] | None = None,
 ) -> Primitive:
   """Defines primitive `jax_dnn_<name>`, lowered to the FFI target of that name.
 
   ffi_params maps the primitive's params to the FFI attributes (default: all
   params); use it to drop params that only the reference needs.
+  supported(avals_in, **params) says whether the kernel takes these operands
+  (default: always); where it does not, CUDA lowers the reference too.
   """
   target = f"jax_dnn_{name}"
   prim = Primitive(target)
@@ -71,7 +74,7 @@ def define_primitive(
   kernel_lowering = jax.ffi.ffi_lowering(target)
 
   def cuda_lowering(ctx, *args, **params):
-    if not extension.use_kernel(target):
+    if not extension.use_kernel(target) or (supported and not supported(ctx.avals_in, **params)):
       return reference_lowering(ctx, *args, **params)
     attrs = ffi_params(params) if ffi_params else params
     return kernel_lowering(ctx, *args, **{k: _ffi_attr(v) for k, v in attrs.items()})

@@ -1,0 +1,409 @@
+// Flash attention backward for Hopper, deterministic (no atomics):
+//   AttentionDeltaKernel: delta = rowsum(dO * O) per query row (fp32).
+//   AttentionDqKernel:    per 128 query rows: for each key tile, recompute
+//       S = Q K^T and P = exp(S - lse), dP = dO V^T, dS = P (dP - delta),
+//       dQ += dS K. Also writes dbias = dS when a bias is given.
+//   AttentionDkvKernel:   per 128 key rows (of one key/value head): for each
+//       query head of its group and each query tile, recompute the transposed
+//       scores S^T = K Q^T (so P^T and dS^T land in registers as the A
+//       operands of the next wgmmas), dP^T = V dO^T, dV += P^T dO,
+//       dK += dS^T Q.
+// Splitting dQ from dK/dV costs two extra score GEMMs but needs no atomics or
+// fp32 dQ accumulator, and every gradient is written exactly once.
+// Both kernels follow the forward's structure (attention_fwd.cuh): a producer
+// warpgroup streams tiles through a 2-stage TMA ring, two consumer warpgroups
+// own 64 rows each.
+#pragma once
+
+#include "ffi/attention/attention_common.cuh"
+#include "ffi/attention/hopper.cuh"
+#include "ffi/attention/wgmma.cuh"
+
+namespace jax_dnn {
+namespace attention {
+
+template <typename T>
+__global__ void AttentionDeltaKernel(const T* __restrict__ o, const T* __restrict__ d_o,
+                                     float* __restrict__ delta, int64_t rows, int64_t t, int64_t n,
+                                     int64_t hv) {
+  const int64_t row = (int64_t(blockIdx.x) * blockDim.x + threadIdx.x) / 32;  // [B, T, N] order
+  const int lane = threadIdx.x % 32;
+  if (row >= rows) return;
+  float acc = 0.f;
+  for (int64_t d = lane; d < hv; d += 32)
+    acc += static_cast<float>(o[row * hv + d]) * static_cast<float>(d_o[row * hv + d]);
+#pragma unroll
+  for (int off = 16; off > 0; off /= 2) acc += __shfl_xor_sync(0xffffffff, acc, off);
+  if (lane == 0) {
+    const int64_t b = row / (t * n), i = (row / n) % t, h = row % n;
+    delta[(b * n + h) * t + i] = acc;
+  }
+}
+
+__device__ __forceinline__ float Log2Lse(float lse) {
+  // A fully masked row has lse = -inf; +inf makes every exp2(s - lse) zero.
+  return lse == -INFINITY ? INFINITY : lse * kLog2e;
+}
+
+// Writes one m64nN fp32 accumulator fragment (rows row0, row0 + 8) to a
+// [rows, ld] array of T, rows < n_rows and columns < n_cols only.
+template <typename T, int kN>
+__device__ __forceinline__ void StoreFragment(const float (&acc)[kN / 2], float scale, T* out,
+                                              int64_t row0, int64_t n_rows, int64_t ld,
+                                              int64_t n_cols, int lane) {
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    const int64_t row = row0 + 8 * h;
+    if (row >= n_rows) continue;
+#pragma unroll
+    for (int e = 0; e < kN / 8; ++e) {
+      const int col = 8 * e + 2 * (lane % 4);
+      if (col < n_cols)
+        *reinterpret_cast<uint32_t*>(out + row * ld + col) =
+            hopper::PackPair<T>(acc[4 * e + 2 * h] * scale, acc[4 * e + 2 * h + 1] * scale);
+    }
+  }
+}
+
+template <int kD, int kDv, int kBN>
+struct DqTiles {
+  static constexpr int kBM = 128, kStages = 2;
+  static constexpr int kQBytes = kBM * kD * 2, kOBytes = kBM * kDv * 2;
+  static constexpr int kKBytes = kBN * kD * 2, kVBytes = kBN * kDv * 2;
+  static constexpr int kSmem =
+      1024 + kQBytes + kOBytes + kStages * (kKBytes + kVBytes) + 8 * (1 + 3 * kStages);
+};
+
+template <typename T, int kD, int kDv, int kBN>
+__global__ void __launch_bounds__(384, 1)
+    AttentionDqKernel(const __grid_constant__ CUtensorMap tq, const __grid_constant__ CUtensorMap tdo,
+                      const __grid_constant__ CUtensorMap tk, const __grid_constant__ CUtensorMap tv,
+                      const AttentionBwdParams p) {
+  using Tiles = DqTiles<kD, kDv, kBN>;
+  constexpr int kBM = Tiles::kBM, kStages = Tiles::kStages;
+  extern __shared__ uint8_t smem_raw[];
+  uint8_t* base = reinterpret_cast<uint8_t*>((reinterpret_cast<uintptr_t>(smem_raw) + 1023) & ~uintptr_t(1023));
+  uint8_t* sq = base;
+  uint8_t* sdo = sq + Tiles::kQBytes;
+  uint8_t* sk = sdo + Tiles::kOBytes;
+  uint8_t* sv = sk + kStages * Tiles::kKBytes;
+  uint64_t* q_full = reinterpret_cast<uint64_t*>(sv + kStages * Tiles::kVBytes);
+  uint64_t* k_full = q_full + 1;
+  uint64_t* v_full = k_full + kStages;
+  uint64_t* empty = v_full + kStages;
+
+  const AttentionShape& sh = p.shape;
+  const int64_t m0 = (int64_t(gridDim.x) - 1 - blockIdx.x) * kBM;
+  const int64_t n = blockIdx.y, b = blockIdx.z;
+  const int64_t kvh = n / (sh.n / sh.kh);
+  const ScoreCtx c = MakeScoreCtx(p.mask, sh, p.scale, p.softcap, b, n);
+  int j_begin, j_end;
+  KeyTiles(c, m0, min(m0 + kBM, sh.t) - 1, kBN, &j_begin, &j_end);
+
+  const int tid = threadIdx.x;
+  if (tid == 0) {
+    hopper::BarrierInit(q_full, 1);
+    for (int s = 0; s < kStages; ++s) {
+      hopper::BarrierInit(&k_full[s], 1);
+      hopper::BarrierInit(&v_full[s], 1);
+      hopper::BarrierInit(&empty[s], 256);
+    }
+    hopper::FenceBarrierInit();
+  }
+  __syncthreads();
+
+  if (tid < 128) {  // producer
+    hopper::RegDealloc<40>();
+    if (tid == 0) {
+      hopper::BarrierExpectTx(q_full, Tiles::kQBytes + Tiles::kOBytes);
+      for (int d = 0; d < kD / 64; ++d)
+        hopper::TmaLoad4d(sq + d * kBM * 128, &tq, q_full, d * 64, n, m0, b);
+      for (int d = 0; d < kDv / 64; ++d)
+        hopper::TmaLoad4d(sdo + d * kBM * 128, &tdo, q_full, d * 64, n, m0, b);
+      for (int j = j_begin, it = 0; j < j_end; ++j, ++it) {
+        const int s = it % kStages;
+        if (it >= kStages) hopper::BarrierWait(&empty[s], ((it / kStages) - 1) & 1);
+        hopper::BarrierExpectTx(&k_full[s], Tiles::kKBytes);
+        for (int d = 0; d < kD / 64; ++d)
+          hopper::TmaLoad4d(sk + s * Tiles::kKBytes + d * kBN * 128, &tk, &k_full[s], d * 64, kvh,
+                            j * kBN, b);
+        hopper::BarrierExpectTx(&v_full[s], Tiles::kVBytes);
+        for (int d = 0; d < kDv / 64; ++d)
+          hopper::TmaLoad4d(sv + s * Tiles::kVBytes + d * kBN * 128, &tv, &v_full[s], d * 64, kvh,
+                            j * kBN, b);
+      }
+    }
+    return;
+  }
+
+  hopper::RegAlloc<232>();
+  const int wg = tid / 128 - 1, t = tid % 128, warp = t / 32, lane = t % 32;
+  const int64_t row0 = m0 + 64 * wg + 16 * warp + lane / 4;
+  const int64_t wg_r0 = m0 + 64 * wg, wg_r1 = wg_r0 + 63;
+  float lse2[2], delta[2];
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    const int64_t row = row0 + 8 * h;
+    const bool in = row < sh.t;
+    lse2[h] = in ? Log2Lse(p.lse[(b * sh.n + n) * sh.t + row]) : INFINITY;
+    delta[h] = in ? p.delta[(b * sh.n + n) * sh.t + row] : 0.f;
+  }
+  float dq[kD / 2];
+#pragma unroll
+  for (int e = 0; e < kD / 2; ++e) dq[e] = 0.f;
+  const uint32_t q_addr = hopper::SmemAddr(sq) + wg * 64 * 128;
+  const uint32_t do_addr = hopper::SmemAddr(sdo) + wg * 64 * 128;
+  hopper::BarrierWait(q_full, 0);
+
+  for (int j = j_begin, it = 0; j < j_end; ++j, ++it) {
+    const int s = it % kStages;
+    const uint32_t phase = (it / kStages) & 1;
+    const uint32_t k_addr = hopper::SmemAddr(sk + s * Tiles::kKBytes);
+    const uint32_t v_addr = hopper::SmemAddr(sv + s * Tiles::kVBytes);
+    float sc[kBN / 2], dp[kBN / 2];
+
+    hopper::BarrierWait(&k_full[s], phase);
+    hopper::WgmmaFence();
+#pragma unroll
+    for (int kk = 0; kk < kD / 16; ++kk)
+      WgmmaSS<T, kBN>(sc, hopper::Descriptor(q_addr + (kk / 4) * kBM * 128 + (kk % 4) * 32, 0),
+                      hopper::Descriptor(k_addr + (kk / 4) * kBN * 128 + (kk % 4) * 32, 0), kk > 0);
+    hopper::WgmmaCommit();
+    hopper::BarrierWait(&v_full[s], phase);
+#pragma unroll
+    for (int kk = 0; kk < kDv / 16; ++kk)
+      WgmmaSS<T, kBN>(dp, hopper::Descriptor(do_addr + (kk / 4) * kBM * 128 + (kk % 4) * 32, 0),
+                      hopper::Descriptor(v_addr + (kk / 4) * kBN * 128 + (kk % 4) * 32, 0), kk > 0);
+    hopper::WgmmaCommit();
+    hopper::WgmmaWait<1>();
+    hopper::FenceRegisters(sc);
+
+    const int64_t col0 = int64_t(j) * kBN + 2 * (lane % 4);
+    const bool need_mask = TileNeedsMask(c, wg_r0, wg_r1, int64_t(j) * kBN, int64_t(j) * kBN + kBN - 1);
+    Logits<kBN, false>(sc, c, row0, col0, need_mask);
+    hopper::WgmmaWait<0>();
+    hopper::FenceRegisters(dp);
+#pragma unroll
+    for (int e = 0; e < kBN / 2; ++e) {
+      const int h = (e >> 1) & 1;
+      const float pr = exp2f(sc[e] - lse2[h]);
+      const float ds = pr * (dp[e] - delta[h]);  // d logits (= dbias)
+      sc[e] = ds;
+      const int64_t row = row0 + 8 * h, col = col0 + 8 * (e >> 2) + (e & 1);
+      dp[e] = ds * SoftcapGrad(c, pr, lse2[h], row, col) * p.scale;  // d (q.k)
+    }
+    if (p.dbias != nullptr) {
+      float* db = p.dbias + (b * sh.n + n) * sh.t * sh.s;
+#pragma unroll
+      for (int e = 0; e < kBN / 2; e += 2) {
+        const int64_t row = row0 + 8 * ((e >> 1) & 1), col = col0 + 8 * (e >> 2);
+        if (row < sh.t && col < sh.s) {
+          db[row * sh.s + col] = sc[e];
+          if (col + 1 < sh.s) db[row * sh.s + col + 1] = sc[e + 1];
+        }
+      }
+    }
+    uint32_t da[kBN / 16][4];
+#pragma unroll
+    for (int kk = 0; kk < kBN / 16; ++kk)
+#pragma unroll
+      for (int r = 0; r < 4; ++r) da[kk][r] = hopper::PackPair<T>(dp[8 * kk + 2 * r], dp[8 * kk + 2 * r + 1]);
+    hopper::WgmmaFence();
+#pragma unroll
+    for (int kk = 0; kk < kBN / 16; ++kk)
+      WgmmaRS<T, kD>(dq, da[kk], hopper::Descriptor(k_addr + kk * 2048, kBN * 128), 1);
+    hopper::WgmmaCommit();
+    hopper::WgmmaWait<0>();
+    hopper::FenceRegisters(dq);
+    hopper::BarrierArrive(&empty[s]);
+  }
+  StoreFragment<T, kD>(dq, 1.f, static_cast<T*>(p.dq) + (b * sh.t * sh.n + n) * sh.h, row0, sh.t,
+                       sh.n * sh.h, sh.h, lane);
+}
+
+template <int kD, int kDv, int kBQ>
+struct DkvTiles {
+  static constexpr int kBN = 128, kStages = 2;
+  static constexpr int kKBytes = kBN * kD * 2, kVBytes = kBN * kDv * 2;
+  static constexpr int kQBytes = kBQ * kD * 2, kOBytes = kBQ * kDv * 2;
+  static constexpr int kSmem =
+      1024 + kKBytes + kVBytes + kStages * (kQBytes + kOBytes) + 8 * (1 + 2 * kStages);
+};
+
+// kDoDK / kDoDV: which gradients this launch computes (large head dims split
+// them over two launches to keep both accumulators within the register file).
+template <typename T, int kD, int kDv, int kBQ, bool kDoDK, bool kDoDV>
+__global__ void __launch_bounds__(384, 1)
+    AttentionDkvKernel(const __grid_constant__ CUtensorMap tq, const __grid_constant__ CUtensorMap tdo,
+                       const __grid_constant__ CUtensorMap tk, const __grid_constant__ CUtensorMap tv,
+                       const AttentionBwdParams p) {
+  using Tiles = DkvTiles<kD, kDv, kBQ>;
+  constexpr int kBN = Tiles::kBN, kStages = Tiles::kStages;
+  constexpr bool kNeedDp = kDoDK;  // dV needs only P
+  extern __shared__ uint8_t smem_raw[];
+  uint8_t* base = reinterpret_cast<uint8_t*>((reinterpret_cast<uintptr_t>(smem_raw) + 1023) & ~uintptr_t(1023));
+  uint8_t* sk = base;
+  uint8_t* sv = sk + Tiles::kKBytes;
+  uint8_t* sq = sv + Tiles::kVBytes;
+  uint8_t* sdo = sq + kStages * Tiles::kQBytes;
+  uint64_t* kv_full = reinterpret_cast<uint64_t*>(sdo + kStages * Tiles::kOBytes);
+  uint64_t* full = kv_full + 1;
+  uint64_t* empty = full + kStages;
+
+  const AttentionShape& sh = p.shape;
+  const int64_t n0 = int64_t(blockIdx.x) * kBN;
+  const int64_t kvh = blockIdx.y, b = blockIdx.z;
+  const int64_t group = sh.n / sh.kh;
+  // The query tiles are the same for every head of the group, except with
+  // per-head masks, whose ranges do not depend on the head either.
+  int i_begin, i_end;
+  {
+    const ScoreCtx c0 = MakeScoreCtx(p.mask, sh, p.scale, p.softcap, b, kvh * group);
+    QueryTiles(c0, n0, min(n0 + kBN, sh.s) - 1, kBQ, &i_begin, &i_end);
+  }
+  const int per_head = i_end - i_begin;
+
+  const int tid = threadIdx.x;
+  if (tid == 0) {
+    hopper::BarrierInit(kv_full, 1);
+    for (int s = 0; s < kStages; ++s) {
+      hopper::BarrierInit(&full[s], 1);
+      hopper::BarrierInit(&empty[s], 256);
+    }
+    hopper::FenceBarrierInit();
+  }
+  __syncthreads();
+
+  if (tid < 128) {  // producer
+    hopper::RegDealloc<40>();
+    if (tid == 0) {
+      hopper::BarrierExpectTx(kv_full, Tiles::kKBytes + Tiles::kVBytes);
+      for (int d = 0; d < kD / 64; ++d)
+        hopper::TmaLoad4d(sk + d * kBN * 128, &tk, kv_full, d * 64, kvh, n0, b);
+      for (int d = 0; d < kDv / 64; ++d)
+        hopper::TmaLoad4d(sv + d * kBN * 128, &tv, kv_full, d * 64, kvh, n0, b);
+      for (int it = 0; it < group * per_head; ++it) {
+        const int64_t n = kvh * group + it / per_head;
+        const int i = i_begin + it % per_head;
+        const int s = it % kStages;
+        if (it >= kStages) hopper::BarrierWait(&empty[s], ((it / kStages) - 1) & 1);
+        hopper::BarrierExpectTx(&full[s], Tiles::kQBytes + Tiles::kOBytes);
+        for (int d = 0; d < kD / 64; ++d)
+          hopper::TmaLoad4d(sq + s * Tiles::kQBytes + d * kBQ * 128, &tq, &full[s], d * 64, n,
+                            i * kBQ, b);
+        for (int d = 0; d < kDv / 64; ++d)
+          hopper::TmaLoad4d(sdo + s * Tiles::kOBytes + d * kBQ * 128, &tdo, &full[s], d * 64, n,
+                            i * kBQ, b);
+      }
+    }
+    return;
+  }
+
+  hopper::RegAlloc<232>();
+  const int wg = tid / 128 - 1, t = tid % 128, warp = t / 32, lane = t % 32;
+  const int64_t row0 = n0 + 64 * wg + 16 * warp + lane / 4;  // key rows
+  const int64_t wg_r0 = n0 + 64 * wg, wg_r1 = wg_r0 + 63;
+  float dk[kDoDK ? kD / 2 : 1], dv[kDoDV ? kDv / 2 : 1];
+#pragma unroll
+  for (int e = 0; e < (kDoDK ? kD / 2 : 1); ++e) dk[e] = 0.f;
+#pragma unroll
+  for (int e = 0; e < (kDoDV ? kDv / 2 : 1); ++e) dv[e] = 0.f;
+  const uint32_t k_addr = hopper::SmemAddr(sk) + wg * 64 * 128;
+  const uint32_t v_addr = hopper::SmemAddr(sv) + wg * 64 * 128;
+  hopper::BarrierWait(kv_full, 0);
+
+  ScoreCtx c{};
+  for (int it = 0; it < group * per_head; ++it) {
+    const int64_t n = kvh * group + it / per_head;
+    const int i = i_begin + it % per_head;
+    if (it % per_head == 0) c = MakeScoreCtx(p.mask, sh, p.scale, p.softcap, b, n);
+    const int s = it % kStages;
+    const uint32_t phase = (it / kStages) & 1;
+    const uint32_t q_addr = hopper::SmemAddr(sq + s * Tiles::kQBytes);
+    const uint32_t do_addr = hopper::SmemAddr(sdo + s * Tiles::kOBytes);
+    float st[kBQ / 2], dpt[kNeedDp ? kBQ / 2 : 1];
+
+    hopper::BarrierWait(&full[s], phase);
+    hopper::WgmmaFence();
+#pragma unroll
+    for (int kk = 0; kk < kD / 16; ++kk)
+      WgmmaSS<T, kBQ>(st, hopper::Descriptor(k_addr + (kk / 4) * kBN * 128 + (kk % 4) * 32, 0),
+                      hopper::Descriptor(q_addr + (kk / 4) * kBQ * 128 + (kk % 4) * 32, 0), kk > 0);
+    hopper::WgmmaCommit();
+    if constexpr (kNeedDp) {
+#pragma unroll
+      for (int kk = 0; kk < kDv / 16; ++kk)
+        WgmmaSS<T, kBQ>(dpt, hopper::Descriptor(v_addr + (kk / 4) * kBN * 128 + (kk % 4) * 32, 0),
+                        hopper::Descriptor(do_addr + (kk / 4) * kBQ * 128 + (kk % 4) * 32, 0), kk > 0);
+      hopper::WgmmaCommit();
+    }
+    hopper::WgmmaWait<0>();
+    hopper::FenceRegisters(st);
+    if constexpr (kNeedDp) hopper::FenceRegisters(dpt);
+
+    // Columns are query rows q0 + ...: their lse and delta. P^T and dS^T are
+    // packed into A fragments before the dV / dK wgmmas are issued, so that
+    // only the accumulators and the fragments stay live while they run.
+    const int64_t q0 = int64_t(i) * kBQ;
+    const int64_t col0 = q0 + 2 * (lane % 4);
+    const bool need_mask = TileNeedsMask(c, q0, q0 + kBQ - 1, wg_r0, wg_r1);
+    Logits<kBQ, true>(st, c, row0, col0, need_mask);
+    const float* lse_row = p.lse + (b * sh.n + n) * sh.t;
+    const float* delta_row = p.delta + (b * sh.n + n) * sh.t;
+    float lse2[kBQ / 4];  // per column pair (e / 4, e % 2)
+#pragma unroll
+    for (int e = 0; e < kBQ / 4; ++e) {
+      const int64_t q = col0 + 8 * (e >> 1) + (e & 1);
+      lse2[e] = q < sh.t ? Log2Lse(lse_row[q]) : INFINITY;
+    }
+#pragma unroll
+    for (int e = 0; e < kBQ / 2; ++e) st[e] = exp2f(st[e] - lse2[2 * (e >> 2) + (e & 1)]);  // P^T
+    uint32_t pa[kBQ / 16][4];
+    if constexpr (kDoDV) {
+#pragma unroll
+      for (int kk = 0; kk < kBQ / 16; ++kk)
+#pragma unroll
+        for (int r = 0; r < 4; ++r) pa[kk][r] = hopper::PackPair<T>(st[8 * kk + 2 * r], st[8 * kk + 2 * r + 1]);
+    }
+    uint32_t da[kBQ / 16][4];
+    if constexpr (kDoDK) {
+#pragma unroll
+      for (int e = 0; e < kBQ / 2; ++e) {
+        const int64_t q = col0 + 8 * (e >> 2) + (e & 1);
+        const float dl = q < sh.t ? delta_row[q] : 0.f;
+        const float cap = SoftcapGrad(c, st[e], lse2[2 * (e >> 2) + (e & 1)], q, row0 + 8 * ((e >> 1) & 1));
+        dpt[e] = st[e] * (dpt[e] - dl) * cap * p.scale;  // dS^T w.r.t. q.k
+      }
+#pragma unroll
+      for (int kk = 0; kk < kBQ / 16; ++kk)
+#pragma unroll
+        for (int r = 0; r < 4; ++r) da[kk][r] = hopper::PackPair<T>(dpt[8 * kk + 2 * r], dpt[8 * kk + 2 * r + 1]);
+    }
+    hopper::WgmmaFence();
+    if constexpr (kDoDV) {
+#pragma unroll
+      for (int kk = 0; kk < kBQ / 16; ++kk)
+        WgmmaRS<T, kDv>(dv, pa[kk], hopper::Descriptor(do_addr + kk * 2048, kBQ * 128), 1);
+    }
+    if constexpr (kDoDK) {
+#pragma unroll
+      for (int kk = 0; kk < kBQ / 16; ++kk)
+        WgmmaRS<T, kD>(dk, da[kk], hopper::Descriptor(q_addr + kk * 2048, kBQ * 128), 1);
+    }
+    hopper::WgmmaCommit();
+    hopper::WgmmaWait<0>();
+    if constexpr (kDoDK) hopper::FenceRegisters(dk);
+    if constexpr (kDoDV) hopper::FenceRegisters(dv);
+    hopper::BarrierArrive(&empty[s]);
+  }
+  const int64_t ld = sh.kh * sh.h, ldv = sh.kh * sh.hv;
+  if constexpr (kDoDK)
+    StoreFragment<T, kD>(dk, 1.f, static_cast<T*>(p.dk) + b * sh.s * ld + kvh * sh.h, row0, sh.s,
+                         ld, sh.h, lane);
+  if constexpr (kDoDV)
+    StoreFragment<T, kDv>(dv, 1.f, static_cast<T*>(p.dv) + b * sh.s * ldv + kvh * sh.hv, row0,
+                          sh.s, ldv, sh.hv, lane);
+}
+
+}  // namespace attention
+}  // namespace jax_dnn

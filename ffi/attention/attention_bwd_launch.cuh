@@ -1,0 +1,79 @@
+// Host launcher of the backward kernels for one element type (instantiated per
+// type in attention_bwd_<type>.cu).
+#pragma once
+
+#include <algorithm>
+
+#include "ffi/attention/attention_bwd.cuh"
+#include "ffi/attention/attention_tma.h"
+
+namespace jax_dnn {
+namespace attention {
+
+template <typename Kernel>
+cudaError_t Launch(Kernel kernel, dim3 grid, int smem, cudaStream_t stream, const CUtensorMap& a,
+                   const CUtensorMap& b, const CUtensorMap& c, const CUtensorMap& d,
+                   const AttentionBwdParams& p) {
+  cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
+  if (e != cudaSuccess) return e;
+  kernel<<<grid, 384, smem, stream>>>(a, b, c, d, p);
+  return cudaGetLastError();
+}
+
+template <typename T, int kD, int kDv>
+cudaError_t LaunchBwdDims(const AttentionBwdParams& p, cudaStream_t stream) {
+  const AttentionShape& s = p.shape;
+  const int64_t rows = s.b * s.t * s.n;
+  AttentionDeltaKernel<T><<<static_cast<unsigned>((rows * 32 + 255) / 256), 256, 0, stream>>>(
+      static_cast<const T*>(p.o), static_cast<const T*>(p.d_o), p.delta, rows, s.t, s.n, s.hv);
+  if (p.dbias != nullptr) {
+    cudaError_t e = cudaMemsetAsync(p.dbias, 0, sizeof(float) * s.b * s.n * s.t * s.s, stream);
+    if (e != cudaSuccess) return e;
+  }
+  // Narrower tiles for head dims past 128 keep shared memory and registers in budget.
+  constexpr bool kWide = std::max(kD, kDv) > 128;
+  constexpr int kBNq = kWide ? 32 : 64;  // key tile of the dQ kernel
+  // Query tile of the dK/dV kernel: its S^T and dP^T fragments live beside
+  // both fp32 accumulators, so it shrinks as they grow.
+  constexpr int kBQ = kD + kDv <= 128 ? 64 : 32;
+  CUtensorMap tq, tdo, tk, tv;
+  if (!MakeTensorMap(&tq, p.q, s.b, s.t, s.n, s.h, 128) ||
+      !MakeTensorMap(&tdo, p.d_o, s.b, s.t, s.n, s.hv, 128) ||
+      !MakeTensorMap(&tk, p.k, s.b, s.s, s.kh, s.h, kBNq) ||
+      !MakeTensorMap(&tv, p.v, s.b, s.s, s.kh, s.hv, kBNq))
+    return cudaErrorInvalidValue;
+  const dim3 dq_grid(static_cast<unsigned>((s.t + 127) / 128), s.n, s.b);
+  cudaError_t e = Launch(AttentionDqKernel<T, kD, kDv, kBNq>, dq_grid, DqTiles<kD, kDv, kBNq>::kSmem,
+                         stream, tq, tdo, tk, tv, p);
+  if (e != cudaSuccess) return e;
+
+  if (!MakeTensorMap(&tq, p.q, s.b, s.t, s.n, s.h, kBQ) ||
+      !MakeTensorMap(&tdo, p.d_o, s.b, s.t, s.n, s.hv, kBQ) ||
+      !MakeTensorMap(&tk, p.k, s.b, s.s, s.kh, s.h, 128) ||
+      !MakeTensorMap(&tv, p.v, s.b, s.s, s.kh, s.hv, 128))
+    return cudaErrorInvalidValue;
+  const dim3 kv_grid(static_cast<unsigned>((s.s + 127) / 128), s.kh, s.b);
+  constexpr int kSmem = DkvTiles<kD, kDv, kBQ>::kSmem;
+  if constexpr (kD + kDv <= 256) {  // both accumulators fit in registers
+    return Launch(AttentionDkvKernel<T, kD, kDv, kBQ, true, true>, kv_grid, kSmem, stream, tq, tdo,
+                  tk, tv, p);
+  } else {
+    e = Launch(AttentionDkvKernel<T, kD, kDv, kBQ, true, false>, kv_grid, kSmem, stream, tq, tdo,
+               tk, tv, p);
+    if (e != cudaSuccess) return e;
+    return Launch(AttentionDkvKernel<T, kD, kDv, kBQ, false, true>, kv_grid, kSmem, stream, tq, tdo,
+                  tk, tv, p);
+  }
+}
+
+template <typename T>
+cudaError_t LaunchBwdTyped(const AttentionBwdParams& p, cudaStream_t stream) {
+  cudaError_t e = cudaErrorInvalidValue;
+  DispatchHeadDims(p.shape.h, p.shape.hv, [&](auto d, auto dv) {
+    e = LaunchBwdDims<T, decltype(d)::value, decltype(dv)::value>(p, stream);
+  });
+  return e;
+}
+
+}  // namespace attention
+}  // namespace jax_dnn

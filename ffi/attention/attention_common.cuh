@@ -1,0 +1,145 @@
+// Device code shared by the attention kernels: the logits of one wgmma
+// accumulator fragment (scale, soft-cap, bias, masks) and the ranges of tiles
+// that can hold an allowed position (so fully masked tiles are never loaded).
+#pragma once
+
+#include <cstdint>
+
+#include "ffi/attention/attention.h"
+
+namespace jax_dnn {
+namespace attention {
+
+constexpr float kLog2e = 1.4426950408889634f;
+constexpr float kLn2 = 0.6931471805599453f;
+
+// What decides the logits of query row i and key column j for one (batch, head).
+struct ScoreCtx {
+  float scale, scale_log2, softcap, inv_softcap;
+  bool plain;                  // no soft-cap and no bias: logit = scale * qk
+  int64_t t, s;                // sequence lengths (row stride of bias/mask is s)
+  int64_t q_limit, kv_limit;   // rows >= q_limit / columns >= kv_limit are masked
+  bool causal;
+  int64_t wl, wr;
+  const int32_t* q_seg;        // this batch's rows (nullptr: no segments)
+  const int32_t* kv_seg;
+  const bool* mask;            // this (batch, head)'s [T, S] (nullptr: none)
+  const float* bias;           // likewise
+};
+
+__device__ __forceinline__ ScoreCtx MakeScoreCtx(const AttentionMask& m, const AttentionShape& sh,
+                                                 float scale, float softcap, int64_t b, int64_t n) {
+  ScoreCtx c;
+  c.scale = scale;
+  c.scale_log2 = scale * kLog2e;
+  c.softcap = softcap;
+  c.inv_softcap = softcap == 0.f ? 0.f : 1.f / softcap;
+  c.plain = softcap == 0.f && m.bias == nullptr;
+  c.t = sh.t;
+  c.s = sh.s;
+  c.q_limit = m.q_lens ? min(sh.t, static_cast<int64_t>(m.q_lens[b])) : sh.t;
+  c.kv_limit = m.kv_lens ? min(sh.s, static_cast<int64_t>(m.kv_lens[b])) : sh.s;
+  c.causal = m.causal;
+  c.wl = m.window_left;
+  c.wr = m.window_right;
+  c.q_seg = m.q_seg ? m.q_seg + b * sh.t : nullptr;
+  c.kv_seg = m.kv_seg ? m.kv_seg + b * sh.s : nullptr;
+  // bias / mask are [G, N|1, T, S]; batch b uses group b / (B / G).
+  const int64_t mplane = (b / (sh.b / m.mask_groups)) * (m.mask_per_head ? sh.n : 1) +
+                         (m.mask_per_head ? n : 0);
+  const int64_t bplane = (b / (sh.b / m.bias_groups)) * (m.bias_per_head ? sh.n : 1) +
+                         (m.bias_per_head ? n : 0);
+  c.mask = m.mask ? m.mask + mplane * sh.t * sh.s : nullptr;
+  c.bias = m.bias ? m.bias + bplane * sh.t * sh.s : nullptr;
+  return c;
+}
+
+__device__ __forceinline__ bool Allowed(const ScoreCtx& c, int64_t i, int64_t j) {
+  if (i >= c.q_limit || j >= c.kv_limit) return false;
+  if (c.causal && j > i) return false;
+  if (c.wl >= 0 && i - j > c.wl) return false;
+  if (c.wr >= 0 && j - i > c.wr) return false;
+  if (c.q_seg && c.q_seg[i] != c.kv_seg[j]) return false;
+  if (c.mask && !c.mask[i * c.s + j]) return false;
+  return true;
+}
+
+// Whether any position of rows [r0, r1] x columns [c0, c1] may be masked.
+__device__ __forceinline__ bool TileNeedsMask(const ScoreCtx& c, int64_t r0, int64_t r1, int64_t c0,
+                                              int64_t c1) {
+  return r1 >= c.q_limit || c1 >= c.kv_limit || (c.causal && c1 > r0) ||
+         (c.wl >= 0 && r1 - c0 > c.wl) || (c.wr >= 0 && c1 - r0 > c.wr) || c.q_seg != nullptr ||
+         c.mask != nullptr;
+}
+
+// Tiles [*begin, *end) of `tile` keys that rows [r0, r1] can attend to.
+__device__ __forceinline__ void KeyTiles(const ScoreCtx& c, int64_t r0, int64_t r1, int tile,
+                                         int* begin, int* end) {
+  int64_t lo = 0, hi = c.kv_limit - 1;
+  if (c.causal) hi = min(hi, r1);
+  if (c.wl >= 0) lo = max(lo, r0 - c.wl);
+  if (c.wr >= 0) hi = min(hi, r1 + c.wr);
+  if (r0 >= c.q_limit || hi < lo) {
+    *begin = *end = 0;
+    return;
+  }
+  *begin = static_cast<int>(lo / tile);
+  *end = static_cast<int>(hi / tile + 1);
+}
+
+// Tiles [*begin, *end) of `tile` queries that can attend to keys [c0, c1].
+__device__ __forceinline__ void QueryTiles(const ScoreCtx& c, int64_t c0, int64_t c1, int tile,
+                                           int* begin, int* end) {
+  int64_t lo = 0, hi = c.q_limit - 1;
+  if (c.causal) lo = max(lo, c0);
+  if (c.wl >= 0) hi = min(hi, c1 + c.wl);
+  if (c.wr >= 0) lo = max(lo, c0 - c.wr);
+  if (c0 >= c.kv_limit || hi < lo) {
+    *begin = *end = 0;
+    return;
+  }
+  *begin = static_cast<int>(lo / tile);
+  *end = static_cast<int>(hi / tile + 1);
+}
+
+// Turns one m64nN wgmma accumulator fragment of raw scores q.k into logits in
+// log2 units (-inf where masked). Element e of the fragment sits at fragment
+// row row0 + 8 * ((e / 2) % 2) and column col0 + 8 * (e / 4) + e % 2 (the
+// wgmma accumulator layout; row0/col0 carry the thread's lane offsets). With
+// kTransposed the fragment is S^T: rows are keys, columns queries.
+template <int kN, bool kTransposed>
+__device__ __forceinline__ void Logits(float (&s)[kN / 2], const ScoreCtx& c, int64_t row0,
+                                       int64_t col0, bool need_mask) {
+#pragma unroll
+  for (int e = 0; e < kN / 2; ++e) {
+    const int64_t r = row0 + 8 * ((e >> 1) & 1), cc = col0 + 8 * (e >> 2) + (e & 1);
+    const int64_t i = kTransposed ? cc : r, j = kTransposed ? r : cc;
+    float x;
+    if (c.plain) {
+      x = s[e] * c.scale_log2;
+    } else {
+      x = s[e] * c.scale;
+      if (c.softcap != 0.f) x = c.softcap * tanhf(x * c.inv_softcap);
+      if (c.bias && i < c.t && j < c.s) x += c.bias[i * c.s + j];
+      x *= kLog2e;
+    }
+    if (need_mask && !Allowed(c, i, j)) x = -INFINITY;
+    s[e] = x;
+  }
+}
+
+// d logit / d (scale * q.k) at query i, key j: 1, or 1 - tanh^2 under the
+// soft-cap. The backward recovers tanh from the probability it already holds
+// (logit = log(p) + lse, minus the bias) rather than keeping every logit live
+// in registers; where p underflows to 0 the gradient is 0 anyway.
+__device__ __forceinline__ float SoftcapGrad(const ScoreCtx& c, float p, float lse2, int64_t i,
+                                             int64_t j) {
+  if (c.softcap == 0.f || p == 0.f) return 1.f;
+  float x = (log2f(p) + lse2) * kLn2;
+  if (c.bias && i < c.t && j < c.s) x -= c.bias[i * c.s + j];
+  const float th = x * c.inv_softcap;
+  return 1.f - th * th;
+}
+
+}  // namespace attention
+}  // namespace jax_dnn

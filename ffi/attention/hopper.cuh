@@ -1,0 +1,134 @@
+// Hopper (sm_90a) building blocks as thin inline-PTX wrappers: mbarriers, TMA
+// tensor loads, wgmma fences and shared-memory matrix descriptors, register
+// reallocation. Each wrapper is one instruction or a loop around one; the
+// comments say what the kernels rely on.
+#pragma once
+
+#include <cuda.h>  // CUtensorMap (the type only; no driver library is linked)
+
+#include <cstdint>
+
+namespace jax_dnn {
+namespace hopper {
+
+__device__ __forceinline__ uint32_t SmemAddr(const void* p) {
+  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
+}
+
+// --- mbarrier ------------------------------------------------------------------
+
+__device__ __forceinline__ void BarrierInit(uint64_t* bar, int count) {
+  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(SmemAddr(bar)), "r"(count));
+}
+
+// Makes the initialized barriers visible to the async proxy (TMA).
+__device__ __forceinline__ void FenceBarrierInit() {
+  asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+}
+
+// Arrives once and adds `bytes` to the transaction count that TMA completes.
+__device__ __forceinline__ void BarrierExpectTx(uint64_t* bar, uint32_t bytes) {
+  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(SmemAddr(bar)),
+               "r"(bytes)
+               : "memory");
+}
+
+__device__ __forceinline__ void BarrierArrive(uint64_t* bar) {
+  asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];" ::"r"(SmemAddr(bar)) : "memory");
+}
+
+// Waits for the phase with the given parity to complete.
+__device__ __forceinline__ void BarrierWait(uint64_t* bar, uint32_t parity) {
+  asm volatile(
+      "{\n"
+      ".reg .pred done;\n"
+      "WAIT_%=:\n"
+      "mbarrier.try_wait.parity.shared::cta.b64 done, [%0], %1;\n"
+      "@!done bra WAIT_%=;\n"
+      "}\n" ::"r"(SmemAddr(bar)),
+      "r"(parity)
+      : "memory");
+}
+
+// --- TMA -----------------------------------------------------------------------
+
+// Loads one 4-D box at coordinates (c0 innermost .. c3) into shared memory;
+// completes `bytes` of transactions on `bar`. Out-of-bounds elements are
+// filled with zeros, which the kernels rely on for ragged tiles.
+__device__ __forceinline__ void TmaLoad4d(void* smem, const CUtensorMap* map, uint64_t* bar,
+                                          int c0, int c1, int c2, int c3) {
+  asm volatile(
+      "cp.async.bulk.tensor.4d.shared::cluster.global.tile.mbarrier::complete_tx::bytes"
+      " [%0], [%1, {%2, %3, %4, %5}], [%6];" ::"r"(SmemAddr(smem)),
+      "l"(reinterpret_cast<uint64_t>(map)), "r"(c0), "r"(c1), "r"(c2), "r"(c3),
+      "r"(SmemAddr(bar))
+      : "memory");
+}
+
+__device__ __forceinline__ void TmaPrefetchDescriptor(const CUtensorMap* map) {
+  asm volatile("prefetch.tensormap [%0];" ::"l"(reinterpret_cast<uint64_t>(map)) : "memory");
+}
+
+// --- wgmma -----------------------------------------------------------------------
+
+// Orders register writes (accumulators, A fragments) before later wgmmas read them.
+__device__ __forceinline__ void WgmmaFence() {
+  asm volatile("wgmma.fence.sync.aligned;" ::: "memory");
+}
+__device__ __forceinline__ void WgmmaCommit() {
+  asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory");
+}
+template <int kPending>
+__device__ __forceinline__ void WgmmaWait() {
+  asm volatile("wgmma.wait_group.sync.aligned %0;" ::"n"(kPending) : "memory");
+}
+// Keeps the compiler from moving accumulator reads/writes across an async wgmma.
+template <int kN>
+__device__ __forceinline__ void FenceRegisters(float (&d)[kN]) {
+#pragma unroll
+  for (int i = 0; i < kN; ++i) asm volatile("" : "+f"(d[i])::"memory");
+}
+
+// Shared-memory matrix descriptor for a 128-byte-swizzled operand, the layout
+// TMA writes with CU_TENSOR_MAP_SWIZZLE_128B: rows of 64 16-bit elements
+// (128 bytes), 8-row atoms of 1024 bytes (the buffer must be 1024-aligned).
+//   K-major (A or B with K contiguous): SBO = 1024 (next 8 rows); LBO unused.
+//     Step K by 16 elements: +32 bytes on the start address.
+//   MN-major (B with N contiguous, imm-trans-b = 1): SBO = 1024 (next 8 rows
+//     of K), LBO = bytes between 64-column slabs of N. Step K by 16: +2048.
+__device__ __forceinline__ uint64_t Descriptor(uint32_t smem_addr, uint32_t lbo_bytes) {
+  uint64_t d = 0;
+  d |= static_cast<uint64_t>((smem_addr & 0x3FFFF) >> 4);
+  d |= static_cast<uint64_t>((lbo_bytes & 0x3FFFF) >> 4) << 16;
+  d |= static_cast<uint64_t>(1024 >> 4) << 32;
+  d |= static_cast<uint64_t>(1) << 62;  // 128-byte swizzle
+  return d;
+}
+
+// --- register reallocation between warpgroups ---------------------------------------
+
+template <int kRegs>
+__device__ __forceinline__ void RegAlloc() {
+  asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;" ::"n"(kRegs));
+}
+template <int kRegs>
+__device__ __forceinline__ void RegDealloc() {
+  asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;" ::"n"(kRegs));
+}
+
+// Packs two floats into the 32-bit pair of 16-bit values a wgmma A fragment holds.
+template <typename T>
+__device__ __forceinline__ uint32_t PackPair(float lo, float hi);
+template <>
+__device__ __forceinline__ uint32_t PackPair<__nv_bfloat16>(float lo, float hi) {
+  __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
+  return *reinterpret_cast<uint32_t*>(&v);
+}
+template <>
+__device__ __forceinline__ uint32_t PackPair<__half>(float lo, float hi) {
+  __half2 v = __floats2half2_rn(lo, hi);
+  return *reinterpret_cast<uint32_t*>(&v);
+}
+
+}  // namespace hopper
+}  // namespace jax_dnn

@@ -1,0 +1,185 @@
+"""The fused attention kernels (GPU only): every supported head dim, ragged
+sequence lengths, causal / window / lengths / mask / segments / bias /
+soft-cap, GQA, against an independent naive reference (fp64), with the
+tolerance rule and poisoned outputs; and O(S) memory at S = 32k."""
+
+import functools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import jax_dnn
+from helpers import check_fwd_bwd, on_gpu
+from test_attention import naive_attention, qkv
+
+pytestmark = pytest.mark.gpu
+
+
+@pytest.fixture
+def gpu():
+  try:
+    dev = jax.devices("gpu")[0]
+  except RuntimeError:
+    pytest.skip("no CUDA device: the attention kernel tests need one")
+  with jax.default_device(dev):
+    yield dev
+
+
+def _valid(b, n, t, s, *, causal=False, window=None, q_lens=None, kv_lens=None, seg=None,
+           mask=None):
+  qi = np.arange(t)[:, None]
+  kj = np.arange(s)[None, :]
+  v = np.ones((b, n, t, s), bool)
+  if causal:
+    v &= kj <= qi
+  if window is not None:
+    v &= (qi - kj <= window[0]) & (kj - qi <= window[1])
+  if q_lens is not None:
+    v &= (np.arange(t)[None, :] < np.asarray(q_lens)[:, None])[:, None, :, None]
+  if kv_lens is not None:
+    v &= (np.arange(s)[None, :] < np.asarray(kv_lens)[:, None])[:, None, None, :]
+  if seg is not None:
+    qs, ks = seg
+    v &= (np.asarray(qs)[:, :, None] == np.asarray(ks)[:, None, :])[:, None]
+  if mask is not None:
+    v &= np.asarray(mask)
+  return jnp.asarray(v)
+
+
+SHAPES = [  # B, T, S, N, K, H, Hv
+    (2, 1, 1, 2, 1, 64, 64),
+    (1, 17, 17, 4, 2, 64, 64),
+    (2, 113, 255, 4, 4, 128, 128),
+    (1, 255, 113, 2, 1, 96, 96),
+    (1, 1000, 1000, 2, 2, 128, 128),
+    (1, 300, 300, 2, 1, 32, 32),
+    (1, 200, 333, 2, 2, 192, 192),
+    (1, 257, 129, 2, 1, 256, 256),
+    (1, 130, 200, 4, 2, 192, 128),  # MLA-style head dims
+    (1, 4097, 4097, 1, 1, 64, 64),
+]
+
+
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+@pytest.mark.parametrize("shape", SHAPES, ids=lambda s: "x".join(map(str, s)))
+def test_kernel_shapes(gpu, shape, causal):
+  b, t, s, n, kh, h, hv = shape
+  q, k, v = qkv(11, b, t, s, n, kh, h, jnp.bfloat16, hv=hv)
+  ours = functools.partial(jax_dnn.dot_product_attention, is_causal=causal)
+  naive = functools.partial(naive_attention, valid=_valid(b, n, t, s, causal=causal))
+  reused = check_fwd_bwd(gpu, ours, naive, (q, k, v), jnp.bfloat16, what=f"attention {shape}")
+  assert reused >= 0
+
+
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+def test_kernel_float16(gpu, causal):
+  b, t, s, n, kh, h = 2, 190, 211, 4, 2, 128
+  q, k, v = qkv(12, b, t, s, n, kh, h, jnp.float16)
+  ours = functools.partial(jax_dnn.dot_product_attention, is_causal=causal)
+  naive = functools.partial(naive_attention, valid=_valid(b, n, t, s, causal=causal))
+  check_fwd_bwd(gpu, ours, naive, (q, k, v), jnp.float16, what="attention fp16")
+
+
+B, T, S, N, K, H = 2, 200, 260, 4, 2, 64
+
+
+def _option_cases():
+  rng = np.random.default_rng(1)
+  mask = rng.random((B, N, T, S)) < 0.6
+  mask[1, :, 7, :] = False  # a fully masked row
+  seg_q = np.sort(rng.integers(0, 4, (B, T)), axis=1)
+  seg_k = np.sort(rng.integers(0, 4, (B, S)), axis=1)
+  lens = dict(query_seq_lengths=jnp.array([T, 150]), key_value_seq_lengths=jnp.array([77, S]))
+  bias = jax.random.normal(jax.random.key(3), (B, N, T, S), jnp.float32)
+  return {
+      "mask": (dict(mask=jnp.asarray(mask)), dict(mask=mask)),
+      "mask_bcast": (dict(mask=jnp.asarray(mask[:1, :1])), dict(mask=mask[:1, :1])),
+      "lengths": (lens, dict(q_lens=[T, 150], kv_lens=[77, S])),
+      "lengths_causal": ({**lens, "is_causal": True},
+                         dict(q_lens=[T, 150], kv_lens=[77, S], causal=True)),
+      "window": (dict(local_window_size=(70, 5)), dict(window=(70, 5))),
+      "window_causal": (dict(local_window_size=64, is_causal=True),
+                        dict(window=(64, 64), causal=True)),
+      "segments": (dict(q_segment_ids=jnp.asarray(seg_q), kv_segment_ids=jnp.asarray(seg_k)),
+                   dict(seg=(seg_q, seg_k))),
+      "bias": (dict(bias=bias), {}),
+      "bias_bcast_batch": (dict(bias=bias[:1]), {}),
+      "bias_bcast_heads": (dict(bias=bias[:, :1]), {}),
+      "softcap": (dict(logits_soft_cap=2.0), {}),
+      "softcap_bias_causal": (dict(logits_soft_cap=3.0, bias=bias, is_causal=True),
+                              dict(causal=True)),
+      "scale": (dict(scale=0.3), {}),
+  }
+
+
+@pytest.mark.parametrize("option", list(_option_cases()))
+def test_kernel_options(gpu, option):
+  kwargs, valid_kw = _option_cases()[option]
+  q, k, v = qkv(13, B, T, S, N, K, H, jnp.bfloat16)
+  valid = _valid(B, N, T, S, **valid_kw)
+  bias = kwargs.get("bias")
+  ours_kw = {key: val for key, val in kwargs.items() if key != "bias"}
+  naive = lambda q, k, v, *bb: naive_attention(q, k, v, bb[0] if bb else None, valid=valid,
+                                               scale=kwargs.get("scale"),
+                                               softcap=kwargs.get("logits_soft_cap"))
+  ours = lambda q, k, v, *bb: jax_dnn.dot_product_attention(q, k, v, *bb, **ours_kw)
+  args = (q, k, v) + ((bias,) if bias is not None else ())
+  if bias is not None:  # bias stays fp32: check q/k/v grads here, dbias below
+    args = (q, k, v)
+    ours = lambda q, k, v: jax_dnn.dot_product_attention(q, k, v, bias, **ours_kw)
+    naive = lambda q, k, v: naive_attention(q, k, v, bias, valid=valid,
+                                            softcap=kwargs.get("logits_soft_cap"))
+  check_fwd_bwd(gpu, ours, naive, args, jnp.bfloat16, what=f"attention {option}")
+  if bias is not None:
+    f_ours = lambda c: jnp.sum(jax_dnn.dot_product_attention(q, k, v, c, **ours_kw)
+                               .astype(jnp.float32) ** 2)
+    f_ref = lambda c: jnp.sum(naive_attention(q.astype(jnp.float32), k.astype(jnp.float32),
+                                              v.astype(jnp.float32), c, valid=valid,
+                                              softcap=kwargs.get("logits_soft_cap")) ** 2)
+    g = jax.jit(jax.grad(f_ours))(bias)
+    g_ref = jax.jit(jax.grad(f_ref))(bias)
+    assert g.shape == bias.shape
+    err = float(jnp.max(jnp.abs(g - g_ref)))
+    assert err <= 0.05 * float(jnp.max(jnp.abs(g_ref))) + 1e-3, err
+
+
+def test_kernel_is_used_and_vmap(gpu):
+  q = jax.random.normal(jax.random.key(14), (3, 2, 65, 2, 64), jnp.bfloat16)  # vmapped axis 0
+  k = jax.random.normal(jax.random.key(15), (3, 2, 66, 1, 64), jnp.bfloat16)
+  v = jax.random.normal(jax.random.key(16), (3, 2, 66, 1, 64), jnp.bfloat16)
+  f = jax.vmap(lambda q, k, v: jax_dnn.dot_product_attention(q, k, v, is_causal=True))
+  hlo = jax.jit(f).lower(q, k, v).as_text()
+  assert "jax_dnn_attention_fwd" in hlo
+  out = jax.jit(f)(q, k, v)
+  ref = jax.vmap(lambda q, k, v: naive_attention(
+      q.astype(jnp.float32), k.astype(jnp.float32), v.astype(jnp.float32),
+      valid=_valid(2, 2, 65, 66, causal=True)))(q, k, v)
+  np.testing.assert_allclose(np.asarray(out, np.float32), np.asarray(ref), atol=2e-2, rtol=2e-2)
+
+
+def test_deterministic_backward(gpu):
+  q, k, v = qkv(15, 1, 777, 777, 4, 1, 128, jnp.bfloat16)
+  g = jax.jit(jax.grad(lambda *a: jnp.sum(jax_dnn.dot_product_attention(*a).astype(jnp.float32)
+                                          ** 2), (0, 1, 2)))
+  first = g(q, k, v)
+  second = g(q, k, v)
+  for a, c in zip(first, second):
+    np.testing.assert_array_equal(np.asarray(a), np.asarray(c))
+
+
+def test_memory_linear_in_sequence_length(gpu):
+  """fwd+bwd at S = 32k: the compiled program's scratch stays far below one
+  S x S score matrix (4 GiB in fp32), and it runs."""
+  s = 32768
+  q, k, v = qkv(16, 1, s, s, 2, 1, 128, jnp.bfloat16)
+  f = jax.jit(jax.value_and_grad(
+      lambda *a: jnp.sum(jax_dnn.dot_product_attention(*a, is_causal=True).astype(jnp.float32)),
+      (0, 1, 2)))
+  compiled = f.lower(q, k, v).compile()
+  temp = compiled.memory_analysis().temp_size_in_bytes
+  assert temp < 64 * s * 2 * 128 * 2, temp  # a few copies of q, never S^2
+  val, grads = compiled(q, k, v)
+  assert np.isfinite(float(val)) and all(bool(jnp.all(jnp.isfinite(g))) for g in grads)
+  assert on_gpu(gpu)
