@@ -74,7 +74,7 @@ struct DqTiles {
       1024 + kQBytes + kOBytes + kStages * (kKBytes + kVBytes) + 8 * (1 + 3 * kStages);
 };
 
-template <typename T, int kD, int kDv, int kBN>
+template <typename T, int kD, int kDv, int kBN, bool kGeneral>
 __global__ void __launch_bounds__(384, 1)
     AttentionDqKernel(const __grid_constant__ CUtensorMap tq, const __grid_constant__ CUtensorMap tdo,
                       const __grid_constant__ CUtensorMap tk, const __grid_constant__ CUtensorMap tv,
@@ -180,19 +180,19 @@ __global__ void __launch_bounds__(384, 1)
 
     const int64_t col0 = int64_t(j) * kBN + 2 * (lane % 4);
     const bool need_mask = TileNeedsMask(c, wg_r0, wg_r1, int64_t(j) * kBN, int64_t(j) * kBN + kBN - 1);
-    Logits<kBN, false>(sc, c, row0, col0, need_mask);
+    Logits<kBN, false, kGeneral>(sc, c, row0, col0, need_mask);
     hopper::WgmmaWait<0>();
     hopper::FenceRegisters(dp);
 #pragma unroll
     for (int e = 0; e < kBN / 2; ++e) {
       const int h = (e >> 1) & 1;
-      const float pr = exp2f(sc[e] - lse2[h]);
+      const float pr = hopper::Exp2(sc[e] - lse2[h]);
       const float ds = pr * (dp[e] - delta[h]);  // d logits (= dbias)
       sc[e] = ds;
       const int64_t row = row0 + 8 * h, col = col0 + 8 * (e >> 2) + (e & 1);
-      dp[e] = ds * SoftcapGrad(c, pr, lse2[h], row, col) * p.scale;  // d (q.k)
+      dp[e] = ds * SoftcapGrad<kGeneral>(c, pr, lse2[h], row, col) * p.scale;  // d (q.k)
     }
-    if (p.dbias != nullptr) {
+    if (kGeneral && p.dbias != nullptr) {
       float* db = p.dbias + (b * sh.n + n) * sh.t * sh.s;
 #pragma unroll
       for (int e = 0; e < kBN / 2; e += 2) {
@@ -232,7 +232,7 @@ struct DkvTiles {
 
 // kDoDK / kDoDV: which gradients this launch computes (large head dims split
 // them over two launches to keep both accumulators within the register file).
-template <typename T, int kD, int kDv, int kBQ, bool kDoDK, bool kDoDV>
+template <typename T, int kD, int kDv, int kBQ, bool kDoDK, bool kDoDV, bool kGeneral>
 __global__ void __launch_bounds__(384, 1)
     AttentionDkvKernel(const __grid_constant__ CUtensorMap tq, const __grid_constant__ CUtensorMap tdo,
                        const __grid_constant__ CUtensorMap tk, const __grid_constant__ CUtensorMap tv,
@@ -347,7 +347,7 @@ __global__ void __launch_bounds__(384, 1)
     const int64_t q0 = int64_t(i) * kBQ;
     const int64_t col0 = q0 + 2 * (lane % 4);
     const bool need_mask = TileNeedsMask(c, q0, q0 + kBQ - 1, wg_r0, wg_r1);
-    Logits<kBQ, true>(st, c, row0, col0, need_mask);
+    Logits<kBQ, true, kGeneral>(st, c, row0, col0, need_mask);
     const float* lse_row = p.lse + (b * sh.n + n) * sh.t;
     const float* delta_row = p.delta + (b * sh.n + n) * sh.t;
     float lse2[kBQ / 4];  // per column pair (e / 4, e % 2)
@@ -357,7 +357,7 @@ __global__ void __launch_bounds__(384, 1)
       lse2[e] = q < sh.t ? Log2Lse(lse_row[q]) : INFINITY;
     }
 #pragma unroll
-    for (int e = 0; e < kBQ / 2; ++e) st[e] = exp2f(st[e] - lse2[2 * (e >> 2) + (e & 1)]);  // P^T
+    for (int e = 0; e < kBQ / 2; ++e) st[e] = hopper::Exp2(st[e] - lse2[2 * (e >> 2) + (e & 1)]);  // P^T
     uint32_t pa[kBQ / 16][4];
     if constexpr (kDoDV) {
 #pragma unroll
@@ -371,7 +371,7 @@ __global__ void __launch_bounds__(384, 1)
       for (int e = 0; e < kBQ / 2; ++e) {
         const int64_t q = col0 + 8 * (e >> 2) + (e & 1);
         const float dl = q < sh.t ? delta_row[q] : 0.f;
-        const float cap = SoftcapGrad(c, st[e], lse2[2 * (e >> 2) + (e & 1)], q, row0 + 8 * ((e >> 1) & 1));
+        const float cap = SoftcapGrad<kGeneral>(c, st[e], lse2[2 * (e >> 2) + (e & 1)], q, row0 + 8 * ((e >> 1) & 1));
         dpt[e] = st[e] * (dpt[e] - dl) * cap * p.scale;  // dS^T w.r.t. q.k
       }
 #pragma unroll

@@ -20,8 +20,8 @@ cudaError_t Launch(Kernel kernel, dim3 grid, int smem, cudaStream_t stream, cons
   return cudaGetLastError();
 }
 
-template <typename T, int kD, int kDv>
-cudaError_t LaunchBwdDims(const AttentionBwdParams& p, cudaStream_t stream) {
+template <typename T, int kD, int kDv, bool kGeneral>
+cudaError_t LaunchBwdGeneral(const AttentionBwdParams& p, cudaStream_t stream) {
   const AttentionShape& s = p.shape;
   const int64_t rows = s.b * s.t * s.n;
   AttentionDeltaKernel<T><<<static_cast<unsigned>((rows * 32 + 255) / 256), 256, 0, stream>>>(
@@ -43,7 +43,7 @@ cudaError_t LaunchBwdDims(const AttentionBwdParams& p, cudaStream_t stream) {
       !MakeTensorMap(&tv, p.v, s.b, s.s, s.kh, s.hv, kBNq))
     return cudaErrorInvalidValue;
   const dim3 dq_grid(static_cast<unsigned>((s.t + 127) / 128), s.n, s.b);
-  cudaError_t e = Launch(AttentionDqKernel<T, kD, kDv, kBNq>, dq_grid, DqTiles<kD, kDv, kBNq>::kSmem,
+  cudaError_t e = Launch(AttentionDqKernel<T, kD, kDv, kBNq, kGeneral>, dq_grid, DqTiles<kD, kDv, kBNq>::kSmem,
                          stream, tq, tdo, tk, tv, p);
   if (e != cudaSuccess) return e;
 
@@ -55,15 +55,21 @@ cudaError_t LaunchBwdDims(const AttentionBwdParams& p, cudaStream_t stream) {
   const dim3 kv_grid(static_cast<unsigned>((s.s + 127) / 128), s.kh, s.b);
   constexpr int kSmem = DkvTiles<kD, kDv, kBQ>::kSmem;
   if constexpr (kD + kDv <= 256) {  // both accumulators fit in registers
-    return Launch(AttentionDkvKernel<T, kD, kDv, kBQ, true, true>, kv_grid, kSmem, stream, tq, tdo,
+    return Launch(AttentionDkvKernel<T, kD, kDv, kBQ, true, true, kGeneral>, kv_grid, kSmem, stream, tq, tdo,
                   tk, tv, p);
   } else {
-    e = Launch(AttentionDkvKernel<T, kD, kDv, kBQ, true, false>, kv_grid, kSmem, stream, tq, tdo,
+    e = Launch(AttentionDkvKernel<T, kD, kDv, kBQ, true, false, kGeneral>, kv_grid, kSmem, stream, tq, tdo,
                tk, tv, p);
     if (e != cudaSuccess) return e;
-    return Launch(AttentionDkvKernel<T, kD, kDv, kBQ, false, true>, kv_grid, kSmem, stream, tq, tdo,
+    return Launch(AttentionDkvKernel<T, kD, kDv, kBQ, false, true, kGeneral>, kv_grid, kSmem, stream, tq, tdo,
                   tk, tv, p);
   }
+}
+
+template <typename T, int kD, int kDv>
+cudaError_t LaunchBwdDims(const AttentionBwdParams& p, cudaStream_t stream) {
+  return NeedsGeneral(p.mask, p.softcap) ? LaunchBwdGeneral<T, kD, kDv, true>(p, stream)
+                                         : LaunchBwdGeneral<T, kD, kDv, false>(p, stream);
 }
 
 template <typename T>

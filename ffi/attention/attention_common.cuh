@@ -54,14 +54,22 @@ __device__ __forceinline__ ScoreCtx MakeScoreCtx(const AttentionMask& m, const A
   return c;
 }
 
+// The masks decided by indices alone (no memory reads).
+__device__ __forceinline__ bool AllowedByIndex(const ScoreCtx& c, int64_t i, int64_t j) {
+  return i < c.q_limit && j < c.kv_limit && !(c.causal && j > i) && !(c.wl >= 0 && i - j > c.wl) &&
+         !(c.wr >= 0 && j - i > c.wr);
+}
+
 __device__ __forceinline__ bool Allowed(const ScoreCtx& c, int64_t i, int64_t j) {
-  if (i >= c.q_limit || j >= c.kv_limit) return false;
-  if (c.causal && j > i) return false;
-  if (c.wl >= 0 && i - j > c.wl) return false;
-  if (c.wr >= 0 && j - i > c.wr) return false;
+  if (!AllowedByIndex(c, i, j)) return false;
   if (c.q_seg && c.q_seg[i] != c.kv_seg[j]) return false;
   if (c.mask && !c.mask[i * c.s + j]) return false;
   return true;
+}
+
+// Whether the general logits path is needed (see Logits).
+inline bool NeedsGeneral(const AttentionMask& m, float softcap) {
+  return softcap != 0.f || m.bias || m.mask || m.q_seg;
 }
 
 // Whether any position of rows [r0, r1] x columns [c0, c1] may be masked.
@@ -107,24 +115,40 @@ __device__ __forceinline__ void QueryTiles(const ScoreCtx& c, int64_t c0, int64_
 // row row0 + 8 * ((e / 2) % 2) and column col0 + 8 * (e / 4) + e % 2 (the
 // wgmma accumulator layout; row0/col0 carry the thread's lane offsets). With
 // kTransposed the fragment is S^T: rows are keys, columns queries.
-template <int kN, bool kTransposed>
+// kGeneral adds soft-cap, bias, segment ids and the boolean mask; without it
+// (the common case) the code is a multiply and, on boundary tiles, index
+// compares -- small enough to stay in the instruction cache, which the fully
+// unrolled general path does not.
+template <int kN, bool kTransposed, bool kGeneral>
 __device__ __forceinline__ void Logits(float (&s)[kN / 2], const ScoreCtx& c, int64_t row0,
                                        int64_t col0, bool need_mask) {
+  if constexpr (!kGeneral) {
 #pragma unroll
-  for (int e = 0; e < kN / 2; ++e) {
-    const int64_t r = row0 + 8 * ((e >> 1) & 1), cc = col0 + 8 * (e >> 2) + (e & 1);
-    const int64_t i = kTransposed ? cc : r, j = kTransposed ? r : cc;
-    float x;
-    if (c.plain) {
-      x = s[e] * c.scale_log2;
-    } else {
-      x = s[e] * c.scale;
-      if (c.softcap != 0.f) x = c.softcap * tanhf(x * c.inv_softcap);
-      if (c.bias && i < c.t && j < c.s) x += c.bias[i * c.s + j];
-      x *= kLog2e;
+    for (int e = 0; e < kN / 2; ++e) s[e] *= c.scale_log2;
+    if (need_mask) {
+#pragma unroll
+      for (int e = 0; e < kN / 2; ++e) {
+        const int64_t r = row0 + 8 * ((e >> 1) & 1), cc = col0 + 8 * (e >> 2) + (e & 1);
+        if (!AllowedByIndex(c, kTransposed ? cc : r, kTransposed ? r : cc)) s[e] = -INFINITY;
+      }
     }
-    if (need_mask && !Allowed(c, i, j)) x = -INFINITY;
-    s[e] = x;
+  } else {
+#pragma unroll
+    for (int e = 0; e < kN / 2; ++e) {
+      const int64_t r = row0 + 8 * ((e >> 1) & 1), cc = col0 + 8 * (e >> 2) + (e & 1);
+      const int64_t i = kTransposed ? cc : r, j = kTransposed ? r : cc;
+      float x;
+      if (c.plain) {
+        x = s[e] * c.scale_log2;
+      } else {
+        x = s[e] * c.scale;
+        if (c.softcap != 0.f) x = c.softcap * tanhf(x * c.inv_softcap);
+        if (c.bias && i < c.t && j < c.s) x += c.bias[i * c.s + j];
+        x *= kLog2e;
+      }
+      if (need_mask && !Allowed(c, i, j)) x = -INFINITY;
+      s[e] = x;
+    }
   }
 }
 
@@ -132,9 +156,10 @@ __device__ __forceinline__ void Logits(float (&s)[kN / 2], const ScoreCtx& c, in
 // soft-cap. The backward recovers tanh from the probability it already holds
 // (logit = log(p) + lse, minus the bias) rather than keeping every logit live
 // in registers; where p underflows to 0 the gradient is 0 anyway.
+template <bool kGeneral>
 __device__ __forceinline__ float SoftcapGrad(const ScoreCtx& c, float p, float lse2, int64_t i,
                                              int64_t j) {
-  if (c.softcap == 0.f || p == 0.f) return 1.f;
+  if (!kGeneral || c.softcap == 0.f || p == 0.f) return 1.f;
   float x = (log2f(p) + lse2) * kLn2;
   if (c.bias && i < c.t && j < c.s) x -= c.bias[i * c.s + j];
   const float th = x * c.inv_softcap;

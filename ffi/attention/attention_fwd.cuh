@@ -31,7 +31,7 @@ struct FwdTiles {
                                8 * (1 + 3 * kStages);
 };
 
-template <typename T, int kD, int kDv, int kBN>
+template <typename T, int kD, int kDv, int kBN, bool kGeneral>
 __global__ void __launch_bounds__(384, 1)
     AttentionFwdKernel(const __grid_constant__ CUtensorMap tq, const __grid_constant__ CUtensorMap tk,
                        const __grid_constant__ CUtensorMap tv, const AttentionFwdParams p) {
@@ -129,7 +129,7 @@ __global__ void __launch_bounds__(384, 1)
     // Online softmax over this tile (log2 units).
     const int64_t col0 = int64_t(j) * kBN + 2 * (lane % 4);
     const bool need_mask = TileNeedsMask(c, wg_r0, wg_r1, int64_t(j) * kBN, int64_t(j) * kBN + kBN - 1);
-    Logits<kBN, false>(sc, c, row0, col0, need_mask);
+    Logits<kBN, false, kGeneral>(sc, c, row0, col0, need_mask);
     float corr[2];
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
@@ -140,13 +140,13 @@ __global__ void __launch_bounds__(384, 1)
       mx = fmaxf(mx, __shfl_xor_sync(0xffffffff, mx, 2));
       // A row with nothing allowed yet keeps max -inf: subtract 0 instead (p = 0).
       const float m_safe = mx == -INFINITY ? 0.f : mx;
-      corr[h] = exp2f(m_run[h] - m_safe);
+      corr[h] = hopper::Exp2(m_run[h] - m_safe);
       m_run[h] = mx;
       float sum = 0.f;
 #pragma unroll
       for (int e = 0; e < kBN / 8; ++e) {
-        sc[4 * e + 2 * h] = exp2f(sc[4 * e + 2 * h] - m_safe);
-        sc[4 * e + 2 * h + 1] = exp2f(sc[4 * e + 2 * h + 1] - m_safe);
+        sc[4 * e + 2 * h] = hopper::Exp2(sc[4 * e + 2 * h] - m_safe);
+        sc[4 * e + 2 * h + 1] = hopper::Exp2(sc[4 * e + 2 * h + 1] - m_safe);
         sum += sc[4 * e + 2 * h] + sc[4 * e + 2 * h + 1];
       }
       l_run[h] = l_run[h] * corr[h] + sum;  // per-thread partial; reduced over the quad at the end

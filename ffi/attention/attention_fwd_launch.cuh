@@ -19,7 +19,8 @@ cudaError_t LaunchFwdDims(const AttentionFwdParams& p, cudaStream_t stream) {
       !MakeTensorMap(&tk, p.k, s.b, s.s, s.kh, s.h, kBN) ||
       !MakeTensorMap(&tv, p.v, s.b, s.s, s.kh, s.hv, kBN))
     return cudaErrorInvalidValue;
-  auto kernel = AttentionFwdKernel<T, kD, kDv, kBN>;
+  auto kernel = NeedsGeneral(p.mask, p.softcap) ? AttentionFwdKernel<T, kD, kDv, kBN, true>
+                                                : AttentionFwdKernel<T, kD, kDv, kBN, false>;
   cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Tiles::kSmem);
   if (e != cudaSuccess) return e;
   const dim3 grid(static_cast<unsigned>((s.t + Tiles::kBM - 1) / Tiles::kBM), s.n, s.b);

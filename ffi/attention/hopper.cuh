@@ -116,6 +116,13 @@ __device__ __forceinline__ void RegDealloc() {
   asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;" ::"n"(kRegs));
 }
 
+// 2^x with the MUFU instruction (ex2.approx.ftz: 2 ulp; exp2(-inf) = 0).
+__device__ __forceinline__ float Exp2(float x) {
+  float y;
+  asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
+  return y;
+}
+
 // Packs two floats into the 32-bit pair of 16-bit values a wgmma A fragment holds.
 template <typename T>
 __device__ __forceinline__ uint32_t PackPair(float lo, float hi);
