@@ -219,3 +219,11 @@ def test_flax_multi_head_attention(device):
   with pytest.raises(ValueError, match="dropout is not supported"):
     dropping(x, deterministic=False)
   np.testing.assert_allclose(dropping(x, deterministic=True), theirs(x), rtol=1e-5, atol=1e-5)
+
+
+def test_vjp_of_jitted_function(device):
+  """jax.vjp straight over a jitted call (the custom VJP's output structure)."""
+  q, k, v = qkv(10, 2, 5, 6, 2, 1, 16, jnp.float32)
+  y, vjp = jax.vjp(jax.jit(jax_dnn.dot_product_attention), q, k, v)
+  grads = vjp(jnp.ones_like(y))
+  assert [g.shape for g in grads] == [q.shape, k.shape, v.shape]

@@ -226,7 +226,8 @@ attention_bwd_p = define_primitive(
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(0,))
 def _attention(params, q, k, v, *operands):
-  return attention_fwd_p.bind(q, k, v, *operands, **dict(params))
+  o, lse = attention_fwd_p.bind(q, k, v, *operands, **dict(params))
+  return o, lse  # a tuple, as the fwd rule returns (bind gives a list)
 
 
 def _attention_fwd(params, q, k, v, *operands):
