@@ -139,13 +139,13 @@ def _bwd_abstract(do, q, k, v, o, lse, *operands, present, **params):
   return tuple(out)
 
 
+# Padded (H, Hv) pairs with a kernel: mirrors DispatchHeadDims in
+# ffi/attention/attention_tma.h (the handler rejects any other pair).
 _KERNEL_DIMS = {(64, 64), (128, 128), (192, 192), (256, 256), (192, 128)}
 
 
-def _kernel_supported(avals, **params):
+def _kernel_supported(q, k, v):
   """Whether the CUDA kernels take these operands (else: the reference)."""
-  del params
-  q, k, v = avals
   pad = lambda d: -(-d // 64) * 64
   return (q.dtype in (jnp.bfloat16, jnp.float16) and q.shape[-1] % 8 == 0
           and v.shape[-1] % 8 == 0 and (pad(q.shape[-1]), pad(v.shape[-1])) in _KERNEL_DIMS
@@ -153,11 +153,13 @@ def _kernel_supported(avals, **params):
 
 
 def _fwd_supported(avals, **params):
-  return _kernel_supported(avals[:3], **params)
+  del params
+  return _kernel_supported(*avals[:3])
 
 
 def _bwd_supported(avals, **params):
-  return _kernel_supported(avals[1:4], **params)
+  del params
+  return _kernel_supported(*avals[1:4])
 
 
 def _ffi_params(params):
