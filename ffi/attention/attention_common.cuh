@@ -126,10 +126,19 @@ __device__ __forceinline__ void Logits(float (&s)[kN / 2], const ScoreCtx& c, in
 #pragma unroll
     for (int e = 0; e < kN / 2; ++e) s[e] *= c.scale_log2;
     if (need_mask) {
+      // 32-bit index math (the handlers reject sequences of 2^31 or more):
+      // fewer registers in the kernels' tightest loop.
+      const int q_limit = static_cast<int>(c.q_limit), kv_limit = static_cast<int>(c.kv_limit);
+      const int wl = static_cast<int>(min(c.wl, int64_t(INT32_MAX)));
+      const int wr = static_cast<int>(min(c.wr, int64_t(INT32_MAX)));
+      const int r0 = static_cast<int>(row0), c0 = static_cast<int>(col0);
 #pragma unroll
       for (int e = 0; e < kN / 2; ++e) {
-        const int64_t r = row0 + 8 * ((e >> 1) & 1), cc = col0 + 8 * (e >> 2) + (e & 1);
-        if (!AllowedByIndex(c, kTransposed ? cc : r, kTransposed ? r : cc)) s[e] = -INFINITY;
+        const int r = r0 + 8 * ((e >> 1) & 1), cc = c0 + 8 * (e >> 2) + (e & 1);
+        const int i = kTransposed ? cc : r, j = kTransposed ? r : cc;
+        const bool ok = i < q_limit && j < kv_limit && !(c.causal && j > i) &&
+                        !(wl >= 0 && i - j > wl) && !(wr >= 0 && j - i > wr);
+        if (!ok) s[e] = -INFINITY;
       }
     }
   } else {

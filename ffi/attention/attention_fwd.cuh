@@ -2,16 +2,21 @@
 //
 // One CTA computes 128 query rows of one (batch, head) in three warpgroups:
 //   warpgroup 0 (producer): one thread issues TMA loads -- the Q tile once,
-//     then K and V tiles through a 2-stage ring (full/empty mbarriers);
-//   warpgroups 1, 2 (consumers): 64 rows each; per key tile
-//     S = Q K^T (wgmma, both operands in shared memory, K-major),
+//     then K and V tiles through a 2-stage ring (full/empty mbarriers, K and
+//     V released separately: K as soon as its scores are done);
+//   warpgroups 1, 2 (consumers): 64 rows each; per key tile j
+//     S_j = Q K_j^T (wgmma, both operands in shared memory, K-major),
 //     online softmax in registers (the S accumulator converts in place into
 //     the A fragments of the next wgmma),
-//     O += P V (wgmma, P from registers, V in shared memory MN-major).
-// The two consumer warpgroups run independently, so one's softmax overlaps
-// the other's tensor-core work. Only key tiles that hold an allowed position
-// for these rows are visited (causal / window / lengths), and only tiles that
-// may hold a masked position evaluate the mask.
+//     O += P_j V_j (wgmma, P from registers, V in shared memory MN-major).
+// Two overlaps keep the tensor cores busy (FlashAttention-3's schedule):
+//   - within a warpgroup, S_{j+1} = Q K_{j+1}^T and O += P_j V_j are issued
+//     together, and the softmax of S_{j+1} runs while P_j V_j is in flight;
+//   - between the two consumers, named barriers alternate their wgmma issue
+//     ("ping-pong"), so one's softmax overlaps the other's GEMMs.
+// Only key tiles that hold an allowed position for these rows are visited
+// (causal / window / lengths), and only tiles that may hold a masked position
+// evaluate the mask.
 // Shared memory tiles are [64-column slab][rows][64] in TMA's 128-byte swizzle,
 // the layout hopper::Descriptor describes.
 #pragma once
@@ -28,8 +33,40 @@ struct FwdTiles {
   static constexpr int kBM = 128, kStages = 2;
   static constexpr int kQBytes = kBM * kD * 2, kKBytes = kBN * kD * 2, kVBytes = kBN * kDv * 2;
   static constexpr int kSmem = 1024 /*alignment slack*/ + kQBytes + kStages * (kKBytes + kVBytes) +
-                               8 * (1 + 3 * kStages);
+                               8 * (1 + 4 * kStages);
 };
+
+// Named barriers of the consumers' ping-pong: consumer w waits on kPingPong + w.
+constexpr int kPingPong = 1;
+
+// One key tile's online-softmax step for the two rows (h = 0, 1) a thread
+// holds: updates the running max and sum, turns the logits in s into
+// probabilities and returns the factor the output accumulator must be
+// rescaled by.
+template <int kBN>
+__device__ __forceinline__ void SoftmaxStep(float (&s)[kBN / 2], float (&m_run)[2], float (&l_run)[2],
+                                            float (&corr)[2]) {
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    float mx = m_run[h];
+#pragma unroll
+    for (int e = 0; e < kBN / 8; ++e) mx = fmaxf(mx, fmaxf(s[4 * e + 2 * h], s[4 * e + 2 * h + 1]));
+    mx = fmaxf(mx, __shfl_xor_sync(0xffffffff, mx, 1));
+    mx = fmaxf(mx, __shfl_xor_sync(0xffffffff, mx, 2));
+    // A row with nothing allowed yet keeps max -inf: subtract 0 instead (p = 0).
+    const float m_safe = mx == -INFINITY ? 0.f : mx;
+    corr[h] = hopper::Exp2(m_run[h] - m_safe);
+    m_run[h] = mx;
+    float sum = 0.f;
+#pragma unroll
+    for (int e = 0; e < kBN / 8; ++e) {
+      s[4 * e + 2 * h] = hopper::Exp2(s[4 * e + 2 * h] - m_safe);
+      s[4 * e + 2 * h + 1] = hopper::Exp2(s[4 * e + 2 * h + 1] - m_safe);
+      sum += s[4 * e + 2 * h] + s[4 * e + 2 * h + 1];
+    }
+    l_run[h] = l_run[h] * corr[h] + sum;  // per-thread partial; reduced over the quad at the end
+  }
+}
 
 template <typename T, int kD, int kDv, int kBN, bool kGeneral>
 __global__ void __launch_bounds__(384, 1)
@@ -45,7 +82,8 @@ __global__ void __launch_bounds__(384, 1)
   uint64_t* q_full = reinterpret_cast<uint64_t*>(sv + kStages * Tiles::kVBytes);
   uint64_t* k_full = q_full + 1;
   uint64_t* v_full = k_full + kStages;
-  uint64_t* empty = v_full + kStages;
+  uint64_t* k_empty = v_full + kStages;
+  uint64_t* v_empty = k_empty + kStages;
 
   const AttentionShape& sh = p.shape;
   const int64_t m_tiles = gridDim.x;
@@ -62,14 +100,15 @@ __global__ void __launch_bounds__(384, 1)
     for (int s = 0; s < kStages; ++s) {
       hopper::BarrierInit(&k_full[s], 1);
       hopper::BarrierInit(&v_full[s], 1);
-      hopper::BarrierInit(&empty[s], 256);
+      hopper::BarrierInit(&k_empty[s], 256);
+      hopper::BarrierInit(&v_empty[s], 256);
     }
     hopper::FenceBarrierInit();
   }
   __syncthreads();
 
   if (tid < 128) {  // producer
-    hopper::RegDealloc<40>();
+    hopper::RegDealloc<24>();
     if (tid == 0) {
       hopper::TmaPrefetchDescriptor(&tq);
       hopper::TmaPrefetchDescriptor(&tk);
@@ -79,11 +118,13 @@ __global__ void __launch_bounds__(384, 1)
         hopper::TmaLoad4d(sq + d * kBM * 128, &tq, q_full, d * 64, n, m0, b);
       for (int j = j_begin, it = 0; j < j_end; ++j, ++it) {
         const int s = it % kStages;
-        if (it >= kStages) hopper::BarrierWait(&empty[s], ((it / kStages) - 1) & 1);
+        const uint32_t parity = ((it / kStages) - 1) & 1;
+        if (it >= kStages) hopper::BarrierWait(&k_empty[s], parity);
         uint8_t* k_dst = sk + s * Tiles::kKBytes;
         hopper::BarrierExpectTx(&k_full[s], Tiles::kKBytes);
         for (int d = 0; d < kD / 64; ++d)
           hopper::TmaLoad4d(k_dst + d * kBN * 128, &tk, &k_full[s], d * 64, kvh, j * kBN, b);
+        if (it >= kStages) hopper::BarrierWait(&v_empty[s], parity);
         uint8_t* v_dst = sv + s * Tiles::kVBytes;
         hopper::BarrierExpectTx(&v_full[s], Tiles::kVBytes);
         for (int d = 0; d < kDv / 64; ++d)
@@ -94,7 +135,7 @@ __global__ void __launch_bounds__(384, 1)
   }
 
   // --- consumers ---
-  hopper::RegAlloc<232>();
+  hopper::RegAlloc<240>();
   const int wg = tid / 128 - 1, t = tid % 128, warp = t / 32, lane = t % 32;
   const int64_t row0 = m0 + 64 * wg + 16 * warp + lane / 4;  // and row0 + 8
   const int64_t wg_r0 = m0 + 64 * wg, wg_r1 = wg_r0 + 63;
@@ -102,19 +143,24 @@ __global__ void __launch_bounds__(384, 1)
 #pragma unroll
   for (int e = 0; e < kDv / 2; ++e) o[e] = 0.f;
   float m_run[2] = {-INFINITY, -INFINITY}, l_run[2] = {0.f, 0.f};
-
   const uint32_t q_addr = hopper::SmemAddr(sq) + wg * 64 * 128;
-  hopper::BarrierWait(q_full, 0);
+  const int n_tiles = j_end - j_begin;
 
-  for (int j = j_begin, it = 0; j < j_end; ++j, ++it) {
+  // Ping-pong: each wgmma issue point waits for this consumer's turn and then
+  // hands the turn to the other. Consumer 0 goes first; consumer 1's last
+  // hand-over would have no taker and is skipped (every issue point of one
+  // consumer pairs with one of the other: both visit the same n_tiles + 1).
+  int turns_left = n_tiles + 1;
+  auto my_turn = [&] { hopper::NamedBarrierSync(kPingPong + wg, 256); };
+  auto pass_turn = [&] {
+    if (wg == 0 || --turns_left > 0) hopper::NamedBarrierArrive(kPingPong + 1 - wg, 256);
+  };
+  if (wg == 1 && n_tiles > 0) hopper::NamedBarrierArrive(kPingPong, 256);
+
+  auto issue_scores = [&](float (&sc)[kBN / 2], int it) {
     const int s = it % kStages;
-    const uint32_t phase = (it / kStages) & 1;
     const uint32_t k_addr = hopper::SmemAddr(sk + s * Tiles::kKBytes);
-    const uint32_t v_addr = hopper::SmemAddr(sv + s * Tiles::kVBytes);
-
-    // S = Q K^T
-    float sc[kBN / 2];
-    hopper::BarrierWait(&k_full[s], phase);
+    hopper::BarrierWait(&k_full[s], (it / kStages) & 1);
     hopper::WgmmaFence();
 #pragma unroll
     for (int kk = 0; kk < kD / 16; ++kk) {
@@ -123,52 +169,67 @@ __global__ void __launch_bounds__(384, 1)
                       hopper::Descriptor(k_addr + (kk / 4) * kBN * 128 + off, 0), kk > 0);
     }
     hopper::WgmmaCommit();
-    hopper::WgmmaWait<0>();
-    hopper::FenceRegisters(sc);
-
-    // Online softmax over this tile (log2 units).
-    const int64_t col0 = int64_t(j) * kBN + 2 * (lane % 4);
-    const bool need_mask = TileNeedsMask(c, wg_r0, wg_r1, int64_t(j) * kBN, int64_t(j) * kBN + kBN - 1);
-    Logits<kBN, false, kGeneral>(sc, c, row0, col0, need_mask);
-    float corr[2];
-#pragma unroll
-    for (int h = 0; h < 2; ++h) {
-      float mx = m_run[h];
-#pragma unroll
-      for (int e = 0; e < kBN / 8; ++e) mx = fmaxf(mx, fmaxf(sc[4 * e + 2 * h], sc[4 * e + 2 * h + 1]));
-      mx = fmaxf(mx, __shfl_xor_sync(0xffffffff, mx, 1));
-      mx = fmaxf(mx, __shfl_xor_sync(0xffffffff, mx, 2));
-      // A row with nothing allowed yet keeps max -inf: subtract 0 instead (p = 0).
-      const float m_safe = mx == -INFINITY ? 0.f : mx;
-      corr[h] = hopper::Exp2(m_run[h] - m_safe);
-      m_run[h] = mx;
-      float sum = 0.f;
-#pragma unroll
-      for (int e = 0; e < kBN / 8; ++e) {
-        sc[4 * e + 2 * h] = hopper::Exp2(sc[4 * e + 2 * h] - m_safe);
-        sc[4 * e + 2 * h + 1] = hopper::Exp2(sc[4 * e + 2 * h + 1] - m_safe);
-        sum += sc[4 * e + 2 * h] + sc[4 * e + 2 * h + 1];
-      }
-      l_run[h] = l_run[h] * corr[h] + sum;  // per-thread partial; reduced over the quad at the end
-    }
-#pragma unroll
-    for (int e = 0; e < kDv / 2; ++e) o[e] *= corr[(e >> 1) & 1];
-    uint32_t pa[kBN / 16][4];
-#pragma unroll
-    for (int kk = 0; kk < kBN / 16; ++kk)
-#pragma unroll
-      for (int r = 0; r < 4; ++r) pa[kk][r] = hopper::PackPair<T>(sc[8 * kk + 2 * r], sc[8 * kk + 2 * r + 1]);
-
-    // O += P V
-    hopper::BarrierWait(&v_full[s], phase);
+  };
+  auto issue_pv = [&](const uint32_t (&pa)[kBN / 16][4], int it) {
+    const int s = it % kStages;
+    const uint32_t v_addr = hopper::SmemAddr(sv + s * Tiles::kVBytes);
+    hopper::BarrierWait(&v_full[s], (it / kStages) & 1);
     hopper::WgmmaFence();
 #pragma unroll
     for (int kk = 0; kk < kBN / 16; ++kk)
       WgmmaRS<T, kDv>(o, pa[kk], hopper::Descriptor(v_addr + kk * 2048, kBN * 128), 1);
     hopper::WgmmaCommit();
+  };
+  // Logits of tile `it` (key tile j_begin + it), then the softmax step.
+  auto softmax = [&](float (&sc)[kBN / 2], int it, float (&corr)[2]) {
+    const int64_t j0 = int64_t(j_begin + it) * kBN;
+    const bool need_mask = TileNeedsMask(c, wg_r0, wg_r1, j0, j0 + kBN - 1);
+    Logits<kBN, false, kGeneral>(sc, c, row0, j0 + 2 * (lane % 4), need_mask);
+    SoftmaxStep<kBN>(sc, m_run, l_run, corr);
+  };
+  auto pack = [&](const float (&sc)[kBN / 2], uint32_t (&pa)[kBN / 16][4]) {
+#pragma unroll
+    for (int kk = 0; kk < kBN / 16; ++kk)
+#pragma unroll
+      for (int r = 0; r < 4; ++r) pa[kk][r] = hopper::PackPair<T>(sc[8 * kk + 2 * r], sc[8 * kk + 2 * r + 1]);
+  };
+
+  hopper::BarrierWait(q_full, 0);
+  if (n_tiles > 0) {
+    float sc[kBN / 2], corr[2];
+    uint32_t pa[kBN / 16][4];
+    my_turn();
+    issue_scores(sc, 0);
+    pass_turn();
+    hopper::WgmmaWait<0>();
+    hopper::FenceRegisters(sc);
+    hopper::BarrierArrive(&k_empty[0]);
+    softmax(sc, 0, corr);  // o is still 0: no rescale
+    pack(sc, pa);
+    for (int it = 1; it < n_tiles; ++it) {
+      my_turn();
+      issue_scores(sc, it);
+      issue_pv(pa, it - 1);
+      pass_turn();
+      hopper::WgmmaWait<1>();  // the scores; P V may still run
+      hopper::FenceRegisters(sc);
+      hopper::BarrierArrive(&k_empty[it % kStages]);
+      softmax(sc, it, corr);
+      hopper::WgmmaWait<0>();
+      hopper::FenceRegisters(o);
+      hopper::KeepRegisters(pa);  // read by P V until here
+      hopper::BarrierArrive(&v_empty[(it - 1) % kStages]);
+#pragma unroll
+      for (int e = 0; e < kDv / 2; ++e) o[e] *= corr[(e >> 1) & 1];
+      pack(sc, pa);
+    }
+    my_turn();
+    issue_pv(pa, n_tiles - 1);
+    pass_turn();
     hopper::WgmmaWait<0>();
     hopper::FenceRegisters(o);
-    hopper::BarrierArrive(&empty[s]);
+    hopper::KeepRegisters(pa);
+    hopper::BarrierArrive(&v_empty[(n_tiles - 1) % kStages]);
   }
 
   // Epilogue: o / l and lse; rows past T are not written.

@@ -89,6 +89,16 @@ __device__ __forceinline__ void FenceRegisters(float (&d)[kN]) {
   for (int i = 0; i < kN; ++i) asm volatile("" : "+f"(d[i])::"memory");
 }
 
+// Keeps 32-bit registers (e.g. the A fragments of an in-flight wgmma) live
+// and unmodified up to this point.
+template <int kN>
+__device__ __forceinline__ void KeepRegisters(uint32_t (&r)[kN][4]) {
+#pragma unroll
+  for (int i = 0; i < kN; ++i)
+#pragma unroll
+    for (int j = 0; j < 4; ++j) asm volatile("" : "+r"(r[i][j])::"memory");
+}
+
 // Shared-memory matrix descriptor for a 128-byte-swizzled operand, the layout
 // TMA writes with CU_TENSOR_MAP_SWIZZLE_128B: rows of 64 16-bit elements
 // (128 bytes), 8-row atoms of 1024 bytes (the buffer must be 1024-aligned).
@@ -103,6 +113,23 @@ __device__ __forceinline__ uint64_t Descriptor(uint32_t smem_addr, uint32_t lbo_
   d |= static_cast<uint64_t>(1024 >> 4) << 32;
   d |= static_cast<uint64_t>(1) << 62;  // 128-byte swizzle
   return d;
+}
+
+// --- named barriers (ids 1..15; 0 is __syncthreads) ------------------------------
+
+// Waits until `count` threads (a multiple of 32, this warp's included) arrived.
+__device__ __forceinline__ void NamedBarrierSync(int id, int count) {
+  asm volatile("bar.sync %0, %1;" ::"r"(id), "r"(count) : "memory");
+}
+// Arrives without waiting.
+__device__ __forceinline__ void NamedBarrierArrive(int id, int count) {
+  asm volatile("bar.arrive %0, %1;" ::"r"(id), "r"(count) : "memory");
+}
+
+// Makes this thread's ordinary shared-memory stores visible to the async
+// proxy (wgmma operands read from shared memory, TMA).
+__device__ __forceinline__ void FenceProxyAsync() {
+  asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
 }
 
 // --- register reallocation between warpgroups ---------------------------------------
