@@ -241,7 +241,8 @@ struct DkvTiles {
   static constexpr int kKBytes = kBN * kD * 2, kVBytes = kBN * kDv * 2;
   static constexpr int kQBytes = kBQ * kD * 2, kOBytes = kBQ * kDv * 2;
   static constexpr int kDsBytes = kDoDQ ? kBN * kBQ * 2 : 0;  // dS^T, double-buffered
-  static constexpr int kSmem = 1024 + kKBytes + kVBytes + kStages * (kQBytes + kOBytes) +
+  static constexpr int kRowBytes = 2 * kBQ * 4;  // per stage: the tile's lse (log2) and delta
+  static constexpr int kSmem = 1024 + kKBytes + kVBytes + kStages * (kQBytes + kOBytes + kRowBytes) +
                                2 * kDsBytes + 8 * (1 + 2 * kStages);
 };
 
@@ -274,7 +275,8 @@ __global__ void __launch_bounds__(384, 1)
   uint8_t* sq = sv + Tiles::kVBytes;
   uint8_t* sdo = sq + kStages * Tiles::kQBytes;
   uint8_t* sds = sdo + kStages * Tiles::kOBytes;
-  uint64_t* kv_full = reinterpret_cast<uint64_t*>(sds + 2 * Tiles::kDsBytes);
+  float* srows = reinterpret_cast<float*>(sds + 2 * Tiles::kDsBytes);  // [stage][lse2 | delta][kBQ]
+  uint64_t* kv_full = reinterpret_cast<uint64_t*>(srows + kStages * 2 * kBQ);
   uint64_t* full = kv_full + 1;
   uint64_t* empty = full + kStages;
 
@@ -290,12 +292,17 @@ __global__ void __launch_bounds__(384, 1)
     QueryTiles(c0, n0, min(n0 + kBN, sh.s) - 1, kBQ, &i_begin, &i_end);
   }
   const int per_head = i_end - i_begin;
+  // The single pass starts each key block at a different query tile (and
+  // wraps around), so that concurrent CTAs add into different dQ rows
+  // instead of contending for the same addresses.
+  const int rot = (kDoDQ && per_head > 0) ? static_cast<int>(blockIdx.x % per_head) : 0;
+  auto query_tile = [&](int it) { return i_begin + (it % per_head + rot) % per_head; };
 
   const int tid = threadIdx.x;
   if (tid == 0) {
     hopper::BarrierInit(kv_full, 1);
     for (int s = 0; s < kStages; ++s) {
-      hopper::BarrierInit(&full[s], 1);
+      hopper::BarrierInit(&full[s], 1 + 32);  // the TMA thread and the row warp
       hopper::BarrierInit(&empty[s], 256);
     }
     hopper::FenceBarrierInit();
@@ -304,7 +311,28 @@ __global__ void __launch_bounds__(384, 1)
 
   if (tid < 128) {  // producer
     hopper::RegDealloc<24>();
-    if (tid == 0) {
+    if (tid / 32 == 1) {
+      // The row warp: each stage's lse (in log2 units) and delta into shared
+      // memory, so that consumers read them with no global latency and no
+      // bounds checks (queries past T get lse2 = +inf: p = 0, and delta 0).
+      // (Few live values: this warp runs with the producer's 24 registers.)
+      const int lane = tid % 32, t_len = static_cast<int>(sh.t), iters = group * per_head;
+      const int64_t head0 = (b * sh.n + kvh * group) * sh.t;
+      for (int it = 0; it < iters; ++it) {
+        const int s = it % kStages;
+        if (it >= kStages) hopper::BarrierWait(&empty[s], ((it / kStages) - 1) & 1);
+        const int q0 = query_tile(it) * kBQ;
+        const int64_t row = head0 + int64_t(it / per_head) * t_len;
+        float* rows = srows + s * 2 * kBQ;
+#pragma unroll
+        for (int c = lane; c < kBQ; c += 32) {
+          const bool in = q0 + c < t_len;
+          rows[c] = in ? Log2Lse(p.lse[row + q0 + c]) : INFINITY;
+          rows[kBQ + c] = in ? p.delta[row + q0 + c] : 0.f;
+        }
+        hopper::BarrierArrive(&full[s]);  // release: the stores above are visible to waiters
+      }
+    } else if (tid == 0) {
       hopper::BarrierExpectTx(kv_full, Tiles::kKBytes + Tiles::kVBytes);
       for (int d = 0; d < kD / 64; ++d)
         hopper::TmaLoad4d(sk + d * kBN * 128, &tk, kv_full, d * 64, kvh, n0, b);
@@ -312,7 +340,7 @@ __global__ void __launch_bounds__(384, 1)
         hopper::TmaLoad4d(sv + d * kBN * 128, &tv, kv_full, d * 64, kvh, n0, b);
       for (int it = 0; it < group * per_head; ++it) {
         const int64_t n = kvh * group + it / per_head;
-        const int i = i_begin + it % per_head;
+        const int i = query_tile(it);
         const int s = it % kStages;
         if (it >= kStages) hopper::BarrierWait(&empty[s], ((it / kStages) - 1) & 1);
         hopper::BarrierExpectTx(&full[s], Tiles::kQBytes + Tiles::kOBytes);
@@ -343,12 +371,17 @@ __global__ void __launch_bounds__(384, 1)
   ScoreCtx c{};
   for (int it = 0; it < group * per_head; ++it) {
     const int64_t n = kvh * group + it / per_head;
-    const int i = i_begin + it % per_head;
+    const int i = query_tile(it);
     if (it % per_head == 0) c = MakeScoreCtx(p.mask, sh, p.scale, p.softcap, b, n);
     const int s = it % kStages;
     const uint32_t phase = (it / kStages) & 1;
     const uint32_t q_addr = hopper::SmemAddr(sq + s * Tiles::kQBytes);
     const uint32_t do_addr = hopper::SmemAddr(sdo + s * Tiles::kOBytes);
+    // Columns are query rows q0 + ...; their lse and delta come from the row warp.
+    const int64_t q0 = int64_t(i) * kBQ;
+    const int64_t col0 = q0 + 2 * (lane % 4);
+    const float* lse_s = srows + s * 2 * kBQ + 2 * (lane % 4);  // + 8 (e / 4) + e % 2
+    const float* delta_s = lse_s + kBQ;
     float st[kBQ / 2], dpt[kNeedDp ? kBQ / 2 : 1];
 
     hopper::BarrierWait(&full[s], phase);
@@ -365,27 +398,15 @@ __global__ void __launch_bounds__(384, 1)
                         hopper::Descriptor(do_addr + (kk / 4) * kBQ * 128 + (kk % 4) * 32, 0), kk > 0);
       hopper::WgmmaCommit();
     }
-    hopper::WgmmaWait<0>();
+    // P^T is computed while dP^T still runs. P^T and dS^T are packed into A
+    // fragments before the dV / dK wgmmas are issued, so that only the
+    // accumulators and the fragments stay live while those run.
+    hopper::WgmmaWait<kNeedDp ? 1 : 0>();
     hopper::FenceRegisters(st);
-    if constexpr (kNeedDp) hopper::FenceRegisters(dpt);
-
-    // Columns are query rows q0 + ...: their lse and delta. P^T and dS^T are
-    // packed into A fragments before the dV / dK wgmmas are issued, so that
-    // only the accumulators and the fragments stay live while they run.
-    const int64_t q0 = int64_t(i) * kBQ;
-    const int64_t col0 = q0 + 2 * (lane % 4);
     const bool need_mask = TileNeedsMask(c, q0, q0 + kBQ - 1, wg_r0, wg_r1);
     Logits<kBQ, true, kGeneral>(st, c, row0, col0, need_mask);
-    const float* lse_row = p.lse + (b * sh.n + n) * sh.t;
-    const float* delta_row = p.delta + (b * sh.n + n) * sh.t;
-    float lse2[kBQ / 4];  // per column pair (e / 4, e % 2)
 #pragma unroll
-    for (int e = 0; e < kBQ / 4; ++e) {
-      const int64_t q = col0 + 8 * (e >> 1) + (e & 1);
-      lse2[e] = q < sh.t ? Log2Lse(lse_row[q]) : INFINITY;
-    }
-#pragma unroll
-    for (int e = 0; e < kBQ / 2; ++e) st[e] = hopper::Exp2(st[e] - lse2[2 * (e >> 2) + (e & 1)]);  // P^T
+    for (int e = 0; e < kBQ / 2; ++e) st[e] = hopper::Exp2(st[e] - lse_s[8 * (e >> 2) + (e & 1)]);  // P^T
     uint32_t pa[kBQ / 16][4];
     if constexpr (kDoDV) {
 #pragma unroll
@@ -395,12 +416,13 @@ __global__ void __launch_bounds__(384, 1)
     }
     uint32_t da[kBQ / 16][4];
     if constexpr (kDoDK) {
+      hopper::WgmmaWait<0>();  // dP^T
+      hopper::FenceRegisters(dpt);
 #pragma unroll
       for (int e = 0; e < kBQ / 2; ++e) {
-        const int64_t q = col0 + 8 * (e >> 2) + (e & 1);
-        const float dl = q < sh.t ? delta_row[q] : 0.f;
-        const float cap = SoftcapGrad<kGeneral>(c, st[e], lse2[2 * (e >> 2) + (e & 1)], q, row0 + 8 * ((e >> 1) & 1));
-        dpt[e] = st[e] * (dpt[e] - dl) * cap * p.scale;  // dS^T w.r.t. q.k
+        const int off = 8 * (e >> 2) + (e & 1);
+        const float cap = SoftcapGrad<kGeneral>(c, st[e], lse_s[off], col0 + off, row0 + 8 * ((e >> 1) & 1));
+        dpt[e] = st[e] * (dpt[e] - delta_s[off]) * cap * p.scale;  // dS^T w.r.t. q.k
       }
 #pragma unroll
       for (int kk = 0; kk < kBQ / 16; ++kk)
@@ -449,6 +471,8 @@ __global__ void __launch_bounds__(384, 1)
       hopper::FenceRegisters(dqa);
       hopper::FenceRegisters(dk);
       hopper::FenceRegisters(dv);
+      hopper::KeepRegisters(pa);
+      hopper::KeepRegisters(da);
       hopper::BarrierArrive(&empty[s]);
       // Rows: queries q0 + 16 warp + lane / 4 (+ 8); columns: head dims.
       const int64_t ld = sh.n * sh.h;
@@ -468,8 +492,8 @@ __global__ void __launch_bounds__(384, 1)
       }
     } else {
       hopper::WgmmaWait<0>();
-      if constexpr (kDoDK) hopper::FenceRegisters(dk);
-      if constexpr (kDoDV) hopper::FenceRegisters(dv);
+      if constexpr (kDoDK) hopper::FenceRegisters(dk), hopper::KeepRegisters(da);
+      if constexpr (kDoDV) hopper::FenceRegisters(dv), hopper::KeepRegisters(pa);
       hopper::BarrierArrive(&empty[s]);
     }
   }

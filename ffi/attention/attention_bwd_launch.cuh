@@ -60,7 +60,7 @@ cudaError_t LaunchBwdGeneral(const AttentionBwdParams& p, cudaStream_t stream) {
   constexpr int kBNq = kWide ? 32 : 64;  // key tile of the dQ kernel
   // Query tile of the dK/dV kernel: its S^T and dP^T fragments live beside
   // both fp32 accumulators, so it shrinks as they grow.
-  constexpr int kBQ = kD + kDv <= 128 ? 64 : 32;
+  constexpr int kBQ = kD + kDv <= 128 || (kD + kDv <= 256 && !kGeneral) ? 64 : 32;
   if (!MakeTensorMap(&tq, p.q, s.b, s.t, s.n, s.h, 128) ||
       !MakeTensorMap(&tdo, p.d_o, s.b, s.t, s.n, s.hv, 128) ||
       !MakeTensorMap(&tk, p.k, s.b, s.s, s.kh, s.h, kBNq) ||

@@ -50,6 +50,11 @@ __device__ __forceinline__ void BarrierWait(uint64_t* bar, uint32_t parity) {
       : "memory");
 }
 
+// Brings the 128-byte line holding p into L1 (a hint; no register result).
+__device__ __forceinline__ void PrefetchL1(const void* p) {
+  asm volatile("prefetch.global.L1 [%0];" ::"l"(p));
+}
+
 // --- TMA -----------------------------------------------------------------------
 
 // Loads one 4-D box at coordinates (c0 innermost .. c3) into shared memory;
@@ -134,6 +139,10 @@ __device__ __forceinline__ void FenceProxyAsync() {
 
 // --- register reallocation between warpgroups ---------------------------------------
 
+// The pool is what the launch gave the CTA (the kernels compile to 168 per
+// thread at 384 threads): an increase waits until decreases have freed
+// enough, so producer x 128 + consumers x 256 must stay within 168 x 384
+// (24 / 240 or 40 / 232), or the kernel hangs.
 template <int kRegs>
 __device__ __forceinline__ void RegAlloc() {
   asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;" ::"n"(kRegs));
