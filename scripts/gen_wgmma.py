@@ -9,8 +9,6 @@ Two forms, for bf16 and f16 inputs with f32 accumulators, m64nNk16:
       both K-major (imm-trans-a = imm-trans-b = 0).
   WgmmaRS<T, N>(d, a, desc_b, accumulate): A from registers (4 x 32-bit, the
       m64nNk16 A fragment), B from shared memory MN-major (imm-trans-b = 1).
-  WgmmaSSTT<T, N>(d, desc_a, desc_b, accumulate): A and B from shared memory,
-      both MN-major (imm-trans-a = imm-trans-b = 1).
 """
 
 NS = (32, 64, 128, 192, 256)
@@ -25,13 +23,13 @@ def outs(n):
   return ", ".join(f'"+f"(d[{i}])' for i in range(n))
 
 
-def ss(ctype, ptx, n, name="WgmmaSS", trans=0):
+def ss(ctype, ptx, n):
   m = n // 2
   return f"""template <>
-__device__ __forceinline__ void {name}<{ctype}, {n}>(float* d, uint64_t a, uint64_t b, int acc) {{
+__device__ __forceinline__ void WgmmaSS<{ctype}, {n}>(float* d, uint64_t a, uint64_t b, int acc) {{
   asm volatile(
       "{{\\n.reg .pred p;\\nsetp.ne.b32 p, %{m + 2}, 0;\\n"
-      "wgmma.mma_async.sync.aligned.m64n{n}k16.f32.{ptx}.{ptx} {{{regs(m)}}}, %{m}, %{m + 1}, p, 1, 1, {trans}, {trans};\\n}}\\n"
+      "wgmma.mma_async.sync.aligned.m64n{n}k16.f32.{ptx}.{ptx} {{{regs(m)}}}, %{m}, %{m + 1}, p, 1, 1, 0, 0;\\n}}\\n"
       : {outs(m)}
       : "l"(a), "l"(b), "r"(acc));
 }}
@@ -57,13 +55,11 @@ def main():
   print("#pragma once\n\n#include <cuda_bf16.h>\n#include <cuda_fp16.h>\n\n#include <cstdint>\n")
   print("namespace jax_dnn {\n")
   print("template <typename T, int N>\n__device__ void WgmmaSS(float* d, uint64_t a, uint64_t b, int acc);")
-  print("template <typename T, int N>\n__device__ void WgmmaRS(float* d, const uint32_t* a, uint64_t b, int acc);")
-  print("template <typename T, int N>\n__device__ void WgmmaSSTT(float* d, uint64_t a, uint64_t b, int acc);\n")
+  print("template <typename T, int N>\n__device__ void WgmmaRS(float* d, const uint32_t* a, uint64_t b, int acc);\n")
   for ctype, ptx in TYPES:
     for n in NS:
       print(ss(ctype, ptx, n))
       print(rs(ctype, ptx, n))
-    print(ss(ctype, ptx, 64, "WgmmaSSTT", 1))
   print("}  // namespace jax_dnn")
 
 

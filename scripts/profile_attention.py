@@ -1,6 +1,5 @@
 """Runs the attention forward and backward once at a benchmark shape (for ncu):
-  ncu --clock-control none -k regex:Attention python3 scripts/profile_attention.py [S] [D] [det]
-(det: the deterministic split backward instead of the single pass)."""
+  ncu --clock-control none -k regex:Attention python3 scripts/profile_attention.py"""
 
 import sys
 
@@ -11,12 +10,11 @@ import jax_dnn
 
 s = int(sys.argv[1]) if len(sys.argv) > 1 else 8192
 d = int(sys.argv[2]) if len(sys.argv) > 2 else 128
-det = len(sys.argv) > 3 and sys.argv[3] == "det"
 b, n = 16384 // s, 2048 // d
 q, k, v = (jax.random.normal(jax.random.key(i), (b, s, n, d), jnp.bfloat16) for i in range(3))
 fwd = jax.jit(jax_dnn.dot_product_attention)
-grad = jax.jit(jax.grad(lambda *a: jnp.sum(jax_dnn.dot_product_attention(
-    *a, deterministic_backward=det).astype(jnp.float32)), (0, 1, 2)))
+grad = jax.jit(jax.grad(lambda *a: jnp.sum(jax_dnn.dot_product_attention(*a).astype(jnp.float32)),
+                        (0, 1, 2)))
 for _ in range(2):
   jax.block_until_ready(fwd(q, k, v))
   jax.block_until_ready(grad(q, k, v))

@@ -53,16 +53,7 @@ struct AttentionBwdParams {
   void *dq, *dk, *dv;
   float* dbias;   // [B, N, T, S] dlogits when a bias is given (else nullptr)
   float* delta;   // workspace [B, N, T]: rowsum(dO * O)
-  // Workspace [B, T, N, H] fp32 of the single-pass backward, whose dK/dV
-  // kernel also accumulates dQ with atomic adds (not bitwise reproducible);
-  // nullptr selects the deterministic split (a separate dQ kernel).
-  float* dq_acc;
 };
-
-// Whether the single-pass (atomic dQ) backward has a kernel for these
-// operands: head dims padding to 64/64 or 128/128, no bias gradient.
-// Mirrored by _atomic_dq in _src/attention.py.
-bool AttentionAtomicDq(int64_t h, int64_t hv, bool has_bias);
 
 // The head dims the kernels take (each padded up to a multiple of 64, at most
 // 256, and a multiple of 8 for TMA's 16-byte strides); other shapes use the

@@ -32,34 +32,12 @@ cudaError_t LaunchBwdGeneral(const AttentionBwdParams& p, cudaStream_t stream) {
   }
   CUtensorMap tq, tdo, tk, tv;
   const dim3 kv_grid(static_cast<unsigned>((s.s + 127) / 128), s.kh, s.b);
-  // The single pass where it has a kernel; the general logits path at D = 128
-  // (mask, segments, soft-cap) would spill registers there, so it takes the
-  // split path and leaves the workspace unused.
-  if constexpr (kD == kDv && (kD == 64 || (kD == 128 && !kGeneral))) {
-    if (p.dq_acc != nullptr) {  // single pass: dK/dV kernel adds dQ into the workspace
-      const int64_t count = s.b * s.t * s.n * s.h;
-      cudaError_t e = cudaMemsetAsync(p.dq_acc, 0, sizeof(float) * count, stream);
-      if (e != cudaSuccess) return e;
-      if (!MakeTensorMap(&tq, p.q, s.b, s.t, s.n, s.h, 64) ||
-          !MakeTensorMap(&tdo, p.d_o, s.b, s.t, s.n, s.hv, 64) ||
-          !MakeTensorMap(&tk, p.k, s.b, s.s, s.kh, s.h, 128) ||
-          !MakeTensorMap(&tv, p.v, s.b, s.s, s.kh, s.hv, 128))
-        return cudaErrorInvalidValue;
-      e = Launch(AttentionDkvKernel<T, kD, kDv, 64, true, true, true, kGeneral>, kv_grid,
-                 DkvTiles<kD, kDv, 64, true>::kSmem, stream, tq, tdo, tk, tv, p);
-      if (e != cudaSuccess) return e;
-      const int64_t pairs = count / 2;  // h is a multiple of 8
-      const unsigned blocks = static_cast<unsigned>(std::min<int64_t>((pairs + 255) / 256, 8192));
-      DqConvertKernel<T><<<blocks, 256, 0, stream>>>(static_cast<const float2*>(static_cast<void*>(p.dq_acc)),
-                                                     static_cast<uint32_t*>(p.dq), pairs);
-      return cudaGetLastError();
-    }
-  }
   // Narrower tiles for head dims past 128 keep shared memory and registers in budget.
   constexpr bool kWide = std::max(kD, kDv) > 128;
   constexpr int kBNq = kWide ? 32 : 64;  // key tile of the dQ kernel
   // Query tile of the dK/dV kernel: its S^T and dP^T fragments live beside
-  // both fp32 accumulators, so it shrinks as they grow.
+  // both fp32 accumulators, so it shrinks as they grow (and for the general
+  // logits path, whose index and soft-cap work needs more registers).
   constexpr int kBQ = kD + kDv <= 128 || (kD + kDv <= 256 && !kGeneral) ? 64 : 32;
   if (!MakeTensorMap(&tq, p.q, s.b, s.t, s.n, s.h, 128) ||
       !MakeTensorMap(&tdo, p.d_o, s.b, s.t, s.n, s.hv, 128) ||
@@ -76,15 +54,15 @@ cudaError_t LaunchBwdGeneral(const AttentionBwdParams& p, cudaStream_t stream) {
       !MakeTensorMap(&tk, p.k, s.b, s.s, s.kh, s.h, 128) ||
       !MakeTensorMap(&tv, p.v, s.b, s.s, s.kh, s.hv, 128))
     return cudaErrorInvalidValue;
-  constexpr int kSmem = DkvTiles<kD, kDv, kBQ, false>::kSmem;
+  constexpr int kSmem = DkvTiles<kD, kDv, kBQ>::kSmem;
   if constexpr (kD + kDv <= 256) {  // both accumulators fit in registers
-    return Launch(AttentionDkvKernel<T, kD, kDv, kBQ, true, true, false, kGeneral>, kv_grid, kSmem, stream,
+    return Launch(AttentionDkvKernel<T, kD, kDv, kBQ, true, true, kGeneral>, kv_grid, kSmem, stream,
                   tq, tdo, tk, tv, p);
   } else {
-    e = Launch(AttentionDkvKernel<T, kD, kDv, kBQ, true, false, false, kGeneral>, kv_grid, kSmem, stream, tq,
+    e = Launch(AttentionDkvKernel<T, kD, kDv, kBQ, true, false, kGeneral>, kv_grid, kSmem, stream, tq,
                tdo, tk, tv, p);
     if (e != cudaSuccess) return e;
-    return Launch(AttentionDkvKernel<T, kD, kDv, kBQ, false, true, false, kGeneral>, kv_grid, kSmem, stream,
+    return Launch(AttentionDkvKernel<T, kD, kDv, kBQ, false, true, kGeneral>, kv_grid, kSmem, stream,
                   tq, tdo, tk, tv, p);
   }
 }

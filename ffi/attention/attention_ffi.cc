@@ -135,8 +135,7 @@ ffi::Error AttentionBwdImpl(cudaStream_t stream, ffi::AnyBuffer d_o, ffi::AnyBuf
                             ffi::Buffer<ffi::F32> lse, ffi::RemainingArgs rest,
                             ffi::Result<ffi::AnyBuffer> dq, ffi::Result<ffi::AnyBuffer> dk,
                             ffi::Result<ffi::AnyBuffer> dv, ffi::ResultBuffer<ffi::F32> dbias,
-                            ffi::ResultBuffer<ffi::F32> delta, ffi::ResultBuffer<ffi::F32> dq_acc,
-                            bool has_bias, bool has_mask,
+                            ffi::ResultBuffer<ffi::F32> delta, bool has_bias, bool has_mask,
                             bool has_q_lens, bool has_kv_lens, bool has_seg, bool is_causal,
                             int64_t window_left, int64_t window_right, float scale,
                             float softcap) {
@@ -168,13 +167,6 @@ ffi::Error AttentionBwdImpl(cudaStream_t stream, ffi::AnyBuffer d_o, ffi::AnyBuf
   p.dv = dv->untyped_data();
   p.dbias = has_bias ? dbias->typed_data() : nullptr;
   p.delta = delta->typed_data();
-  // A non-empty dq_acc workspace selects the single-pass backward.
-  if (dq_acc->element_count() != 0) {
-    if (dq_acc->element_count() != s.b * s.t * s.n * s.h || !AttentionAtomicDq(s.h, s.hv, has_bias))
-      return Err(kBwd, "dq_acc must be empty, or [B, T, N, H] float32 where the single-pass "
-                       "backward applies (head dims 64/64 or 128/128 after padding, no bias)");
-    p.dq_acc = dq_acc->typed_data();
-  }
   return LaunchStatus(LaunchAttentionBwd(p, stream), kBwd);
 }
 
@@ -215,7 +207,6 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(AttentionBwd, AttentionBwdImpl,
                                   .Ret<ffi::AnyBuffer>()
                                   .Ret<ffi::AnyBuffer>()
                                   .Ret<ffi::AnyBuffer>()
-                                  .Ret<ffi::Buffer<ffi::F32>>()
                                   .Ret<ffi::Buffer<ffi::F32>>()
                                   .Ret<ffi::Buffer<ffi::F32>>() JAX_DNN_ATTENTION_ATTRS);
 

@@ -50,9 +50,4 @@ bool AttentionSupported(DType dtype, int64_t h, int64_t hv) {
   return attention::DispatchHeadDims(h, hv, [](auto, auto) {});
 }
 
-bool AttentionAtomicDq(int64_t h, int64_t hv, bool has_bias) {
-  const int64_t d = attention::PadDim(h);
-  return !has_bias && d == attention::PadDim(hv) && (d == 64 || d == 128);
-}
-
 }  // namespace jax_dnn

@@ -50,11 +50,6 @@ __device__ __forceinline__ void BarrierWait(uint64_t* bar, uint32_t parity) {
       : "memory");
 }
 
-// Brings the 128-byte line holding p into L1 (a hint; no register result).
-__device__ __forceinline__ void PrefetchL1(const void* p) {
-  asm volatile("prefetch.global.L1 [%0];" ::"l"(p));
-}
-
 // --- TMA -----------------------------------------------------------------------
 
 // Loads one 4-D box at coordinates (c0 innermost .. c3) into shared memory;
@@ -129,12 +124,6 @@ __device__ __forceinline__ void NamedBarrierSync(int id, int count) {
 // Arrives without waiting.
 __device__ __forceinline__ void NamedBarrierArrive(int id, int count) {
   asm volatile("bar.arrive %0, %1;" ::"r"(id), "r"(count) : "memory");
-}
-
-// Makes this thread's ordinary shared-memory stores visible to the async
-// proxy (wgmma operands read from shared memory, TMA).
-__device__ __forceinline__ void FenceProxyAsync() {
-  asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
 }
 
 // --- register reallocation between warpgroups ---------------------------------------

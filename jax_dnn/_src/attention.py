@@ -80,8 +80,7 @@ def _logits_and_valid(q, k, ops, *, scale, softcap, is_causal, window):
   return s, jnp.broadcast_to(valid, (b, n, t, s_len))
 
 
-def _fwd_reference(q, k, v, *operands, present, deterministic=False, **params):
-  del deterministic  # a backward choice
+def _fwd_reference(q, k, v, *operands, present, **params):
   ops = dict(zip(present, operands))
   s, valid = _logits_and_valid(q, k, ops, **params)
   s = jnp.where(valid, s, -jnp.inf)
@@ -99,8 +98,7 @@ def _fwd_reference(q, k, v, *operands, present, deterministic=False, **params):
 
 
 def _bwd_reference(do, q, k, v, o, lse, *operands, present, **params):
-  """(dq, dk, dv, dlogits [B, N, T, S] fp32 or [B, 0] without bias, delta,
-  dq_acc: the kernels' workspace, zeros here)."""
+  """(dq, dk, dv, dlogits [B, N, T, S] fp32 or [B, 0] without bias, delta)."""
   del lse  # the reference recomputes
   b, t, n, _ = q.shape
   s_len = k.shape[1]
@@ -118,8 +116,7 @@ def _bwd_reference(do, q, k, v, o, lse, *operands, present, **params):
   grads = jax.vjp(f, *diff)[1](do.astype(q.dtype))
   ds = grads[3] if has_bias else jnp.zeros((b, 0), jnp.float32)
   delta = jnp.einsum("btnh,btnh->bnt", do.astype(jnp.float32), o.astype(jnp.float32))
-  dq_acc = jnp.zeros(_dq_acc_shape(q, k, v, present, **params), jnp.float32)
-  return (*grads[:3], ds, delta, dq_acc)
+  return (*grads[:3], ds, delta)
 
 
 # --- primitives ---------------------------------------------------------------
@@ -133,13 +130,12 @@ def _fwd_abstract(q, k, v, *operands, present, **params):
 def _bwd_abstract(do, q, k, v, o, lse, *operands, present, **params):
   """dq, dk, dv; dlogits (the bias gradient before reduction over its
   broadcast, [B, N, T, S] fp32, or [B, 0] without bias); delta = rowsum(do * o)
-  [B, N, T] fp32 (workspace); dq_acc (workspace, see _dq_acc_shape)."""
+  [B, N, T] fp32 (workspace)."""
   b, t, n, _ = q.shape
   out = [ShapedArray(a.shape, a.dtype) for a in (q, k, v)]
   ds_shape = (b, n, t, k.shape[1]) if "bias" in present else (b, 0)
   out.append(ShapedArray(ds_shape, jnp.float32))
   out.append(ShapedArray((b, n, t), jnp.float32))
-  out.append(ShapedArray(_dq_acc_shape(q, k, v, present, **params), jnp.float32))
   return tuple(out)
 
 
@@ -155,24 +151,6 @@ def _kernel_supported(q, k, v):
           and v.shape[-1] % 8 == 0 and (pad(q.shape[-1]), pad(v.shape[-1])) in _KERNEL_DIMS
           and min(q.shape[:3]) > 0 and k.shape[1] > 0
           and max(q.shape[1], k.shape[1]) < 2**31 - 256)  # the kernels' 32-bit positions
-
-
-def _dq_acc_shape(q, k, v, present, *, deterministic, softcap, **params):
-  """The fp32 dQ workspace of the single-pass backward: [B, T, N, H] where
-  that kernel applies, else [B, 0] (the deterministic split, which needs none).
-
-  Mirrors AttentionAtomicDq and the launcher (ffi/attention/): head dims
-  padding to 64/64 or 128/128, no bias gradient; at 128 only the lean logits
-  path (no mask, segments or soft-cap).
-  """
-  del params
-  b, t, n, h = q.shape
-  pad = lambda d: -(-d // 64) * 64
-  d = pad(h)
-  general = softcap != 0.0 or any(x in present for x in ("bias", "mask", "q_seg"))
-  single = (not deterministic and _kernel_supported(q, k, v) and "bias" not in present
-            and d == pad(v.shape[-1]) and (d == 64 or (d == 128 and not general)))
-  return (b, t, n, h) if single else (b, 0)
 
 
 def _fwd_supported(avals, **params):
@@ -337,8 +315,7 @@ def _window(local_window_size):
 def dot_product_attention(query, key, value, bias=None, mask=None, *, scale=None,
                           is_causal=False, query_seq_lengths=None, key_value_seq_lengths=None,
                           local_window_size=None, implementation=None, return_residual=False,
-                          q_segment_ids=None, kv_segment_ids=None, logits_soft_cap=None,
-                          deterministic_backward=False):
+                          q_segment_ids=None, kv_segment_ids=None, logits_soft_cap=None):
   """Scaled dot-product attention, drop-in for jax.nn.dot_product_attention.
 
   Same arguments, layout ([B, T, N, H]) and semantics as
@@ -351,11 +328,6 @@ def dot_product_attention(query, key, value, bias=None, mask=None, *, scale=None
     key/value may have fewer heads than query (K divides N) and value's head
       dim may differ from query/key's.
     return_residual: also return the logsumexp [B, T, N] (fp32, no gradient).
-    deterministic_backward: on the CUDA kernels, compute dq in a separate
-      pass so that gradients are bitwise reproducible run to run. By default
-      head dims 64 and 128 use a single pass that adds dq with fp32 atomics
-      (faster; the summation order, hence the last bits, may vary). dk, dv
-      and the bias gradient are always reproducible.
   `implementation` is accepted for compatibility: None or "jax_dnn".
   """
   for name, x in (("query", query), ("key", key), ("value", value)):
@@ -384,8 +356,6 @@ def dot_product_attention(query, key, value, bias=None, mask=None, *, scale=None
     raise TypeError(f"{_OP}: scale must be a Python float; got {scale!r}")
   if not isinstance(is_causal, bool):
     raise TypeError(f"{_OP}: is_causal must be a bool; got {is_causal!r}")
-  if not isinstance(deterministic_backward, bool):
-    raise TypeError(f"{_OP}: deterministic_backward must be a bool; got {deterministic_backward!r}")
   softcap = 0.0
   if logits_soft_cap is not None:
     if not isinstance(logits_soft_cap, (int, float)) or not logits_soft_cap > 0:
@@ -414,7 +384,7 @@ def dot_product_attention(query, key, value, bias=None, mask=None, *, scale=None
 
   present = tuple(name for name in _OPTIONAL if name in ops)
   params = dict(present=present, scale=float(scale), softcap=softcap, is_causal=is_causal,
-                window=_window(local_window_size), deterministic=deterministic_backward)
+                window=_window(local_window_size))
   o, lse = _attention(tuple(sorted(params.items())), query, key, value,
                       *[ops[name] for name in present])
   if return_residual:
