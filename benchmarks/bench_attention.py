@@ -22,10 +22,15 @@ including whatever it costs to keep the forward's residuals. (Timing a
 jitted vjp alone would recompute the forward inside it anyway.) When that
 difference is not positive (noise on tiny shapes) bwd is reported as missing.
 
-Timing: per (impl, config, mode) one call that compiles, 2 warm-up calls,
-then the median of --iters calls (fewer, but at least 5, when a call is so
-slow that they would take more than ~3 s), each call synchronized with
-block_until_ready and timed with time.perf_counter. Inputs are random
+Timing: per config, every (impl, mode) function is compiled and warmed up
+(calls for at least WARMUP_S, so that the GPU's clocks have ramped up), then
+ROUNDS rounds run each of them in turn -- ours, cudnn, xla, ours, ... -- so
+that all implementations see the same clock and temperature state (an H100's
+clocks drift by 10% and more over a run: timing one implementation after the
+other made the ratios move by that much). In a round a function runs --iters
+calls back to back (fewer, but at least 3, for a slow one) with one
+block_until_ready at the end, timed with time.perf_counter; the time per call
+is the median over the rounds. Inputs are random
 normal from a fixed key. Every (impl, config, mode) runs under try/except: a
 failure (cuDNN refusing a shape, XLA running out of memory on the [S, S]
 scores) is recorded as None with a short reason and the run goes on. xla is
@@ -57,9 +62,10 @@ HIDDEN = 2048  # N * D
 IMPLS = ("ours", "cudnn", "xla")
 MODES = ("fwd", "bwd", "fwd+bwd")
 FLOP_FACTOR = {"fwd": 1.0, "bwd": 2.5, "fwd+bwd": 3.5}
-WARMUP = 2
-MAX_TIMED_S = 3.0  # per (impl, config, mode), beyond compile and warm-up
-MIN_ITERS = 5
+WARMUP_S = 0.3  # per (impl, config, mode), after compiling
+ROUNDS = 5
+ROUND_S = 0.5  # at most this long per function per round (slow functions run fewer calls)
+MIN_ITERS = 3
 
 # Presets: full (default), --quick and --cpu-smoke (tiny shapes, CPU, no cudnn).
 PRESETS = {
@@ -101,24 +107,26 @@ def mode_fn(attn, mode):
   return jax.jit(fwd_bwd)
 
 
-def time_fn(fn, args, iters):
-  """(median seconds per call, calls timed, output of the first call)."""
+def warm_up(fn, args, iters):
+  """Compiles and warms up fn; returns (calls per round, output of the first call)."""
   first = fn(*args)  # compiles
   jax.block_until_ready(first)
-  t_warm = 0.0
-  for _ in range(WARMUP):
-    t0 = time.perf_counter()
+  t0 = time.perf_counter()
+  calls = 0
+  while calls < 2 or time.perf_counter() - t0 < WARMUP_S:
     jax.block_until_ready(fn(*args))
-    t_warm = time.perf_counter() - t0
-  n = max(min(MIN_ITERS, iters), min(iters, int(MAX_TIMED_S / max(t_warm, 1e-9))))
-  samples = []
+    calls += 1
+  per_call = (time.perf_counter() - t0) / calls
+  return max(MIN_ITERS, min(iters, int(ROUND_S / max(per_call, 1e-9)))), first
+
+
+def time_batch(fn, args, n):
+  """Seconds per call over n back-to-back calls, synchronized once at the end."""
+  t0 = time.perf_counter()
   for _ in range(n):
-    t0 = time.perf_counter()
     out = fn(*args)
-    jax.block_until_ready(out)
-    samples.append(time.perf_counter() - t0)
-    del out
-  return statistics.median(samples), n, first
+  jax.block_until_ready(out)
+  return (time.perf_counter() - t0) / n
 
 
 def short_reason(e):
@@ -143,6 +151,7 @@ def bench_config(head_dim, seqlen, causal, *, dtype, tokens, hidden, impls, mode
   times = {impl: {} for impl in IMPLS}
   errors = {impl: {} for impl in IMPLS}
   fwd_out = {}
+  fns, calls = {}, {}  # (impl, mode) -> jitted function, calls per round
   for impl in IMPLS:
     skip = None
     if impl not in impls:
@@ -150,17 +159,31 @@ def bench_config(head_dim, seqlen, causal, *, dtype, tokens, hidden, impls, mode
     elif impl == "xla" and seqlen > xla_max_seq:
       skip = f"skipped (S > --xla-max-seq {xla_max_seq})"
     for mode in measured:
+      times[impl][mode] = None
       if skip:
-        times[impl][mode], errors[impl][mode] = None, skip
+        errors[impl][mode] = skip
         continue
       try:
-        t, n, first = time_fn(mode_fn(attention_fn(impl, causal), mode), (q, k, v, do), iters)
-        times[impl][mode] = (t, n)
+        fn = mode_fn(attention_fn(impl, causal), mode)
+        calls[impl, mode], first = warm_up(fn, (q, k, v, do), iters)
+        fns[impl, mode] = fn
         if mode == "fwd":
           fwd_out[impl] = first
         del first
       except Exception as e:  # noqa: BLE001 - any failure is recorded, the run goes on
-        times[impl][mode], errors[impl][mode] = None, short_reason(e)
+        errors[impl][mode] = short_reason(e)
+  samples = {key: [] for key in fns}
+  for _ in range(ROUNDS):  # interleaved: every implementation sees the same GPU state
+    for key, fn in list(fns.items()):
+      try:
+        samples[key].append(time_batch(fn, (q, k, v, do), calls[key]))
+      except Exception as e:  # noqa: BLE001
+        errors[key[0]][key[1]] = short_reason(e)
+        del fns[key], samples[key]
+  for (impl, mode), ts in samples.items():
+    times[impl][mode] = (statistics.median(ts), calls[impl, mode] * len(ts))
+  fns.clear()
+  for impl in IMPLS:
     if "bwd" in modes:  # derived: median(fwd+bwd) - median(fwd)
       f, fb = times[impl].get("fwd"), times[impl].get("fwd+bwd")
       if f and fb:
@@ -170,8 +193,8 @@ def bench_config(head_dim, seqlen, causal, *, dtype, tokens, hidden, impls, mode
           times[impl]["bwd"], errors[impl]["bwd"] = None, "fwd+bwd - fwd <= 0 (noise)"
       else:
         times[impl]["bwd"] = None
-        errors[impl]["bwd"] = skip or "needs fwd and fwd+bwd: " + (
-            errors[impl].get("fwd") or errors[impl].get("fwd+bwd"))
+        why = errors[impl].get("fwd") or errors[impl].get("fwd+bwd") or "?"
+        errors[impl]["bwd"] = why if why.startswith("skipped") else "needs fwd and fwd+bwd: " + why
 
   # Correctness spot check: ours' forward against cudnn's (or xla's).
   maxdiff, maxdiff_ref = None, None
@@ -322,7 +345,7 @@ def parse_args(argv=None):
   ap.add_argument("--impls", type=str_list(IMPLS), default=IMPLS,
                   help="comma list of ours,cudnn,xla (default all)")
   ap.add_argument("--dtype", choices=("bfloat16", "float16"), default="bfloat16")
-  ap.add_argument("--iters", type=int, help="timed calls per measurement (default 10)")
+  ap.add_argument("--iters", type=int, help="calls per function per timing round (default 10)")
   ap.add_argument("--xla-max-seq", type=int, default=8192,
                   help="skip xla for S above this (default 8192; its memory is O(S^2))")
   ap.add_argument("--json", default="bench_attention.json", help="output JSON path")
@@ -386,7 +409,7 @@ def main(argv=None):
   meta = dict(device=dev.device_kind, platform=dev.platform, jax=jax.__version__,
               jax_dnn=jax_dnn.__version__, kernels=bool(jax_dnn.has_cuda_kernels()),
               cudnn=cudnn_version, date=time.strftime("%Y-%m-%d %H:%M:%S"), dtype=args.dtype,
-              tokens=args.tokens, hidden=args.hidden, warmup=WARMUP, iters=args.iters,
+              tokens=args.tokens, hidden=args.hidden, warmup_s=WARMUP_S, rounds=ROUNDS, iters=args.iters,
               xla_max_seq=args.xla_max_seq, elapsed_s=time.perf_counter() - t_start,
               bwd_timing="median(fwd+bwd) - median(fwd), each a separate jitted call",
               flops="fwd 4*B*N*S^2*D (halved if causal); bwd 2.5x; fwd+bwd 3.5x")

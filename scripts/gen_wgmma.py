@@ -11,7 +11,7 @@ Two forms, for bf16 and f16 inputs with f32 accumulators, m64nNk16:
       m64nNk16 A fragment), B from shared memory MN-major (imm-trans-b = 1).
 """
 
-NS = (32, 64, 128, 192, 256)
+NS = (32, 64, 128, 176, 192, 256)
 TYPES = (("__nv_bfloat16", "bf16"), ("__half", "f16"))
 
 

@@ -111,6 +111,10 @@ def _option_cases():
       "softcap_bias_causal": (dict(logits_soft_cap=3.0, bias=bias, is_causal=True),
                               dict(causal=True)),
       "scale": (dict(scale=0.3), {}),
+      # The forward's lean path folds the scale into exp2's FFMA, which needs
+      # scale > 0; these take the general path.
+      "scale_negative": (dict(scale=-0.2), {}),
+      "scale_zero": (dict(scale=0.0), {}),
   }
 
 

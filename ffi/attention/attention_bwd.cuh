@@ -15,8 +15,13 @@
 // measured slower on H100: 7.05 ms against 5.8 ms for this split at
 // S = 8192, D = 128; see git history.)
 // Both kernels follow the forward's structure (attention_fwd.cuh): a producer
-// warpgroup streams tiles through a 2-stage TMA ring, two consumer warpgroups
-// own 64 rows each.
+// warpgroup streams tiles through a TMA ring, two consumer warpgroups own 64
+// rows each. The dQ kernel pipelines across key tiles (see there; 3 stages).
+// The dK/dV kernel does not: three pipelined forms of it were measured slower
+// on H100 at S = 8192, D = 128 (3.53-4.16 ms against 3.40 ms for this one;
+// they spill, and with deeper wgmma queues the two consumers drift into
+// lockstep, so that their elementwise phases no longer hide behind each
+// other's GEMMs).
 #pragma once
 
 #include "ffi/attention/attention_common.cuh"
@@ -71,7 +76,7 @@ __device__ __forceinline__ void StoreFragment(const float (&acc)[kN / 2], float 
 
 template <int kD, int kDv, int kBN>
 struct DqTiles {
-  static constexpr int kBM = 128, kStages = 2;
+  static constexpr int kBM = 128, kStages = 3;  // see the pipeline in AttentionDqKernel
   static constexpr int kQBytes = kBM * kD * 2, kOBytes = kBM * kDv * 2;
   static constexpr int kKBytes = kBN * kD * 2, kVBytes = kBN * kDv * 2;
   static constexpr int kSmem =
@@ -159,13 +164,14 @@ __global__ void __launch_bounds__(384, 1)
   const uint32_t do_addr = hopper::SmemAddr(sdo) + wg * 64 * 128;
   hopper::BarrierWait(q_full, 0);
 
-  for (int j = j_begin, it = 0; j < j_end; ++j, ++it) {
+  uint32_t da[kBN / 16][4];  // dS of the previous tile: the A fragments of its dQ wgmma
+  float sc[kBN / 2], dp[kBN / 2];
+  // S = Q K^T and dP = dO V^T of tile `it`: two commit groups.
+  auto issue_sdp = [&](int it) {
     const int s = it % kStages;
     const uint32_t phase = (it / kStages) & 1;
     const uint32_t k_addr = hopper::SmemAddr(sk + s * Tiles::kKBytes);
     const uint32_t v_addr = hopper::SmemAddr(sv + s * Tiles::kVBytes);
-    float sc[kBN / 2], dp[kBN / 2];
-
     hopper::BarrierWait(&k_full[s], phase);
     hopper::WgmmaFence();
 #pragma unroll
@@ -179,19 +185,33 @@ __global__ void __launch_bounds__(384, 1)
       WgmmaSS<T, kBN>(dp, hopper::Descriptor(do_addr + (kk / 4) * kBM * 128 + (kk % 4) * 32, 0),
                       hopper::Descriptor(v_addr + (kk / 4) * kBN * 128 + (kk % 4) * 32, 0), kk > 0);
     hopper::WgmmaCommit();
-    hopper::WgmmaWait<1>();
-    hopper::FenceRegisters(sc);
-
-    const int64_t col0 = int64_t(j) * kBN + 2 * (lane % 4);
-    const bool need_mask = TileNeedsMask(c, wg_r0, wg_r1, int64_t(j) * kBN, int64_t(j) * kBN + kBN - 1);
-    Logits<kBN, false, kGeneral>(sc, c, row0, col0, need_mask);
-    hopper::WgmmaWait<0>();
-    hopper::FenceRegisters(dp);
+  };
+  // dQ += dS K for tile `it` (dS in da): one commit group.
+  auto issue_dq = [&](int it) {
+    const uint32_t k_addr = hopper::SmemAddr(sk + (it % kStages) * Tiles::kKBytes);
+    hopper::WgmmaFence();
+#pragma unroll
+    for (int kk = 0; kk < kBN / 16; ++kk)
+      WgmmaRS<T, kD>(dq, da[kk], hopper::Descriptor(k_addr + kk * 2048, kBN * 128), 1);
+    hopper::WgmmaCommit();
+  };
+  // P = exp2(logits - lse), in sc (needs S only: runs while dP is in flight).
+  auto probabilities = [&](int it) {
+    const int64_t j0 = int64_t(j_begin + it) * kBN;
+    const bool need_mask = TileNeedsMask(c, wg_r0, wg_r1, j0, j0 + kBN - 1);
+    Logits<kBN, false, kGeneral>(sc, c, row0, j0 + 2 * (lane % 4), need_mask);
+#pragma unroll
+    for (int e = 0; e < kBN / 2; ++e) sc[e] = hopper::Exp2(sc[e] - lse2[(e >> 1) & 1]);
+  };
+  // dS = P (dP - delta) into sc (= dbias, written when asked) and, times the
+  // soft-cap's derivative and the scale, into dp.
+  auto scores_grad = [&](int it) {
+    const int64_t col0 = int64_t(j_begin + it) * kBN + 2 * (lane % 4);
 #pragma unroll
     for (int e = 0; e < kBN / 2; ++e) {
       const int h = (e >> 1) & 1;
-      const float pr = hopper::Exp2(sc[e] - lse2[h]);
-      const float ds = pr * (dp[e] - delta[h]);  // d logits (= dbias)
+      const float pr = sc[e];
+      const float ds = pr * (dp[e] - delta[h]);
       sc[e] = ds;
       const int64_t row = row0 + 8 * h, col = col0 + 8 * (e >> 2) + (e & 1);
       dp[e] = ds * SoftcapGrad<kGeneral>(c, pr, lse2[h], row, col) * p.scale;  // d (q.k)
@@ -207,19 +227,54 @@ __global__ void __launch_bounds__(384, 1)
         }
       }
     }
-    uint32_t da[kBN / 16][4];
+  };
+  auto pack_ds = [&] {
 #pragma unroll
     for (int kk = 0; kk < kBN / 16; ++kk)
 #pragma unroll
       for (int r = 0; r < 4; ++r) da[kk][r] = hopper::PackPair<T>(dp[8 * kk + 2 * r], dp[8 * kk + 2 * r + 1]);
-    hopper::WgmmaFence();
-#pragma unroll
-    for (int kk = 0; kk < kBN / 16; ++kk)
-      WgmmaRS<T, kD>(dq, da[kk], hopper::Descriptor(k_addr + kk * 2048, kBN * 128), 1);
-    hopper::WgmmaCommit();
+  };
+
+  // Software pipeline across key tiles: tile it's S and dP are issued, then
+  // tile it-1's dQ (its dS fragments kept from the last iteration), so that
+  // the exponentials run while dP is in flight and the dS arithmetic while dQ
+  // is. A stage is released when its dQ wgmma is done, one tile late -- hence
+  // three stages, so that the next tile's loads are not held up. The first
+  // tile is peeled: every wgmma wait count is then a constant, which ptxas
+  // needs to keep the wgmmas asynchronous (with waits chosen at run time it
+  // serializes them -- ptxas info C7514).
+  const int n_tiles = j_end - j_begin;
+  if (n_tiles > 0) {
+    issue_sdp(0);
+    hopper::WgmmaWait<1>();
+    hopper::FenceRegisters(sc);
+    probabilities(0);
+    hopper::WgmmaWait<0>();
+    hopper::FenceRegisters(dp);
+    scores_grad(0);
+    pack_ds();
+  }
+  for (int it = 1; it < n_tiles; ++it) {
+    issue_sdp(it);
+    issue_dq(it - 1);
+    hopper::WgmmaWait<2>();
+    hopper::FenceRegisters(sc);
+    probabilities(it);
+    hopper::WgmmaWait<1>();
+    hopper::FenceRegisters(dp);
+    scores_grad(it);
+    hopper::WgmmaWait<0>();  // the previous tile's dQ: done with its fragments and its stage
+    hopper::FenceRegisters(dq);
+    hopper::KeepRegisters(da);
+    hopper::BarrierArrive(&empty[(it - 1) % kStages]);
+    pack_ds();
+  }
+  if (n_tiles > 0) {
+    issue_dq(n_tiles - 1);
     hopper::WgmmaWait<0>();
     hopper::FenceRegisters(dq);
-    hopper::BarrierArrive(&empty[s]);
+    hopper::KeepRegisters(da);
+    hopper::BarrierArrive(&empty[(n_tiles - 1) % kStages]);
   }
   StoreFragment<T, kD>(dq, 1.f, static_cast<T*>(p.dq) + (b * sh.t * sh.n + n) * sh.h, row0, sh.t,
                        sh.n * sh.h, sh.h, lane);

@@ -72,6 +72,12 @@ inline bool NeedsGeneral(const AttentionMask& m, float softcap) {
   return softcap != 0.f || m.bias || m.mask || m.q_seg;
 }
 
+// The forward's lean path takes the row max over unscaled scores, which is
+// the max of the logits only for a positive scale.
+inline bool FwdNeedsGeneral(const AttentionMask& m, float softcap, float scale) {
+  return NeedsGeneral(m, softcap) || !(scale > 0.f);
+}
+
 // Whether any position of rows [r0, r1] x columns [c0, c1] may be masked.
 __device__ __forceinline__ bool TileNeedsMask(const ScoreCtx& c, int64_t r0, int64_t r1, int64_t c0,
                                               int64_t c1) {
@@ -118,13 +124,17 @@ __device__ __forceinline__ void QueryTiles(const ScoreCtx& c, int64_t c0, int64_
 // kGeneral adds soft-cap, bias, segment ids and the boolean mask; without it
 // (the common case) the code is a multiply and, on boundary tiles, index
 // compares -- small enough to stay in the instruction cache, which the fully
-// unrolled general path does not.
-template <int kN, bool kTransposed, bool kGeneral>
+// unrolled general path does not. kScaleLean = false leaves the lean path's
+// scores unscaled (only masked to -inf): the forward folds the scale into the
+// exponent's FFMA instead (which needs scale > 0, see FwdNeedsGeneral).
+template <int kN, bool kTransposed, bool kGeneral, bool kScaleLean = true>
 __device__ __forceinline__ void Logits(float (&s)[kN / 2], const ScoreCtx& c, int64_t row0,
                                        int64_t col0, bool need_mask) {
   if constexpr (!kGeneral) {
+    if constexpr (kScaleLean) {
 #pragma unroll
-    for (int e = 0; e < kN / 2; ++e) s[e] *= c.scale_log2;
+      for (int e = 0; e < kN / 2; ++e) s[e] *= c.scale_log2;
+    }
     if (need_mask) {
       // 32-bit index math (the handlers reject sequences of 2^31 or more):
       // fewer registers in the kernels' tightest loop.

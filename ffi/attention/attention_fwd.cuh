@@ -28,6 +28,10 @@
 namespace jax_dnn {
 namespace attention {
 
+// kBN keys per tile: 176 (FlashAttention-3's choice for head dims <= 128)
+// amortizes each tile's fixed costs -- barrier waits, the max shuffles, the
+// output rescale -- over more keys than 128 while Q, two K and two V stages
+// still fit in shared memory and the S, P and O fragments in 240 registers.
 template <int kD, int kDv, int kBN>
 struct FwdTiles {
   static constexpr int kBM = 128, kStages = 2;
@@ -40,19 +44,24 @@ struct FwdTiles {
 constexpr int kPingPong = 1;
 
 // One key tile's online-softmax step for the two rows (h = 0, 1) a thread
-// holds: updates the running max and sum, turns the logits in s into
-// probabilities and returns the factor the output accumulator must be
-// rescaled by.
+// holds: s holds scores that become logits (log2 units) when multiplied by
+// `scale` (> 0; 1 when they already are logits). Updates the running max
+// (in logit units) and sum, turns s into probabilities and returns the
+// factor the output accumulator must be rescaled by. The max is taken over
+// the raw scores and the scale folded into the exponent's FFMA: one FP32
+// instruction less per score, and the FP32 work (with the exponentials) is
+// what each tile's softmax must fit into the other consumer's GEMM time.
 template <int kBN>
-__device__ __forceinline__ void SoftmaxStep(float (&s)[kBN / 2], float (&m_run)[2], float (&l_run)[2],
-                                            float (&corr)[2]) {
+__device__ __forceinline__ void SoftmaxStep(float (&s)[kBN / 2], float scale, float (&m_run)[2],
+                                            float (&l_run)[2], float (&corr)[2]) {
 #pragma unroll
   for (int h = 0; h < 2; ++h) {
-    float mx = m_run[h];
+    float mx = -INFINITY;
 #pragma unroll
     for (int e = 0; e < kBN / 8; ++e) mx = fmaxf(mx, fmaxf(s[4 * e + 2 * h], s[4 * e + 2 * h + 1]));
     mx = fmaxf(mx, __shfl_xor_sync(0xffffffff, mx, 1));
     mx = fmaxf(mx, __shfl_xor_sync(0xffffffff, mx, 2));
+    mx = fmaxf(m_run[h], mx * scale);
     // A row with nothing allowed yet keeps max -inf: subtract 0 instead (p = 0).
     const float m_safe = mx == -INFINITY ? 0.f : mx;
     corr[h] = hopper::Exp2(m_run[h] - m_safe);
@@ -60,8 +69,8 @@ __device__ __forceinline__ void SoftmaxStep(float (&s)[kBN / 2], float (&m_run)[
     float sum = 0.f;
 #pragma unroll
     for (int e = 0; e < kBN / 8; ++e) {
-      s[4 * e + 2 * h] = hopper::Exp2(s[4 * e + 2 * h] - m_safe);
-      s[4 * e + 2 * h + 1] = hopper::Exp2(s[4 * e + 2 * h + 1] - m_safe);
+      s[4 * e + 2 * h] = hopper::Exp2(fmaf(s[4 * e + 2 * h], scale, -m_safe));
+      s[4 * e + 2 * h + 1] = hopper::Exp2(fmaf(s[4 * e + 2 * h + 1], scale, -m_safe));
       sum += s[4 * e + 2 * h] + s[4 * e + 2 * h + 1];
     }
     l_run[h] = l_run[h] * corr[h] + sum;  // per-thread partial; reduced over the quad at the end
@@ -184,8 +193,10 @@ __global__ void __launch_bounds__(384, 1)
   auto softmax = [&](float (&sc)[kBN / 2], int it, float (&corr)[2]) {
     const int64_t j0 = int64_t(j_begin + it) * kBN;
     const bool need_mask = TileNeedsMask(c, wg_r0, wg_r1, j0, j0 + kBN - 1);
-    Logits<kBN, false, kGeneral>(sc, c, row0, j0 + 2 * (lane % 4), need_mask);
-    SoftmaxStep<kBN>(sc, m_run, l_run, corr);
+    // The lean path leaves the scale to SoftmaxStep's FFMA (the launcher
+    // sends scale <= 0 to the general path).
+    Logits<kBN, false, kGeneral, false>(sc, c, row0, j0 + 2 * (lane % 4), need_mask);
+    SoftmaxStep<kBN>(sc, kGeneral ? 1.f : c.scale_log2, m_run, l_run, corr);
   };
   auto pack = [&](const float (&sc)[kBN / 2], uint32_t (&pa)[kBN / 16][4]) {
 #pragma unroll

@@ -8,10 +8,8 @@
 namespace jax_dnn {
 namespace attention {
 
-template <typename T, int kD, int kDv>
-cudaError_t LaunchFwdDims(const AttentionFwdParams& p, cudaStream_t stream) {
-  // 128-key tiles while Q, two K and two V stages fit in shared memory.
-  constexpr int kBN = (kD <= 128 && kDv <= 128) ? 128 : 64;
+template <typename T, int kD, int kDv, int kBN, bool kGeneral>
+cudaError_t LaunchFwdTiles(const AttentionFwdParams& p, cudaStream_t stream) {
   using Tiles = FwdTiles<kD, kDv, kBN>;
   const AttentionShape& s = p.shape;
   CUtensorMap tq, tk, tv;
@@ -19,13 +17,29 @@ cudaError_t LaunchFwdDims(const AttentionFwdParams& p, cudaStream_t stream) {
       !MakeTensorMap(&tk, p.k, s.b, s.s, s.kh, s.h, kBN) ||
       !MakeTensorMap(&tv, p.v, s.b, s.s, s.kh, s.hv, kBN))
     return cudaErrorInvalidValue;
-  auto kernel = NeedsGeneral(p.mask, p.softcap) ? AttentionFwdKernel<T, kD, kDv, kBN, true>
-                                                : AttentionFwdKernel<T, kD, kDv, kBN, false>;
+  auto kernel = AttentionFwdKernel<T, kD, kDv, kBN, kGeneral>;
   cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Tiles::kSmem);
   if (e != cudaSuccess) return e;
   const dim3 grid(static_cast<unsigned>((s.t + Tiles::kBM - 1) / Tiles::kBM), s.n, s.b);
   kernel<<<grid, 384, Tiles::kSmem, stream>>>(tq, tk, tv, p);
   return cudaGetLastError();
+}
+
+template <typename T, int kD, int kDv>
+cudaError_t LaunchFwdDims(const AttentionFwdParams& p, cudaStream_t stream) {
+  if constexpr (kD <= 128 && kDv <= 128) {
+    if (FwdNeedsGeneral(p.mask, p.softcap, p.scale)) return LaunchFwdTiles<T, kD, kDv, 128, true>(p, stream);
+    // 176-key tiles (FwdTiles) where rows see every key; with a causal mask
+    // or a window, 128 keys match the 128-row tiles and waste less at the
+    // diagonal.
+    const bool banded = p.mask.causal || p.mask.window_left >= 0 || p.mask.window_right >= 0;
+    return banded ? LaunchFwdTiles<T, kD, kDv, 128, false>(p, stream)
+                  : LaunchFwdTiles<T, kD, kDv, 176, false>(p, stream);
+  } else {
+    // 64-key tiles keep Q, two K and two V stages within shared memory.
+    return FwdNeedsGeneral(p.mask, p.softcap, p.scale) ? LaunchFwdTiles<T, kD, kDv, 64, true>(p, stream)
+                                                       : LaunchFwdTiles<T, kD, kDv, 64, false>(p, stream);
+  }
 }
 
 template <typename T>
