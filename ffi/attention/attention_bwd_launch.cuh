@@ -34,7 +34,11 @@ cudaError_t LaunchBwdGeneral(const AttentionBwdParams& p, cudaStream_t stream) {
   const dim3 kv_grid(static_cast<unsigned>((s.s + 127) / 128), s.kh, s.b);
   // Narrower tiles for head dims past 128 keep shared memory and registers in budget.
   constexpr bool kWide = std::max(kD, kDv) > 128;
-  constexpr int kBNq = kWide ? 32 : 64;  // key tile of the dQ kernel
+  // Key tile of the dQ kernel: its S and dP fragments (kBNq / 2 floats each)
+  // live beside the dQ accumulator (kD / 2), so the tile is as wide as the
+  // register file allows: 128 keys at head dim 64 (lean logits path only;
+  // the general path would spill), 64 up to 128, 32 beyond.
+  constexpr int kBNq = kWide ? 32 : (kD <= 64 && kDv <= 64 && !kGeneral) ? 128 : 64;
   // Query tile of the dK/dV kernel: its S^T and dP^T fragments live beside
   // both fp32 accumulators, so it shrinks as they grow (and for the general
   // logits path, whose index and soft-cap work needs more registers).
