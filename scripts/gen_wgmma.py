@@ -9,9 +9,12 @@ Two forms, for bf16 and f16 inputs with f32 accumulators, m64nNk16:
       both K-major (imm-trans-a = imm-trans-b = 0).
   WgmmaRS<T, N>(d, a, desc_b, accumulate): A from registers (4 x 32-bit, the
       m64nNk16 A fragment), B from shared memory MN-major (imm-trans-b = 1).
+  WgmmaSSmn<T, N>(d, desc_a, desc_b, accumulate): A and B from shared memory,
+      both MN-major (imm-trans-a = imm-trans-b = 1); N in NS_MN only.
 """
 
 NS = (32, 64, 128, 176, 192, 256)
+NS_MN = (32, 64)  # the fused backward's dQ = dS K, dS stored transposed
 TYPES = (("__nv_bfloat16", "bf16"), ("__half", "f16"))
 
 
@@ -23,13 +26,13 @@ def outs(n):
   return ", ".join(f'"+f"(d[{i}])' for i in range(n))
 
 
-def ss(ctype, ptx, n):
+def ss(ctype, ptx, n, name="WgmmaSS", trans=0):
   m = n // 2
   return f"""template <>
-__device__ __forceinline__ void WgmmaSS<{ctype}, {n}>(float* d, uint64_t a, uint64_t b, int acc) {{
+__device__ __forceinline__ void {name}<{ctype}, {n}>(float* d, uint64_t a, uint64_t b, int acc) {{
   asm volatile(
       "{{\\n.reg .pred p;\\nsetp.ne.b32 p, %{m + 2}, 0;\\n"
-      "wgmma.mma_async.sync.aligned.m64n{n}k16.f32.{ptx}.{ptx} {{{regs(m)}}}, %{m}, %{m + 1}, p, 1, 1, 0, 0;\\n}}\\n"
+      "wgmma.mma_async.sync.aligned.m64n{n}k16.f32.{ptx}.{ptx} {{{regs(m)}}}, %{m}, %{m + 1}, p, 1, 1, {trans}, {trans};\\n}}\\n"
       : {outs(m)}
       : "l"(a), "l"(b), "r"(acc));
 }}
@@ -55,11 +58,14 @@ def main():
   print("#pragma once\n\n#include <cuda_bf16.h>\n#include <cuda_fp16.h>\n\n#include <cstdint>\n")
   print("namespace jax_dnn {\n")
   print("template <typename T, int N>\n__device__ void WgmmaSS(float* d, uint64_t a, uint64_t b, int acc);")
-  print("template <typename T, int N>\n__device__ void WgmmaRS(float* d, const uint32_t* a, uint64_t b, int acc);\n")
+  print("template <typename T, int N>\n__device__ void WgmmaRS(float* d, const uint32_t* a, uint64_t b, int acc);")
+  print("template <typename T, int N>\n__device__ void WgmmaSSmn(float* d, uint64_t a, uint64_t b, int acc);\n")
   for ctype, ptx in TYPES:
     for n in NS:
       print(ss(ctype, ptx, n))
       print(rs(ctype, ptx, n))
+    for n in NS_MN:
+      print(ss(ctype, ptx, n, name="WgmmaSSmn", trans=1))
   print("}  // namespace jax_dnn")
 
 

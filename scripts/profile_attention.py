@@ -1,5 +1,6 @@
 """Runs the attention forward and backward once at a benchmark shape (for ncu):
-  ncu --clock-control none -k regex:Attention python3 scripts/profile_attention.py"""
+  ncu --clock-control none -k regex:Attention python3 scripts/profile_attention.py [S] [D] [split]
+("split": the deterministic backward instead of the single pass)."""
 
 import sys
 
@@ -13,8 +14,9 @@ d = int(sys.argv[2]) if len(sys.argv) > 2 else 128
 b, n = 16384 // s, 2048 // d
 q, k, v = (jax.random.normal(jax.random.key(i), (b, s, n, d), jnp.bfloat16) for i in range(3))
 fwd = jax.jit(jax_dnn.dot_product_attention)
-grad = jax.jit(jax.grad(lambda *a: jnp.sum(jax_dnn.dot_product_attention(*a).astype(jnp.float32)),
-                        (0, 1, 2)))
+split = len(sys.argv) > 3 and sys.argv[3] == "split"
+grad = jax.jit(jax.grad(lambda *a: jnp.sum(jax_dnn.dot_product_attention(
+    *a, deterministic_backward=split).astype(jnp.float32)), (0, 1, 2)))
 for _ in range(2):
   jax.block_until_ready(fwd(q, k, v))
   jax.block_until_ready(grad(q, k, v))

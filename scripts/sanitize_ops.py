@@ -18,17 +18,20 @@ def run(fn, x, *params):
 
 
 def attention(key):
-  """Each head-dim pair, ragged lengths, masks that skip tiles, bias (dbias)."""
+  """Each head-dim pair, ragged lengths, masks that skip tiles, bias (dbias);
+  at head dims padding to 128 both backward paths (single pass, split)."""
   dims = [(64, 64), (128, 128), (96, 96), (192, 192), (256, 256), (192, 128)]
   for dtype in (jnp.bfloat16, jnp.float16):
     for h, hv in dims:
-      for t, s, causal in ((130, 77, True), (65, 200, False)):
-        q = jax.random.normal(key, (2, t, 4, h), dtype)
-        k = jax.random.normal(key, (2, s, 2, h), dtype)
-        v = jax.random.normal(key, (2, s, 2, hv), dtype)
-        fn = functools.partial(jax_dnn.dot_product_attention, is_causal=causal)
-        y, vjp = jax.vjp(jax.jit(fn), q, k, v)
-        jax.block_until_ready((y, vjp(jnp.ones_like(y))))
+      for det in (False, True) if h in (96, 128) else (False,):
+        for t, s, causal in ((130, 77, True), (65, 200, False)):
+          q = jax.random.normal(key, (2, t, 4, h), dtype)
+          k = jax.random.normal(key, (2, s, 2, h), dtype)
+          v = jax.random.normal(key, (2, s, 2, hv), dtype)
+          fn = functools.partial(jax_dnn.dot_product_attention, is_causal=causal,
+                                 deterministic_backward=det)
+          y, vjp = jax.vjp(jax.jit(fn), q, k, v)
+          jax.block_until_ready((y, vjp(jnp.ones_like(y))))
   q = jax.random.normal(key, (2, 100, 2, 64), jnp.bfloat16)
   mask = jax.random.bernoulli(key, 0.7, (2, 2, 100, 100))
   fn = functools.partial(jax_dnn.dot_product_attention, mask=mask, logits_soft_cap=4.0)

@@ -204,6 +204,8 @@ def test_bad_inputs():
     dpa(q, k, v, implementation="cudnn")
   with pytest.raises(TypeError, match="local_window_size"):
     dpa(q, k, v, local_window_size="wide")
+  with pytest.raises(TypeError, match="deterministic_backward must be a bool"):
+    dpa(q, k, v, deterministic_backward="yes")
 
 
 def test_cuda_lowering_uses_kernels():
@@ -217,6 +219,32 @@ def test_cuda_lowering_uses_kernels():
   assert "jax_dnn_attention" not in cuda_hlo(jax_dnn.dot_product_attention, q32, k32, v32)
   assert "jax_dnn_attention" not in cuda_hlo(jax_dnn.dot_product_attention, q[..., :60],
                                              k[..., :60], v[..., :60])
+
+
+@pytest.mark.parametrize("h, kwargs, fused", [
+    (128, {}, True),
+    (96, dict(is_causal=True, local_window_size=(9, 3)), True),
+    (128, dict(query_seq_lengths=jnp.array([16, 9])), True),
+    (64, {}, False),  # the split at other head dims
+    (128, dict(logits_soft_cap=2.0), False),  # and on the general logits path
+    (128, dict(q_segment_ids=jnp.zeros((2, 16), jnp.int32),
+               kv_segment_ids=jnp.zeros((2, 24), jnp.int32)), False),
+    (128, dict(bias=jnp.ones((16, 24))), False),
+    (128, dict(deterministic_backward=True), False),
+    (192, {}, False),
+])
+def test_cuda_lowering_backward_path(h, kwargs, fused):
+  """Which backward the handler is asked for (single pass or split), and the
+  workspace it gets; the handler re-checks (AttentionFusedDqSupported)."""
+  q, k, v = qkv(21, 2, 16, 24, 4, 2, h, jnp.bfloat16)
+  kwargs = dict(kwargs)
+  bias = kwargs.pop("bias", None)
+  loss = lambda q, k, v: jnp.sum(jax_dnn.dot_product_attention(
+      q, k, v, bias, **kwargs).astype(jnp.float32))
+  hlo = cuda_hlo(jax.grad(loss, (0, 1, 2)), q, k, v)
+  assert f"fused_dq = {str(fused).lower()}" in hlo
+  acc = f"tensor<2x4x{64 * -(-h // 64) * 64}xf32>" if fused else "tensor<2x0xf32>"
+  assert acc in hlo
 
 
 def test_flax_multi_head_attention(device):

@@ -163,10 +163,40 @@ def test_kernel_is_used_and_vmap(gpu):
   np.testing.assert_allclose(np.asarray(out, np.float32), np.asarray(ref), atol=2e-2, rtol=2e-2)
 
 
+# The two backward paths: the single pass (dQ reduce-added in fp32; the
+# default at head dims padding to 128 without bias, soft-cap, mask or
+# segments) and the deterministic split.
+BWD_CASES = {  # shape (B, T, S, N, K, H), options, valid kwargs
+    "d128_gqa_causal": ((1, 1000, 1000, 4, 2, 128), dict(is_causal=True), dict(causal=True)),
+    "d128_mqa": ((2, 130, 77, 4, 1, 128), {}, {}),
+    "d128_ragged": ((2, 113, 255, 4, 4, 128), {}, {}),
+    "d96_causal": ((1, 300, 300, 2, 1, 96), dict(is_causal=True), dict(causal=True)),
+    "d128_window": ((1, 777, 700, 2, 1, 128), dict(local_window_size=(100, 20)),
+                    dict(window=(100, 20))),
+    "d128_lengths": ((2, 513, 400, 2, 2, 128),
+                     dict(query_seq_lengths=jnp.array([513, 200]),
+                          key_value_seq_lengths=jnp.array([150, 400])),
+                     dict(q_lens=[513, 200], kv_lens=[150, 400])),
+    "d128_softcap": ((1, 300, 333, 2, 2, 128), dict(logits_soft_cap=2.5), {}),  # always split
+}
+
+
+@pytest.mark.parametrize("deterministic", [False, True], ids=["single_pass", "split"])
+@pytest.mark.parametrize("case", list(BWD_CASES))
+def test_backward_paths(gpu, case, deterministic):
+  (b, t, s, n, kh, h), kwargs, valid_kw = BWD_CASES[case]
+  q, k, v = qkv(17, b, t, s, n, kh, h, jnp.bfloat16)
+  ours = functools.partial(jax_dnn.dot_product_attention, deterministic_backward=deterministic,
+                           **kwargs)
+  naive = functools.partial(naive_attention, valid=_valid(b, n, t, s, **valid_kw),
+                            softcap=kwargs.get("logits_soft_cap"))
+  check_fwd_bwd(gpu, ours, naive, (q, k, v), jnp.bfloat16, what=f"attention bwd {case}")
+
+
 def test_deterministic_backward(gpu):
   q, k, v = qkv(15, 1, 777, 777, 4, 1, 128, jnp.bfloat16)
-  g = jax.jit(jax.grad(lambda *a: jnp.sum(jax_dnn.dot_product_attention(*a).astype(jnp.float32)
-                                          ** 2), (0, 1, 2)))
+  g = jax.jit(jax.grad(lambda *a: jnp.sum(jax_dnn.dot_product_attention(
+      *a, deterministic_backward=True).astype(jnp.float32) ** 2), (0, 1, 2)))
   first = g(q, k, v)
   second = g(q, k, v)
   for a, c in zip(first, second):

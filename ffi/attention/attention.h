@@ -53,7 +53,16 @@ struct AttentionBwdParams {
   void *dq, *dk, *dv;
   float* dbias;   // [B, N, T, S] dlogits when a bias is given (else nullptr)
   float* delta;   // workspace [B, N, T]: rowsum(dO * O)
+  // Workspace of the single-pass backward (nullptr: the deterministic split):
+  // fp32 dQ accumulator, AttentionDqAccElements(shape) floats.
+  float* dq_acc;
 };
+
+// Whether the single-pass backward (dQ added from the dK/dV kernel) takes
+// these parameters: head dims padding to 128/128, without bias, soft-cap,
+// mask or segments (the general logits path). Mirrored in _src/attention.py.
+bool AttentionFusedDqSupported(const AttentionBwdParams& p);
+int64_t AttentionDqAccElements(const AttentionShape& s);
 
 // The head dims the kernels take (each padded up to a multiple of 64, at most
 // 256, and a multiple of 8 for TMA's 16-byte strides); other shapes use the

@@ -280,33 +280,94 @@ __global__ void __launch_bounds__(384, 1)
                        sh.n * sh.h, sh.h, lane);
 }
 
-template <int kD, int kDv, int kBQ>
+template <int kD, int kDv, int kBQ, bool kDq = false>
 struct DkvTiles {
   static constexpr int kBN = 128, kStages = 2;
   static constexpr int kKBytes = kBN * kD * 2, kVBytes = kBN * kDv * 2;
   static constexpr int kQBytes = kBQ * kD * 2, kOBytes = kBQ * kDv * 2;
   static constexpr int kRowBytes = 2 * kBQ * 4;  // per stage: the tile's lse (log2) and delta
+  // With the fused dQ: dS of two query tiles, and each warpgroup's fp32
+  // half of the dQ tile for two tiles (both double-buffered, see the kernel).
+  static constexpr int kDsBytes = kDq ? kBN * kBQ * 2 : 0;
+  static constexpr int kDqHalfBytes = kDq ? kBQ * kD / 2 * 4 : 0;
   static constexpr int kSmem = 1024 + kKBytes + kVBytes + kStages * (kQBytes + kOBytes + kRowBytes) +
-                               8 * (1 + 2 * kStages);
+                               2 * kDsBytes + 4 * kDqHalfBytes + 8 * (1 + 2 * kStages);
 };
+
+// The fused dQ's fp32 accumulator p.dq_acc: per (batch, head, 64-query tile),
+// kBQ x kD floats, as two column halves (one per consumer warpgroup), each in
+// the warpgroup's wgmma fragment order: float4 number q * 128 + t holds
+// thread t's accumulators 4q .. 4q + 3 (rows R, R, R + 8, R + 8 with
+// R = 16 (t / 32) + (t % 32) / 4; columns 8q + 2 (t % 4) + 0, 1, 0, 1). Every
+// reduce-add is then one contiguous 16-byte-aligned block, and the smem
+// stores that stage it are conflict-free.
+constexpr int kDqTileRows = 64;
+
+// dq = dq_acc in T, from the fragment order above: one block of 256 threads
+// per 64-row tile (grid: query tiles, N, B); thread t of half w reads its own
+// fragment (coalesced float4s), and the tile goes out through shared memory
+// as whole rows (16-byte stores).
+template <typename T, int kD>
+__global__ void __launch_bounds__(256)
+    AttentionDqConvertKernel(const float* __restrict__ acc, T* __restrict__ dq, int64_t t_len,
+                             int64_t n_heads, int64_t h) {
+  constexpr int kHalf = kD / 2, kLd = kD + 8;  // +8: rows start on different banks
+  __shared__ __align__(16) uint16_t tile[kDqTileRows * kLd];  // T bits
+  const int64_t tiles = (t_len + kDqTileRows - 1) / kDqTileRows;
+  const int64_t i = blockIdx.x, n = blockIdx.y, b = blockIdx.z;
+  const int w = threadIdx.x / 128, t = threadIdx.x % 128;
+  const float4* src = reinterpret_cast<const float4*>(
+      acc + ((b * n_heads + n) * tiles + i) * kDqTileRows * kD + w * kDqTileRows * kHalf);
+  const int row = 16 * (t / 32) + (t % 32) / 4;
+#pragma unroll
+  for (int q = 0; q < kHalf / 8; ++q) {
+    const float4 v = src[q * 128 + t];
+    const int col = w * kHalf + 8 * q + 2 * (t % 4);
+    *reinterpret_cast<uint32_t*>(&tile[row * kLd + col]) = hopper::PackPair<T>(v.x, v.y);
+    *reinterpret_cast<uint32_t*>(&tile[(row + 8) * kLd + col]) = hopper::PackPair<T>(v.z, v.w);
+  }
+  __syncthreads();
+  T* out = dq + (b * t_len * n_heads + n) * h;
+  constexpr int kChunks = kD / 8;  // 16-byte pieces per row
+  for (int c = threadIdx.x; c < kDqTileRows * kChunks; c += 256) {
+    const int r = c / kChunks, col = 8 * (c % kChunks);
+    const int64_t grow = i * kDqTileRows + r;
+    if (grow < t_len && col < h)
+      *reinterpret_cast<uint4*>(out + grow * n_heads * h + col) =
+          *reinterpret_cast<const uint4*>(&tile[r * kLd + col]);
+  }
+}
 
 // kDoDK / kDoDV: which gradients this launch computes (large head dims split
 // them over two launches to keep both accumulators within the register file).
-template <typename T, int kD, int kDv, int kBQ, bool kDoDK, bool kDoDV, bool kGeneral>
+// kDq (the single pass; head dim 128, lean logits path): also dQ, added into the fp32
+// p.dq_acc. Per query tile, each consumer stores its dS^T fragment to shared
+// memory as dS with queries contiguous (an MN-major wgmma operand); once the
+// other consumer's half is there too, warpgroup w computes its half of the dQ
+// columns, dS (64 queries x 128 keys) times K (128 keys x kD / 2), stages it
+// in shared memory and adds it to global memory with one TMA bulk reduce-add
+// (so the adds are done in L2, one instruction per 16 KB, not per element).
+// Five GEMMs per tile instead of the split's seven; not deterministic (the
+// order of the adds varies), so the split stays for the deterministic option.
+template <typename T, int kD, int kDv, int kBQ, bool kDoDK, bool kDoDV, bool kGeneral, bool kDq = false>
 __global__ void __launch_bounds__(384, 1)
     AttentionDkvKernel(const __grid_constant__ CUtensorMap tq, const __grid_constant__ CUtensorMap tdo,
                        const __grid_constant__ CUtensorMap tk, const __grid_constant__ CUtensorMap tv,
                        const AttentionBwdParams p) {
-  using Tiles = DkvTiles<kD, kDv, kBQ>;
+  using Tiles = DkvTiles<kD, kDv, kBQ, kDq>;
   constexpr int kBN = Tiles::kBN, kStages = Tiles::kStages;
   constexpr bool kNeedDp = kDoDK;  // dV needs only P
+  static_assert(!kDq || (kDoDK && kDoDV && kBQ == kDqTileRows && (kD == 64 || kD == 128)),
+                "the fused dQ takes 64-query tiles and head dims 64 or 128");  // launched: 128
   extern __shared__ uint8_t smem_raw[];
   uint8_t* base = reinterpret_cast<uint8_t*>((reinterpret_cast<uintptr_t>(smem_raw) + 1023) & ~uintptr_t(1023));
   uint8_t* sk = base;
   uint8_t* sv = sk + Tiles::kKBytes;
   uint8_t* sq = sv + Tiles::kVBytes;
   uint8_t* sdo = sq + kStages * Tiles::kQBytes;
-  float* srows = reinterpret_cast<float*>(sdo + kStages * Tiles::kOBytes);  // [stage][lse2 | delta][kBQ]
+  uint8_t* sds = sdo + kStages * Tiles::kOBytes;  // [2][kBN keys][kBQ queries], 128B-swizzled
+  float* sdq = reinterpret_cast<float*>(sds + 2 * Tiles::kDsBytes);  // [2][2 warpgroups][kBQ x kD / 2]
+  float* srows = reinterpret_cast<float*>(reinterpret_cast<uint8_t*>(sdq) + 4 * Tiles::kDqHalfBytes);  // [stage][lse2 | delta][kBQ]
   uint64_t* kv_full = reinterpret_cast<uint64_t*>(srows + kStages * 2 * kBQ);
   uint64_t* full = kv_full + 1;
   uint64_t* empty = full + kStages;
@@ -395,55 +456,102 @@ __global__ void __launch_bounds__(384, 1)
   const uint32_t v_addr = hopper::SmemAddr(sv) + wg * 64 * 128;
   hopper::BarrierWait(kv_full, 0);
 
-  ScoreCtx c{};
-  for (int it = 0; it < group * per_head; ++it) {
-    const int64_t n = kvh * group + it / per_head;
-    const int i = query_tile(it);
-    if (it % per_head == 0) c = MakeScoreCtx(p.mask, sh, p.scale, p.softcap, b, n);
-    const int s = it % kStages;
-    const uint32_t phase = (it / kStages) & 1;
-    const uint32_t q_addr = hopper::SmemAddr(sq + s * Tiles::kQBytes);
-    const uint32_t do_addr = hopper::SmemAddr(sdo + s * Tiles::kOBytes);
-    // Columns are query rows q0 + ...; their lse and delta come from the row warp.
-    const int64_t q0 = int64_t(i) * kBQ;
-    const int64_t col0 = q0 + 2 * (lane % 4);
-    const float* lse_s = srows + s * 2 * kBQ + 2 * (lane % 4);  // + 8 (e / 4) + e % 2
-    const float* delta_s = lse_s + kBQ;
-    float st[kBQ / 2], dpt[kNeedDp ? kBQ / 2 : 1];
+  if constexpr (kDq) {
+    // The single pass. Per query tile `it` a warpgroup first computes dQ of
+    // the previous tile (once the other warpgroup's half of that dS is in
+    // shared memory), stages it and reduce-adds it; then S^T, dP^T, P^T,
+    // dS^T (also stored for the dQ wgmmas), dV and dK as in the split. The
+    // warpgroups hand dS over with arrive/sync pairs on named barriers
+    // (4 + 2 * writer + parity), not a barrier both wait at, so that they
+    // stay out of phase and one's elementwise work runs while the other's
+    // GEMMs do (a barrier both wait at cost 5.51 ms against 3.40 for the
+    // dK/dV kernel alone, S = 8192, D = 128, H100). A warpgroup writes dS(it + 2)
+    // into a buffer only after the other's arrival with dS(it + 1), which that
+    // one makes after its dQ(it) wgmma is done. (dQ(it - 1) in flight beside
+    // S^T and dP^T would overlap more, but spills 212 bytes.)
+    constexpr int kHalf = kD / 2;
+    const int64_t q_tiles = (sh.t + kBQ - 1) / kBQ;
+    const uint32_t ds_base = hopper::SmemAddr(sds);
+    const uint32_t kcol_addr = hopper::SmemAddr(sk) + (wg * kHalf / 64) * kBN * 128 + (wg * kHalf % 64) * 2;
+    const int n_iters = group * per_head;
+    float dq[kD / 4];
 
-    hopper::BarrierWait(&full[s], phase);
-    hopper::WgmmaFence();
+    auto issue_dq = [&](int it) {  // dQ(it) = dS(it) K[:, this warpgroup's columns]
+      hopper::NamedBarrierSync(4 + 2 * (1 - wg) + (it & 1), 256);
+      const uint32_t ds_addr = ds_base + (it & 1) * Tiles::kDsBytes;
+      hopper::WgmmaFence();
 #pragma unroll
-    for (int kk = 0; kk < kD / 16; ++kk)
-      WgmmaSS<T, kBQ>(st, hopper::Descriptor(k_addr + (kk / 4) * kBN * 128 + (kk % 4) * 32, 0),
-                      hopper::Descriptor(q_addr + (kk / 4) * kBQ * 128 + (kk % 4) * 32, 0), kk > 0);
-    hopper::WgmmaCommit();
-    if constexpr (kNeedDp) {
+      for (int kk = 0; kk < kBN / 16; ++kk)
+        WgmmaSSmn<T, kHalf>(dq, hopper::Descriptor(ds_addr + kk * 2048, 0),
+                            hopper::Descriptor(kcol_addr + kk * 2048, 0), kk > 0);
+      hopper::WgmmaCommit();
+    };
+    // dQ(it) (done) -> shared memory in fragment order (double-buffered) ->
+    // one bulk reduce-add into p.dq_acc. Before the warpgroup barrier, the
+    // issuing thread waits until the previous reduce-add has read its
+    // buffer, which the next tile's stores reuse.
+    auto reduce_dq = [&](int it) {
+      hopper::FenceRegisters(dq);
+      float4* half = reinterpret_cast<float4*>(sdq) + ((it & 1) * 2 + wg) * (kBQ * kD / 8);
+#pragma unroll
+      for (int q = 0; q < kD / 16; ++q)
+        half[q * 128 + t] = make_float4(dq[4 * q], dq[4 * q + 1], dq[4 * q + 2], dq[4 * q + 3]);
+      hopper::FenceProxyAsync();
+      if (t == 0) hopper::BulkWaitRead<0>();
+      hopper::NamedBarrierSync(2 + wg, 128);
+      if (t == 0) {
+        const int64_t n = kvh * group + it / per_head;
+        float* dst = p.dq_acc + ((b * sh.n + n) * q_tiles + query_tile(it)) * (kBQ * kD) +
+                     wg * (kBQ * kD / 2);
+        hopper::BulkReduceAddF32(dst, half, kBQ * kD / 2 * 4);
+        hopper::BulkCommit();
+      }
+    };
+    // One query tile. (Peeling the first tile, which has no previous dQ, made
+    // ptxas spill 220 bytes; the branch costs nothing measurable.)
+    ScoreCtx c{};
+    auto step = [&](int it) {
+      const int64_t n = kvh * group + it / per_head;
+      const int i = query_tile(it);
+      if (it % per_head == 0) c = MakeScoreCtx(p.mask, sh, p.scale, p.softcap, b, n);
+      const int s = it % kStages;
+      const uint32_t q_addr = hopper::SmemAddr(sq + s * Tiles::kQBytes);
+      const uint32_t do_addr = hopper::SmemAddr(sdo + s * Tiles::kOBytes);
+      const int64_t q0 = int64_t(i) * kBQ;
+      const int64_t col0 = q0 + 2 * (lane % 4);
+      const float* lse_s = srows + s * 2 * kBQ + 2 * (lane % 4);  // + 8 (e / 4) + e % 2
+      const float* delta_s = lse_s + kBQ;
+      float st[kBQ / 2], dpt[kBQ / 2];
+      uint32_t pa[kBQ / 16][4], da[kBQ / 16][4];
+
+      if (it > 0) {
+        issue_dq(it - 1);
+        hopper::WgmmaWait<0>();
+        reduce_dq(it - 1);
+      }
+      hopper::BarrierWait(&full[s], (it / kStages) & 1);
+      hopper::WgmmaFence();
+#pragma unroll
+      for (int kk = 0; kk < kD / 16; ++kk)
+        WgmmaSS<T, kBQ>(st, hopper::Descriptor(k_addr + (kk / 4) * kBN * 128 + (kk % 4) * 32, 0),
+                        hopper::Descriptor(q_addr + (kk / 4) * kBQ * 128 + (kk % 4) * 32, 0), kk > 0);
+      hopper::WgmmaCommit();
 #pragma unroll
       for (int kk = 0; kk < kDv / 16; ++kk)
         WgmmaSS<T, kBQ>(dpt, hopper::Descriptor(v_addr + (kk / 4) * kBN * 128 + (kk % 4) * 32, 0),
                         hopper::Descriptor(do_addr + (kk / 4) * kBQ * 128 + (kk % 4) * 32, 0), kk > 0);
       hopper::WgmmaCommit();
-    }
-    // P^T is computed while dP^T still runs. P^T and dS^T are packed into A
-    // fragments before the dV / dK wgmmas are issued, so that only the
-    // accumulators and the fragments stay live while those run.
-    hopper::WgmmaWait<kNeedDp ? 1 : 0>();
-    hopper::FenceRegisters(st);
-    const bool need_mask = TileNeedsMask(c, q0, q0 + kBQ - 1, wg_r0, wg_r1);
-    Logits<kBQ, true, kGeneral>(st, c, row0, col0, need_mask);
+      hopper::WgmmaWait<1>();
+      hopper::FenceRegisters(st);
+      const bool need_mask = TileNeedsMask(c, q0, q0 + kBQ - 1, wg_r0, wg_r1);
+      Logits<kBQ, true, kGeneral>(st, c, row0, col0, need_mask);
 #pragma unroll
-    for (int e = 0; e < kBQ / 2; ++e) st[e] = hopper::Exp2(st[e] - lse_s[8 * (e >> 2) + (e & 1)]);  // P^T
-    uint32_t pa[kBQ / 16][4];
-    if constexpr (kDoDV) {
+      for (int e = 0; e < kBQ / 2; ++e) st[e] = hopper::Exp2(st[e] - lse_s[8 * (e >> 2) + (e & 1)]);  // P^T
 #pragma unroll
       for (int kk = 0; kk < kBQ / 16; ++kk)
 #pragma unroll
         for (int r = 0; r < 4; ++r) pa[kk][r] = hopper::PackPair<T>(st[8 * kk + 2 * r], st[8 * kk + 2 * r + 1]);
-    }
-    uint32_t da[kBQ / 16][4];
-    if constexpr (kDoDK) {
-      hopper::WgmmaWait<0>();  // dP^T
+      hopper::WgmmaWait<0>();
       hopper::FenceRegisters(dpt);
 #pragma unroll
       for (int e = 0; e < kBQ / 2; ++e) {
@@ -455,23 +563,120 @@ __global__ void __launch_bounds__(384, 1)
       for (int kk = 0; kk < kBQ / 16; ++kk)
 #pragma unroll
         for (int r = 0; r < 4; ++r) da[kk][r] = hopper::PackPair<T>(dpt[8 * kk + 2 * r], dpt[8 * kk + 2 * r + 1]);
-    }
-    hopper::WgmmaFence();
-    if constexpr (kDoDV) {
+      // dS^T fragment -> rows of 64 queries (128 bytes) per key, with the
+      // 128-byte swizzle TMA would apply (16-byte chunk c of row r at
+      // c ^ (r % 8)): conflict-free stores, and dS read MN-major by issue_dq.
+      uint8_t* ds_buf = sds + (it & 1) * Tiles::kDsBytes;
+      const int key0 = 64 * wg + 16 * warp + lane / 4;
+#pragma unroll
+      for (int kk = 0; kk < kBQ / 16; ++kk)
+#pragma unroll
+        for (int r = 0; r < 4; ++r) {
+          const int key = key0 + 8 * (r & 1), byte = 2 * (8 * (2 * kk + (r >> 1)) + 2 * (lane % 4));
+          *reinterpret_cast<uint32_t*>(ds_buf + key * 128 + ((((byte >> 4) ^ key) & 7) << 4) +
+                                       (byte & 15)) = da[kk][r];
+        }
+      hopper::FenceProxyAsync();
+      hopper::NamedBarrierArrive(4 + 2 * wg + (it & 1), 256);
+      hopper::WgmmaFence();
 #pragma unroll
       for (int kk = 0; kk < kBQ / 16; ++kk)
         WgmmaRS<T, kDv>(dv, pa[kk], hopper::Descriptor(do_addr + kk * 2048, kBQ * 128), 1);
-    }
-    if constexpr (kDoDK) {
 #pragma unroll
       for (int kk = 0; kk < kBQ / 16; ++kk)
         WgmmaRS<T, kD>(dk, da[kk], hopper::Descriptor(q_addr + kk * 2048, kBQ * 128), 1);
+      hopper::WgmmaCommit();
+      hopper::WgmmaWait<0>();
+      hopper::FenceRegisters(dk), hopper::KeepRegisters(da);
+      hopper::FenceRegisters(dv), hopper::KeepRegisters(pa);
+      hopper::BarrierArrive(&empty[s]);
+    };
+    if (n_iters > 0) {
+      for (int it = 0; it < n_iters; ++it) step(it);
+      issue_dq(n_iters - 1);
+      hopper::WgmmaWait<0>();
+      reduce_dq(n_iters - 1);
+      if (t == 0) hopper::BulkWaitAll();  // shared memory must outlive the last reads
     }
-    hopper::WgmmaCommit();
-    hopper::WgmmaWait<0>();
-    if constexpr (kDoDK) hopper::FenceRegisters(dk), hopper::KeepRegisters(da);
-    if constexpr (kDoDV) hopper::FenceRegisters(dv), hopper::KeepRegisters(pa);
-    hopper::BarrierArrive(&empty[s]);
+  } else {
+    ScoreCtx c{};
+    for (int it = 0; it < group * per_head; ++it) {
+      const int64_t n = kvh * group + it / per_head;
+      const int i = query_tile(it);
+      if (it % per_head == 0) c = MakeScoreCtx(p.mask, sh, p.scale, p.softcap, b, n);
+      const int s = it % kStages;
+      const uint32_t phase = (it / kStages) & 1;
+      const uint32_t q_addr = hopper::SmemAddr(sq + s * Tiles::kQBytes);
+      const uint32_t do_addr = hopper::SmemAddr(sdo + s * Tiles::kOBytes);
+      // Columns are query rows q0 + ...; their lse and delta come from the row warp.
+      const int64_t q0 = int64_t(i) * kBQ;
+      const int64_t col0 = q0 + 2 * (lane % 4);
+      const float* lse_s = srows + s * 2 * kBQ + 2 * (lane % 4);  // + 8 (e / 4) + e % 2
+      const float* delta_s = lse_s + kBQ;
+      float st[kBQ / 2], dpt[kNeedDp ? kBQ / 2 : 1];
+
+      hopper::BarrierWait(&full[s], phase);
+      hopper::WgmmaFence();
+  #pragma unroll
+      for (int kk = 0; kk < kD / 16; ++kk)
+        WgmmaSS<T, kBQ>(st, hopper::Descriptor(k_addr + (kk / 4) * kBN * 128 + (kk % 4) * 32, 0),
+                        hopper::Descriptor(q_addr + (kk / 4) * kBQ * 128 + (kk % 4) * 32, 0), kk > 0);
+      hopper::WgmmaCommit();
+      if constexpr (kNeedDp) {
+  #pragma unroll
+        for (int kk = 0; kk < kDv / 16; ++kk)
+          WgmmaSS<T, kBQ>(dpt, hopper::Descriptor(v_addr + (kk / 4) * kBN * 128 + (kk % 4) * 32, 0),
+                          hopper::Descriptor(do_addr + (kk / 4) * kBQ * 128 + (kk % 4) * 32, 0), kk > 0);
+        hopper::WgmmaCommit();
+      }
+      // P^T is computed while dP^T still runs. P^T and dS^T are packed into A
+      // fragments before the dV / dK wgmmas are issued, so that only the
+      // accumulators and the fragments stay live while those run.
+      hopper::WgmmaWait<kNeedDp ? 1 : 0>();
+      hopper::FenceRegisters(st);
+      const bool need_mask = TileNeedsMask(c, q0, q0 + kBQ - 1, wg_r0, wg_r1);
+      Logits<kBQ, true, kGeneral>(st, c, row0, col0, need_mask);
+  #pragma unroll
+      for (int e = 0; e < kBQ / 2; ++e) st[e] = hopper::Exp2(st[e] - lse_s[8 * (e >> 2) + (e & 1)]);  // P^T
+      uint32_t pa[kBQ / 16][4];
+      if constexpr (kDoDV) {
+  #pragma unroll
+        for (int kk = 0; kk < kBQ / 16; ++kk)
+  #pragma unroll
+          for (int r = 0; r < 4; ++r) pa[kk][r] = hopper::PackPair<T>(st[8 * kk + 2 * r], st[8 * kk + 2 * r + 1]);
+      }
+      uint32_t da[kBQ / 16][4];
+      if constexpr (kDoDK) {
+        hopper::WgmmaWait<0>();  // dP^T
+        hopper::FenceRegisters(dpt);
+  #pragma unroll
+        for (int e = 0; e < kBQ / 2; ++e) {
+          const int off = 8 * (e >> 2) + (e & 1);
+          const float cap = SoftcapGrad<kGeneral>(c, st[e], lse_s[off], col0 + off, row0 + 8 * ((e >> 1) & 1));
+          dpt[e] = st[e] * (dpt[e] - delta_s[off]) * cap * p.scale;  // dS^T w.r.t. q.k
+        }
+  #pragma unroll
+        for (int kk = 0; kk < kBQ / 16; ++kk)
+  #pragma unroll
+          for (int r = 0; r < 4; ++r) da[kk][r] = hopper::PackPair<T>(dpt[8 * kk + 2 * r], dpt[8 * kk + 2 * r + 1]);
+      }
+      hopper::WgmmaFence();
+      if constexpr (kDoDV) {
+  #pragma unroll
+        for (int kk = 0; kk < kBQ / 16; ++kk)
+          WgmmaRS<T, kDv>(dv, pa[kk], hopper::Descriptor(do_addr + kk * 2048, kBQ * 128), 1);
+      }
+      if constexpr (kDoDK) {
+  #pragma unroll
+        for (int kk = 0; kk < kBQ / 16; ++kk)
+          WgmmaRS<T, kD>(dk, da[kk], hopper::Descriptor(q_addr + kk * 2048, kBQ * 128), 1);
+      }
+      hopper::WgmmaCommit();
+      hopper::WgmmaWait<0>();
+      if constexpr (kDoDK) hopper::FenceRegisters(dk), hopper::KeepRegisters(da);
+      if constexpr (kDoDV) hopper::FenceRegisters(dv), hopper::KeepRegisters(pa);
+      hopper::BarrierArrive(&empty[s]);
+    }
   }
   const int64_t ld = sh.kh * sh.h, ldv = sh.kh * sh.hv;
   if constexpr (kDoDK)

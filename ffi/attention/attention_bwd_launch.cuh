@@ -34,15 +34,36 @@ cudaError_t LaunchBwdGeneral(const AttentionBwdParams& p, cudaStream_t stream) {
   const dim3 kv_grid(static_cast<unsigned>((s.s + 127) / 128), s.kh, s.b);
   // Narrower tiles for head dims past 128 keep shared memory and registers in budget.
   constexpr bool kWide = std::max(kD, kDv) > 128;
+  // Query tile of the dK/dV kernel: its S^T and dP^T fragments live beside
+  // both fp32 accumulators, so it shrinks as they grow (and for the general
+  // logits path, whose index and soft-cap work needs more registers).
+  constexpr int kBQ = kD + kDv <= 128 || (kD + kDv <= 256 && !kGeneral) ? 64 : 32;
+
+  if (p.dq_acc != nullptr) {  // the single pass (see AttentionDkvKernel's kDq)
+    if constexpr (kD == 128 && kDv == 128 && !kGeneral) {
+      const int64_t tiles = (s.t + kDqTileRows - 1) / kDqTileRows;
+      cudaError_t e = cudaMemsetAsync(p.dq_acc, 0, sizeof(float) * s.b * s.n * tiles * kDqTileRows * kD, stream);
+      if (e != cudaSuccess) return e;
+      if (!MakeTensorMap(&tq, p.q, s.b, s.t, s.n, s.h, kBQ) ||
+          !MakeTensorMap(&tdo, p.d_o, s.b, s.t, s.n, s.hv, kBQ) ||
+          !MakeTensorMap(&tk, p.k, s.b, s.s, s.kh, s.h, 128) ||
+          !MakeTensorMap(&tv, p.v, s.b, s.s, s.kh, s.hv, 128))
+        return cudaErrorInvalidValue;
+      e = Launch(AttentionDkvKernel<T, kD, kDv, kBQ, true, true, kGeneral, true>, kv_grid,
+                 DkvTiles<kD, kDv, kBQ, true>::kSmem, stream, tq, tdo, tk, tv, p);
+      if (e != cudaSuccess) return e;
+      AttentionDqConvertKernel<T, kD><<<dim3(static_cast<unsigned>(tiles), s.n, s.b), 256, 0, stream>>>(
+          p.dq_acc, static_cast<T*>(p.dq), s.t, s.n, s.h);
+      return cudaGetLastError();
+    } else {
+      return cudaErrorInvalidValue;  // the handler checks AttentionFusedDqSupported first
+    }
+  }
   // Key tile of the dQ kernel: its S and dP fragments (kBNq / 2 floats each)
   // live beside the dQ accumulator (kD / 2), so the tile is as wide as the
   // register file allows: 128 keys at head dim 64 (lean logits path only;
   // the general path would spill), 64 up to 128, 32 beyond.
   constexpr int kBNq = kWide ? 32 : (kD <= 64 && kDv <= 64 && !kGeneral) ? 128 : 64;
-  // Query tile of the dK/dV kernel: its S^T and dP^T fragments live beside
-  // both fp32 accumulators, so it shrinks as they grow (and for the general
-  // logits path, whose index and soft-cap work needs more registers).
-  constexpr int kBQ = kD + kDv <= 128 || (kD + kDv <= 256 && !kGeneral) ? 64 : 32;
   if (!MakeTensorMap(&tq, p.q, s.b, s.t, s.n, s.h, 128) ||
       !MakeTensorMap(&tdo, p.d_o, s.b, s.t, s.n, s.hv, 128) ||
       !MakeTensorMap(&tk, p.k, s.b, s.s, s.kh, s.h, kBNq) ||

@@ -135,10 +135,10 @@ ffi::Error AttentionBwdImpl(cudaStream_t stream, ffi::AnyBuffer d_o, ffi::AnyBuf
                             ffi::Buffer<ffi::F32> lse, ffi::RemainingArgs rest,
                             ffi::Result<ffi::AnyBuffer> dq, ffi::Result<ffi::AnyBuffer> dk,
                             ffi::Result<ffi::AnyBuffer> dv, ffi::ResultBuffer<ffi::F32> dbias,
-                            ffi::ResultBuffer<ffi::F32> delta, bool has_bias, bool has_mask,
-                            bool has_q_lens, bool has_kv_lens, bool has_seg, bool is_causal,
-                            int64_t window_left, int64_t window_right, float scale,
-                            float softcap) {
+                            ffi::ResultBuffer<ffi::F32> delta, ffi::ResultBuffer<ffi::F32> dq_acc,
+                            bool has_bias, bool has_mask, bool has_q_lens, bool has_kv_lens,
+                            bool has_seg, bool is_causal, int64_t window_left,
+                            int64_t window_right, float scale, float softcap, bool fused_dq) {
   AttentionBwdParams p{};
   if (auto e = CheckQkv(kBwd, q, k, v, &p.shape, &p.dtype); e.failure()) return e;
   const Flags f{has_bias, has_mask, has_q_lens, has_kv_lens, has_seg, is_causal, window_left,
@@ -167,6 +167,14 @@ ffi::Error AttentionBwdImpl(cudaStream_t stream, ffi::AnyBuffer d_o, ffi::AnyBuf
   p.dv = dv->untyped_data();
   p.dbias = has_bias ? dbias->typed_data() : nullptr;
   p.delta = delta->typed_data();
+  if (fused_dq) {
+    if (!AttentionFusedDqSupported(p))
+      return Err(kBwd, "fused_dq needs head dims padding to 64/64, or 128/128 without soft-cap, "
+                       "mask or segments, and no bias");
+    if (dq_acc->element_count() != AttentionDqAccElements(s))
+      return Err(kBwd, "dq_acc must hold B * N * ceil(T / 64) * 64 * pad64(H) floats");
+    p.dq_acc = dq_acc->typed_data();
+  }
   return LaunchStatus(LaunchAttentionBwd(p, stream), kBwd);
 }
 
@@ -208,6 +216,8 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(AttentionBwd, AttentionBwdImpl,
                                   .Ret<ffi::AnyBuffer>()
                                   .Ret<ffi::AnyBuffer>()
                                   .Ret<ffi::Buffer<ffi::F32>>()
-                                  .Ret<ffi::Buffer<ffi::F32>>() JAX_DNN_ATTENTION_ATTRS);
+                                  .Ret<ffi::Buffer<ffi::F32>>()
+                                  .Ret<ffi::Buffer<ffi::F32>>() JAX_DNN_ATTENTION_ATTRS
+                                  .Attr<bool>("fused_dq"));
 
 }  // namespace jax_dnn

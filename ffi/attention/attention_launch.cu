@@ -1,5 +1,6 @@
 // Dispatch of the attention launchers on the element type.
 #include "ffi/attention/attention.h"
+#include "ffi/attention/attention_common.cuh"
 
 namespace jax_dnn {
 namespace attention {
@@ -19,6 +20,20 @@ cudaError_t LaunchAttentionBwd(const AttentionBwdParams& p, cudaStream_t stream)
   if (p.dtype == DType::kBF16) return attention::LaunchBwdTyped<__nv_bfloat16>(p, stream);
   if (p.dtype == DType::kF16) return attention::LaunchBwdTyped<__half>(p, stream);
   return cudaErrorInvalidValue;
+}
+
+namespace {
+int64_t Pad64(int64_t d) { return (d + 63) / 64 * 64; }
+}  // namespace
+
+bool AttentionFusedDqSupported(const AttentionBwdParams& p) {
+  const int64_t d = Pad64(p.shape.h);
+  return d == 128 && Pad64(p.shape.hv) == 128 && p.dbias == nullptr &&
+         !attention::NeedsGeneral(p.mask, p.softcap);
+}
+
+int64_t AttentionDqAccElements(const AttentionShape& s) {
+  return s.b * s.n * ((s.t + 63) / 64) * 64 * Pad64(s.h);
 }
 
 }  // namespace jax_dnn

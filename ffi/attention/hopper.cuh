@@ -65,6 +65,33 @@ __device__ __forceinline__ void TmaLoad4d(void* smem, const CUtensorMap* map, ui
       : "memory");
 }
 
+// Adds `bytes` of fp32 from shared memory to global memory (element-wise, in
+// L2), asynchronously; both addresses 16-byte aligned, bytes a multiple of 16.
+// The source may be overwritten once BulkWaitRead says the read is done.
+__device__ __forceinline__ void BulkReduceAddF32(float* gmem, const void* smem, uint32_t bytes) {
+  asm volatile("cp.reduce.async.bulk.global.shared::cta.bulk_group.add.f32 [%0], [%1], %2;" ::"l"(
+                   reinterpret_cast<uint64_t>(gmem)),
+               "r"(SmemAddr(smem)), "r"(bytes)
+               : "memory");
+}
+__device__ __forceinline__ void BulkCommit() {
+  asm volatile("cp.async.bulk.commit_group;" ::: "memory");
+}
+// Waits until at most kPending committed bulk groups are still reading shared memory.
+template <int kPending>
+__device__ __forceinline__ void BulkWaitRead() {
+  asm volatile("cp.async.bulk.wait_group.read %0;" ::"n"(kPending) : "memory");
+}
+// Waits until every committed bulk group has completed (its writes done).
+__device__ __forceinline__ void BulkWaitAll() {
+  asm volatile("cp.async.bulk.wait_group 0;" ::: "memory");
+}
+// Makes this thread's ordinary shared-memory writes visible to the async
+// proxy (wgmma operands, bulk copies) once a barrier has ordered them.
+__device__ __forceinline__ void FenceProxyAsync() {
+  asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
+}
+
 __device__ __forceinline__ void TmaPrefetchDescriptor(const CUtensorMap* map) {
   asm volatile("prefetch.tensormap [%0];" ::"l"(reinterpret_cast<uint64_t>(map)) : "memory");
 }
@@ -104,8 +131,9 @@ __device__ __forceinline__ void KeepRegisters(uint32_t (&r)[kN][4]) {
 // (128 bytes), 8-row atoms of 1024 bytes (the buffer must be 1024-aligned).
 //   K-major (A or B with K contiguous): SBO = 1024 (next 8 rows); LBO unused.
 //     Step K by 16 elements: +32 bytes on the start address.
-//   MN-major (B with N contiguous, imm-trans-b = 1): SBO = 1024 (next 8 rows
-//     of K), LBO = bytes between 64-column slabs of N. Step K by 16: +2048.
+//   MN-major (B with N contiguous, imm-trans-b = 1; likewise A with M
+//     contiguous, imm-trans-a = 1): SBO = 1024 (next 8 rows of K), LBO =
+//     bytes between 64-column slabs of N (or M). Step K by 16: +2048.
 __device__ __forceinline__ uint64_t Descriptor(uint32_t smem_addr, uint32_t lbo_bytes) {
   uint64_t d = 0;
   d |= static_cast<uint64_t>((smem_addr & 0x3FFFF) >> 4);

@@ -80,7 +80,8 @@ def _logits_and_valid(q, k, ops, *, scale, softcap, is_causal, window):
   return s, jnp.broadcast_to(valid, (b, n, t, s_len))
 
 
-def _fwd_reference(q, k, v, *operands, present, **params):
+def _fwd_reference(q, k, v, *operands, present, deterministic=False, **params):
+  del deterministic  # a backward option
   ops = dict(zip(present, operands))
   s, valid = _logits_and_valid(q, k, ops, **params)
   s = jnp.where(valid, s, -jnp.inf)
@@ -97,8 +98,9 @@ def _fwd_reference(q, k, v, *operands, present, **params):
   return o.astype(q.dtype), lse
 
 
-def _bwd_reference(do, q, k, v, o, lse, *operands, present, **params):
-  """(dq, dk, dv, dlogits [B, N, T, S] fp32 or [B, 0] without bias, delta)."""
+def _bwd_reference(do, q, k, v, o, lse, *operands, present, fused_dq, **params):
+  """(dq, dk, dv, dlogits [B, N, T, S] fp32 or [B, 0] without bias, delta,
+  dq_acc workspace (zeros here))."""
   del lse  # the reference recomputes
   b, t, n, _ = q.shape
   s_len = k.shape[1]
@@ -116,7 +118,7 @@ def _bwd_reference(do, q, k, v, o, lse, *operands, present, **params):
   grads = jax.vjp(f, *diff)[1](do.astype(q.dtype))
   ds = grads[3] if has_bias else jnp.zeros((b, 0), jnp.float32)
   delta = jnp.einsum("btnh,btnh->bnt", do.astype(jnp.float32), o.astype(jnp.float32))
-  return (*grads[:3], ds, delta)
+  return (*grads[:3], ds, delta, jnp.zeros(_dq_acc_shape(q, fused_dq), jnp.float32))
 
 
 # --- primitives ---------------------------------------------------------------
@@ -127,16 +129,45 @@ def _fwd_abstract(q, k, v, *operands, present, **params):
   return (ShapedArray((b, t, n, v.shape[-1]), q.dtype), ShapedArray((b, n, t), jnp.float32))
 
 
-def _bwd_abstract(do, q, k, v, o, lse, *operands, present, **params):
+def _bwd_abstract(do, q, k, v, o, lse, *operands, present, fused_dq, **params):
   """dq, dk, dv; dlogits (the bias gradient before reduction over its
   broadcast, [B, N, T, S] fp32, or [B, 0] without bias); delta = rowsum(do * o)
-  [B, N, T] fp32 (workspace)."""
+  [B, N, T] fp32 (workspace); the single pass's fp32 dQ accumulator
+  (workspace, [B, 0] for the split)."""
   b, t, n, _ = q.shape
   out = [ShapedArray(a.shape, a.dtype) for a in (q, k, v)]
   ds_shape = (b, n, t, k.shape[1]) if "bias" in present else (b, 0)
   out.append(ShapedArray(ds_shape, jnp.float32))
   out.append(ShapedArray((b, n, t), jnp.float32))
+  out.append(ShapedArray(_dq_acc_shape(q, fused_dq), jnp.float32))
   return tuple(out)
+
+
+def _pad64(d):
+  return -(-d // 64) * 64
+
+
+def _dq_acc_shape(q, fused_dq):
+  """AttentionDqAccElements in ffi/attention/attention_launch.cu, as [B, N, -1]."""
+  b, t, n, h = q.shape
+  return (b, n, -(-t // 64) * 64 * _pad64(h)) if fused_dq else (b, 0)
+
+
+def _fused_dq(q, k, v, params):
+  """Whether the backward takes the single pass (dQ added in fp32 from the
+  dK/dV kernel: fewer GEMMs, not bitwise reproducible) rather than the
+  deterministic split. Mirrors AttentionFusedDqSupported (attention_launch.cu)."""
+  p = dict(params)
+  if p["deterministic"] or not _kernel_supported(q, k, v) or "bias" in p["present"]:
+    return False
+  d = _pad64(q.shape[-1])
+  if d != _pad64(v.shape[-1]):
+    return False
+  # Head dim 128 only: at 64 each tile's GEMMs are half as long while the
+  # dS hand-over and the reduce-add cost the same (7.94 ms for the fused
+  # kernel at S = 8192 under ncu, H100, no faster than the split).
+  general = p["softcap"] != 0.0 or "mask" in p["present"] or "q_seg" in p["present"]
+  return d == 128 and not general
 
 
 # Padded (H, Hv) pairs with a kernel: mirrors DispatchHeadDims in
@@ -151,6 +182,10 @@ def _kernel_supported(q, k, v):
           and v.shape[-1] % 8 == 0 and (pad(q.shape[-1]), pad(v.shape[-1])) in _KERNEL_DIMS
           and min(q.shape[:3]) > 0 and k.shape[1] > 0
           and max(q.shape[1], k.shape[1]) < 2**31 - 256)  # the kernels' 32-bit positions
+
+
+def _bwd_ffi_params(params):
+  return dict(_ffi_params(params), fused_dq=params["fused_dq"])
 
 
 def _fwd_supported(avals, **params):
@@ -219,7 +254,7 @@ attention_bwd_p = define_primitive(
     batching_rule=_bwd_batch,
     reference=_bwd_reference,
     multiple_results=True,
-    ffi_params=_ffi_params,
+    ffi_params=_bwd_ffi_params,
     supported=_bwd_supported,
 )
 
@@ -241,7 +276,8 @@ def _attention_fwd(params, q, k, v, *operands):
 def _attention_bwd(params, res, cts):
   q, k, v, o, lse, operands = res
   do, _ = cts  # lse is returned without gradient (like jax's return_residual)
-  grads = attention_bwd_p.bind(do.astype(o.dtype), q, k, v, o, lse, *operands, **dict(params))
+  grads = attention_bwd_p.bind(do.astype(o.dtype), q, k, v, o, lse, *operands, **dict(params),
+                               fused_dq=_fused_dq(q, k, v, params))
   present = dict(params)["present"]
   dops = []
   for name, x in zip(present, operands):
@@ -315,7 +351,8 @@ def _window(local_window_size):
 def dot_product_attention(query, key, value, bias=None, mask=None, *, scale=None,
                           is_causal=False, query_seq_lengths=None, key_value_seq_lengths=None,
                           local_window_size=None, implementation=None, return_residual=False,
-                          q_segment_ids=None, kv_segment_ids=None, logits_soft_cap=None):
+                          q_segment_ids=None, kv_segment_ids=None, logits_soft_cap=None,
+                          deterministic_backward=False):
   """Scaled dot-product attention, drop-in for jax.nn.dot_product_attention.
 
   Same arguments, layout ([B, T, N, H]) and semantics as
@@ -328,6 +365,12 @@ def dot_product_attention(query, key, value, bias=None, mask=None, *, scale=None
     key/value may have fewer heads than query (K divides N) and value's head
       dim may differ from query/key's.
     return_residual: also return the logsumexp [B, T, N] (fp32, no gradient).
+    deterministic_backward: gradients bitwise reproducible from run to run.
+      By default the kernels' backward adds dQ in fp32 from every key tile
+      (one pass, five GEMMs per tile instead of seven) where it can (head
+      dims padding to 128, without bias, soft-cap, mask or segments), and
+      the order of those adds varies; True takes the split backward, which
+      writes every gradient exactly once (the only path elsewhere).
   `implementation` is accepted for compatibility: None or "jax_dnn".
   """
   for name, x in (("query", query), ("key", key), ("value", value)):
@@ -356,6 +399,9 @@ def dot_product_attention(query, key, value, bias=None, mask=None, *, scale=None
     raise TypeError(f"{_OP}: scale must be a Python float; got {scale!r}")
   if not isinstance(is_causal, bool):
     raise TypeError(f"{_OP}: is_causal must be a bool; got {is_causal!r}")
+  if not isinstance(deterministic_backward, bool):
+    raise TypeError(f"{_OP}: deterministic_backward must be a bool; got "
+                    f"{deterministic_backward!r}")
   softcap = 0.0
   if logits_soft_cap is not None:
     if not isinstance(logits_soft_cap, (int, float)) or not logits_soft_cap > 0:
@@ -384,7 +430,7 @@ def dot_product_attention(query, key, value, bias=None, mask=None, *, scale=None
 
   present = tuple(name for name in _OPTIONAL if name in ops)
   params = dict(present=present, scale=float(scale), softcap=softcap, is_causal=is_causal,
-                window=_window(local_window_size))
+                window=_window(local_window_size), deterministic=deterministic_backward)
   o, lse = _attention(tuple(sorted(params.items())), query, key, value,
                       *[ops[name] for name in present])
   if return_residual:
