@@ -1,4 +1,5 @@
-// Flash attention backward for Hopper, deterministic (no atomics):
+// Flash attention backward for Hopper. Two paths:
+// The split (deterministic: no atomics, every gradient written once):
 //   AttentionDeltaKernel: delta = rowsum(dO * O) per query row (fp32).
 //   AttentionDqKernel:    per 128 query rows: for each key tile, recompute
 //       S = Q K^T and P = exp(S - lse), dP = dO V^T, dS = P (dP - delta),
@@ -9,11 +10,13 @@
 //       operands of the next wgmmas), dP^T = V dO^T, dV += P^T dO,
 //       dK += dS^T Q. A producer warp stages each query tile's lse and delta
 //       in shared memory beside its Q and dO.
-// Splitting dQ from dK/dV costs two extra score GEMMs but needs no atomics or
-// fp32 dQ accumulator, and every gradient is written exactly once. (A single
-// pass adding dQ with fp32 atomics from the dK/dV kernel was built and
-// measured slower on H100: 7.05 ms against 5.8 ms for this split at
-// S = 8192, D = 128; see git history.)
+// The single pass (head dim 128 on the lean logits path, no bias; the
+// default unless deterministic_backward): AttentionDkvKernel with kDq also
+// adds dQ = dS K into an fp32 accumulator with TMA bulk reduce-adds, and
+// AttentionDqConvertKernel writes dq from it: 5 GEMMs per tile pair where
+// the split does 7 (S = 8192, D = 128, H100: 5.06 ms against 5.74 ms for
+// the split, kernels under ncu). An earlier single pass that added dQ with
+// per-element fp32 atomics took 7.05 ms (git history).
 // Both kernels follow the forward's structure (attention_fwd.cuh): a producer
 // warpgroup streams tiles through a TMA ring, two consumer warpgroups own 64
 // rows each. The dQ kernel pipelines across key tiles (see there; 3 stages).
