@@ -38,21 +38,23 @@ cudaError_t LaunchBwdGeneral(const AttentionBwdParams& p, cudaStream_t stream) {
   // both fp32 accumulators, so it shrinks as they grow (and for the general
   // logits path, whose index and soft-cap work needs more registers).
   constexpr int kBQ = kD + kDv <= 128 || (kD + kDv <= 256 && !kGeneral) ? 64 : 32;
+  auto dkv_maps = [&] {  // the dK/dV kernel's tiles: kBQ queries, 128 keys
+    return MakeTensorMap(&tq, p.q, s.b, s.t, s.n, s.h, kBQ) &&
+           MakeTensorMap(&tdo, p.d_o, s.b, s.t, s.n, s.hv, kBQ) &&
+           MakeTensorMap(&tk, p.k, s.b, s.s, s.kh, s.h, 128) &&
+           MakeTensorMap(&tv, p.v, s.b, s.s, s.kh, s.hv, 128);
+  };
 
   if (p.dq_acc != nullptr) {  // the single pass (see AttentionDkvKernel's kDq)
     if constexpr (kD == 128 && kDv == 128 && !kGeneral) {
-      const int64_t tiles = (s.t + kDqTileRows - 1) / kDqTileRows;
-      cudaError_t e = cudaMemsetAsync(p.dq_acc, 0, sizeof(float) * s.b * s.n * tiles * kDqTileRows * kD, stream);
+      cudaError_t e = cudaMemsetAsync(p.dq_acc, 0, sizeof(float) * AttentionDqAccElements(s), stream);
       if (e != cudaSuccess) return e;
-      if (!MakeTensorMap(&tq, p.q, s.b, s.t, s.n, s.h, kBQ) ||
-          !MakeTensorMap(&tdo, p.d_o, s.b, s.t, s.n, s.hv, kBQ) ||
-          !MakeTensorMap(&tk, p.k, s.b, s.s, s.kh, s.h, 128) ||
-          !MakeTensorMap(&tv, p.v, s.b, s.s, s.kh, s.hv, 128))
-        return cudaErrorInvalidValue;
+      if (!dkv_maps()) return cudaErrorInvalidValue;
       e = Launch(AttentionDkvKernel<T, kD, kDv, kBQ, true, true, kGeneral, true>, kv_grid,
                  DkvTiles<kD, kDv, kBQ, true>::kSmem, stream, tq, tdo, tk, tv, p);
       if (e != cudaSuccess) return e;
-      AttentionDqConvertKernel<T, kD><<<dim3(static_cast<unsigned>(tiles), s.n, s.b), 256, 0, stream>>>(
+      const unsigned tiles = static_cast<unsigned>((s.t + kDqTileRows - 1) / kDqTileRows);
+      AttentionDqConvertKernel<T, kD><<<dim3(tiles, s.n, s.b), 256, 0, stream>>>(
           p.dq_acc, static_cast<T*>(p.dq), s.t, s.n, s.h);
       return cudaGetLastError();
     } else {
@@ -74,11 +76,7 @@ cudaError_t LaunchBwdGeneral(const AttentionBwdParams& p, cudaStream_t stream) {
                          stream, tq, tdo, tk, tv, p);
   if (e != cudaSuccess) return e;
 
-  if (!MakeTensorMap(&tq, p.q, s.b, s.t, s.n, s.h, kBQ) ||
-      !MakeTensorMap(&tdo, p.d_o, s.b, s.t, s.n, s.hv, kBQ) ||
-      !MakeTensorMap(&tk, p.k, s.b, s.s, s.kh, s.h, 128) ||
-      !MakeTensorMap(&tv, p.v, s.b, s.s, s.kh, s.hv, 128))
-    return cudaErrorInvalidValue;
+  if (!dkv_maps()) return cudaErrorInvalidValue;
   constexpr int kSmem = DkvTiles<kD, kDv, kBQ>::kSmem;
   if constexpr (kD + kDv <= 256) {  // both accumulators fit in registers
     return Launch(AttentionDkvKernel<T, kD, kDv, kBQ, true, true, kGeneral>, kv_grid, kSmem, stream,

@@ -1,6 +1,7 @@
 // Dispatch of the attention launchers on the element type.
 #include "ffi/attention/attention.h"
 #include "ffi/attention/attention_common.cuh"
+#include "ffi/attention/attention_tma.h"
 
 namespace jax_dnn {
 namespace attention {
@@ -22,18 +23,14 @@ cudaError_t LaunchAttentionBwd(const AttentionBwdParams& p, cudaStream_t stream)
   return cudaErrorInvalidValue;
 }
 
-namespace {
-int64_t Pad64(int64_t d) { return (d + 63) / 64 * 64; }
-}  // namespace
-
 bool AttentionFusedDqSupported(const AttentionBwdParams& p) {
-  const int64_t d = Pad64(p.shape.h);
-  return d == 128 && Pad64(p.shape.hv) == 128 && p.dbias == nullptr &&
+  return attention::PadDim(p.shape.h) == 128 && attention::PadDim(p.shape.hv) == 128 &&
+         p.dbias == nullptr &&
          !attention::NeedsGeneral(p.mask, p.softcap);
 }
 
 int64_t AttentionDqAccElements(const AttentionShape& s) {
-  return s.b * s.n * ((s.t + 63) / 64) * 64 * Pad64(s.h);
+  return s.b * s.n * ((s.t + 63) / 64) * 64 * attention::PadDim(s.h);
 }
 
 }  // namespace jax_dnn

@@ -177,9 +177,8 @@ _KERNEL_DIMS = {(64, 64), (128, 128), (192, 192), (256, 256), (192, 128)}
 
 def _kernel_supported(q, k, v):
   """Whether the CUDA kernels take these operands (else: the reference)."""
-  pad = lambda d: -(-d // 64) * 64
   return (q.dtype in (jnp.bfloat16, jnp.float16) and q.shape[-1] % 8 == 0
-          and v.shape[-1] % 8 == 0 and (pad(q.shape[-1]), pad(v.shape[-1])) in _KERNEL_DIMS
+          and v.shape[-1] % 8 == 0 and (_pad64(q.shape[-1]), _pad64(v.shape[-1])) in _KERNEL_DIMS
           and min(q.shape[:3]) > 0 and k.shape[1] > 0
           and max(q.shape[1], k.shape[1]) < 2**31 - 256)  # the kernels' 32-bit positions
 
