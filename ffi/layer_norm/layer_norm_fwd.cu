@@ -1,15 +1,19 @@
 // Layer norm / RMS norm forward. See layer_norm.h for the math and layout.
 //
-// One row per "row team" (ffi/common/row_team.cuh): the narrowest team whose
-// register cache (kCacheElems fp32 per thread) holds the row. Then x is read
-// from memory once and y written once, the minimum traffic (2 * rows * width
-// elements). Statistics take one team reduction per row: each thread's exact
-// (count, mean, M2) is merged across the team (no E[x^2] - E[x]^2
-// cancellation). Rows wider than the widest team's cache (512 * kCacheElems)
-// re-read the uncached tail from memory (usually L2): two reads of that tail.
+// Rows that can be read as 16-byte vectors and fit the register layout
+// (ffi/common/row_regs.cuh: up to 512 threads x 8 vectors) take
+// LayerNormRegFwdKernel: one team a row, x read from memory once and y
+// written once, the minimum traffic. Statistics take one team reduction per
+// row: each thread's exact (count, mean, M2) is merged across the team (no
+// E[x^2] - E[x]^2 cancellation); RMS norm sums squares.
+//
+// The rest (longer rows, or rows not 16-byte aligned) take LayerNormFwdKernel,
+// a row team that caches kCacheElems fp32 a thread and re-reads the uncached
+// tail from memory (usually L2): two reads of that tail.
 #include <algorithm>
+#include <type_traits>
 
-#include "ffi/common/row_pipeline.cuh"
+#include "ffi/common/row_regs.cuh"
 #include "ffi/common/row_team.cuh"
 #include "ffi/layer_norm/layer_norm.h"
 #include "ffi/layer_norm/layer_norm_stats.cuh"
@@ -17,26 +21,95 @@
 namespace jax_dnn {
 namespace {
 
-// 32 fp32 per thread: a 4096-wide bf16 row fits a 128-thread team. With
-// scale and bias also held in registers (96 values) the pipelined kernel
-// keeps several blocks per SM; its rows wait in shared memory, not registers.
+// The fallback kernel's register cache: 32 fp32 a thread.
 constexpr int kCacheElems = 32;
-// Row groups in flight per block when pipelined, and the most shared memory a
-// block's stages may take (so that several blocks share an SM).
-constexpr int kPipeStages = 4;
-constexpr size_t kPipeSmemBudget = 96 * 1024;
 
-// kPipe: rows arrive in shared memory through BulkRowPipeline
-// (ffi/common/row_pipeline.cuh), kPipeStages row groups ahead; the whole row
-// is then cached (no uncached tail).
-template <typename T, int kTeam, int V, bool kRms, bool kPipe>
+template <typename T, typename Row, bool kRms>
+__global__ void __launch_bounds__(Row::kBlock) LayerNormRegFwdKernel(LayerNormFwdParams p) {
+  constexpr int V = Row::V;
+  using State = std::conditional_t<kRms, Sum1, MeanM2>;
+  __shared__ typename Row::template Slots<State> slots;
+  const int64_t n = p.width;
+  const int64_t rows_per_group = p.rows / p.groups;
+  const float inv_n = 1.f / static_cast<float>(n);
+  int parity = 0;
+  for (int64_t row = int64_t{blockIdx.x} * Row::kTeams + Row::Team(); row < p.rows;
+       row += int64_t{gridDim.x} * Row::kTeams, parity ^= 1) {
+    Row r;
+    r.Load(static_cast<const T*>(p.x) + row * n, n);
+    // This thread's statistics: RMS the sum of squares; layer norm the exact
+    // (count, mean, M2) of its values (two passes over registers).
+    State st;
+    if constexpr (kRms) {
+      float s = 0.f;
+#pragma unroll
+      for (int v = 0; v < Row::kVecs; ++v) {
+        float f[V];
+        r.Get(v, f);  // vectors past the row are zeros
+#pragma unroll
+        for (int i = 0; i < V; ++i) s += f[i] * f[i];
+      }
+      st = {s};
+    } else {
+      float count = 0.f, sum = 0.f;
+#pragma unroll
+      for (int v = 0; v < Row::kVecs; ++v) {
+        float f[V];
+        r.Get(v, f);
+        if (Row::In(v, n)) count += V;
+#pragma unroll
+        for (int i = 0; i < V; ++i) sum += f[i];
+      }
+      const float mean = count > 0.f ? sum * __frcp_rn(count) : 0.f;
+      float m2 = 0.f;
+#pragma unroll
+      for (int v = 0; v < Row::kVecs; ++v) {
+        if (!Row::In(v, n)) continue;
+        float f[V];
+        r.Get(v, f);
+#pragma unroll
+        for (int i = 0; i < V; ++i) m2 += (f[i] - mean) * (f[i] - mean);
+      }
+      st = {count, mean, m2};
+    }
+    st = Row::Reduce(st, slots, parity);
+    float mean = 0.f, var;
+    if constexpr (kRms) {
+      var = st.s * inv_n;
+    } else {
+      mean = st.mean;
+      var = st.m2 * inv_n;
+    }
+    const float rstd = rsqrtf(var + p.epsilon);
+    // Parameters are re-read per row: from L1/L2, not memory.
+    const int64_t group = row / rows_per_group;
+    const float* scale = p.scale + group * n;
+    const float* bias = kRms ? nullptr : p.bias + group * n;
+    T* y = static_cast<T*>(p.y) + row * n;
+#pragma unroll
+    for (int v = 0; v < Row::kVecs; ++v) {
+      if (!Row::In(v, n)) continue;
+      const int64_t col = Row::Col(v);
+      float f[V], g[V], b[V];
+      r.Get(v, f);
+      LoadVec<float, V>(scale + col, g);
+      if constexpr (!kRms) LoadVec<float, V>(bias + col, b);
+#pragma unroll
+      for (int i = 0; i < V; ++i) {
+        f[i] = (f[i] - mean) * rstd * g[i];
+        if constexpr (!kRms) f[i] += b[i];
+      }
+      Store16<T>(y + col, f);
+    }
+  }
+}
+
+template <typename T, int kTeam, int V, bool kRms>
 __global__ void __launch_bounds__(RowTeam<kTeam>::kBlock)
     LayerNormFwdKernel(LayerNormFwdParams p) {
   using Team = RowTeam<kTeam>;
-  using Pipe = BulkRowPipeline<kPipeStages, 1>;
   constexpr int kCache = kCacheElems / V;
   __shared__ typename Team::Scratch scratch;
-  extern __shared__ __align__(128) char smem[];
 
   const int lane = Team::Lane();
   const int64_t n = p.width;
@@ -46,34 +119,17 @@ __global__ void __launch_bounds__(RowTeam<kTeam>::kBlock)
   const float inv_n = 1.f / static_cast<float>(n);
   const int64_t group_stride = static_cast<int64_t>(gridDim.x) * Team::kTeamsPerBlock;
 
-  Pipe pipe(smem, static_cast<uint32_t>(Team::kTeamsPerBlock * n * sizeof(T)));
-  const T* arrays[1] = {static_cast<const T*>(p.x)};
-  auto issue = [&](int k) {
-    const int64_t first = static_cast<int64_t>(blockIdx.x) * Team::kTeamsPerBlock + k * group_stride;
-    if (first >= p.rows) return;
-    const int64_t count = p.rows - first < Team::kTeamsPerBlock ? p.rows - first : Team::kTeamsPerBlock;
-    pipe.IssueRows(k, arrays, first, count, n);
-  };
-  if constexpr (kPipe) pipe.Start(issue);
-
-  // This thread's columns of scale and bias, kept across rows (the persistent
-  // pipelined grid walks many rows; re-reading them per row cost as many L1/L2
-  // loads as the row itself).
+  // This thread's columns of scale and bias, kept across rows of a group.
   float gs[kCache][V], bs[kCache][V];
   int64_t param_group = -1;
 
   // All teams of a block step through rows together so that every thread
   // reaches the team reductions' barriers, including teams past the last row.
-  int k = 0;
   for (int64_t base = static_cast<int64_t>(blockIdx.x) * Team::kTeamsPerBlock; base < p.rows;
-       base += group_stride, ++k) {
+       base += group_stride) {
     const int64_t row = base + Team::Team();
     const bool valid = row < p.rows;
     const T* x = static_cast<const T*>(p.x) + row * n;
-    if constexpr (kPipe) {
-      pipe.Wait(k);
-      x = pipe.template Row<T>(k, 0, Team::Team(), n);
-    }
     T* y = static_cast<T*>(p.y) + row * n;
 
     float buf[kCache][V];
@@ -97,7 +153,7 @@ __global__ void __launch_bounds__(RowTeam<kTeam>::kBlock)
       for (int c = 0; c < kCache; ++c)
 #pragma unroll
         for (int i = 0; i < V; ++i) s1 += buf[c][i] * buf[c][i];
-      for (int64_t c = kCache; !kPipe && c < chunks; ++c) {
+      for (int64_t c = kCache; c < chunks; ++c) {
         const int64_t col = (c * kTeam + lane) * V;
         if (!valid || col >= n) continue;
         float v[V];
@@ -108,7 +164,7 @@ __global__ void __launch_bounds__(RowTeam<kTeam>::kBlock)
       var = Team::Sum(s1, scratch) * inv_n;
     } else {
       MeanM2 st = LocalMeanM2<kTeam, V, kCache>(buf, lane, n);
-      for (int64_t c = kCache; !kPipe && c < chunks; ++c) {
+      for (int64_t c = kCache; c < chunks; ++c) {
         const int64_t col = (c * kTeam + lane) * V;
         if (!valid || col >= n) continue;
         float v[V];
@@ -148,7 +204,7 @@ __global__ void __launch_bounds__(RowTeam<kTeam>::kBlock)
         const int64_t col = (c * static_cast<int64_t>(kTeam) + lane) * V;
         if (col < n) write(col, buf[c], gs[c], bs[c]);
       }
-      for (int64_t c = kCache; !kPipe && c < chunks; ++c) {
+      for (int64_t c = kCache; c < chunks; ++c) {
         const int64_t col = (c * kTeam + lane) * V;
         if (col >= n) continue;
         float v[V], g[V], b[V];
@@ -158,23 +214,33 @@ __global__ void __launch_bounds__(RowTeam<kTeam>::kBlock)
         write(col, v, g, b);
       }
     }
-    if constexpr (kPipe) {
-      pipe.Advance(k, issue);
-    }
   }
 }
 
 template <typename T, int V, bool kRms>
 cudaError_t Launch(const LayerNormFwdParams& p, cudaStream_t stream) {
-  return DispatchTeam(p.width, kCacheElems, [&](auto team) {
+  if (V > 1 && p.width <= RegRowMaxWidth<T>()) {
+    return DispatchRegRow<T>(p.width, [&](auto row) {
+      using Row = decltype(row);
+      LayerNormRegFwdKernel<T, Row, kRms><<<RegRowGrid<Row>(p.rows), Row::kBlock, 0, stream>>>(p);
+      return cudaGetLastError();
+    });
+  }
+  auto fallback = [&](auto team) {
     constexpr int kTeam = decltype(team)::value;
     using Team = RowTeam<kTeam>;
-    // Pipelined only when aligned (V > 1) and the row fits the register cache.
-    return LaunchRowKernel<kPipeStages, 1>(
-        LayerNormFwdKernel<T, kTeam, V, kRms, true>, LayerNormFwdKernel<T, kTeam, V, kRms, false>,
-        V > 1 && p.width <= int64_t{kTeam} * kCacheElems, kPipeSmemBudget, Team::kBlock,
-        Team::kTeamsPerBlock, p.rows, p.width * int64_t{sizeof(T)}, p, stream);
-  });
+    const int64_t groups = (p.rows + Team::kTeamsPerBlock - 1) / Team::kTeamsPerBlock;
+    const int64_t grid = groups < (int64_t{1} << 30) ? groups : (int64_t{1} << 30);
+    LayerNormFwdKernel<T, kTeam, V, kRms><<<static_cast<unsigned>(grid), Team::kBlock, 0, stream>>>(p);
+    return cudaGetLastError();
+  };
+  // Aligned rows reach the fallback only when longer than the register
+  // layout: the widest team.
+  if constexpr (V > 1) {
+    return fallback(std::integral_constant<int, 512>{});
+  } else {
+    return DispatchTeam(p.width, kCacheElems, fallback);
+  }
 }
 
 }  // namespace

@@ -1,11 +1,14 @@
 // Softmax / log-softmax forward and backward kernels. See softmax.h.
 //
-// Row kernels (softmax over the last axis): one row per row team
-// (ffi/common/row_team.cuh), the row cached in registers when it fits
-// (kCacheElems per thread, up to 512 * kCacheElems elements); then x is read
-// once and y written once. Longer rows (up to any length) take an online
-// max/sum pass (each thread rescales its running sum when its max grows) and
-// a second pass that re-reads the uncached tail, usually from L2.
+// Row kernels (softmax over the last axis):
+// - Rows read as 16-byte vectors and no wider than the register layout
+//   (ffi/common/row_regs.cuh: 512 threads x 8 vectors) take the Reg kernels:
+//   one team a row, held in registers as packed elements; x (and dy) read once,
+//   the output written once.
+// - Other rows take the fallback row kernels (ffi/common/row_team.cuh): the
+//   first kCacheElems values a thread cached, and for longer rows (any length)
+//   an online max/sum pass (each thread rescales its running sum when its max
+//   grows) and a second pass that re-reads the uncached tail, usually from L2.
 //
 // Strided kernels (any other axis): one thread per V consecutive inner
 // positions walks down the axis; an online pass then a writing pass.
@@ -20,7 +23,7 @@
 #include <cmath>
 
 #include "ffi/common/device_info.h"
-#include "ffi/common/row_pipeline.cuh"
+#include "ffi/common/row_regs.cuh"
 #include "ffi/common/row_team.cuh"
 #include "ffi/softmax/softmax.h"
 
@@ -29,10 +32,6 @@ namespace {
 
 constexpr int kFwdCacheElems = 32;
 constexpr int kBwdCacheElems = 16;  // two tensors (x, dy) are cached
-// Row groups in flight per block in the pipelined kernels, and the most
-// shared memory one block's stages may take (so several blocks fit an SM).
-constexpr int kPipeStages = 4;
-constexpr size_t kPipeSmemBudget = 96 * 1024;
 
 // exp(x) as one multiply and one MUFU.EX2 (ex2.approx.ftz: ~2 ulp). Inputs
 // are x - max <= 0, so flushing denormal results to zero loses nothing that
@@ -61,41 +60,25 @@ __device__ __forceinline__ int64_t ColOf(int64_t c, int lane, int V) {
   return (c * kTeam + lane) * V;
 }
 
-// Row groups of one iteration: kTeamsPerBlock consecutive rows, one per team.
-// kPipe: rows arrive in shared memory through BulkRowPipeline (see
-// row_pipeline.cuh); then the whole row is cached (no uncached tail).
-template <typename T, int kTeam, int V, bool kLog, bool kPipe>
+// The fallback row kernel: long rows (wider than the register layout) and
+// rows that cannot be read as 16-byte vectors. Row groups of one iteration:
+// kTeamsPerBlock consecutive rows, one per team, the first kFwdCacheElems
+// values a thread cached in registers, the rest streamed twice.
+template <typename T, int kTeam, int V, bool kLog>
 __global__ void __launch_bounds__(RowTeam<kTeam>::kBlock) SoftmaxRowFwdKernel(SoftmaxFwdParams p) {
   using Team = RowTeam<kTeam>;
-  using Pipe = BulkRowPipeline<kPipeStages, 1>;
   constexpr int kCache = kFwdCacheElems / V;
   __shared__ typename Team::Scratch scratch;
-  extern __shared__ __align__(128) char smem[];
   const int lane = Team::Lane();
   const int64_t n = p.n;
   const int64_t chunks = (n + int64_t{kTeam} * V - 1) / (int64_t{kTeam} * V);
   const int64_t group_stride = int64_t{gridDim.x} * Team::kTeamsPerBlock;
 
-  Pipe pipe(smem, static_cast<uint32_t>(Team::kTeamsPerBlock * n * sizeof(T)));
-  const T* arrays[1] = {static_cast<const T*>(p.x)};
-  auto issue = [&](int k) {
-    const int64_t first = int64_t{blockIdx.x} * Team::kTeamsPerBlock + k * group_stride;
-    if (first >= p.outer) return;
-    const int64_t count = p.outer - first < Team::kTeamsPerBlock ? p.outer - first : Team::kTeamsPerBlock;
-    pipe.IssueRows(k, arrays, first, count, n);
-  };
-  if constexpr (kPipe) pipe.Start(issue);
-
-  int k = 0;
   for (int64_t base = int64_t{blockIdx.x} * Team::kTeamsPerBlock; base < p.outer;
-       base += group_stride, ++k) {
+       base += group_stride) {
     const int64_t row = base + Team::Team();
     const bool valid = row < p.outer;
     const T* x = static_cast<const T*>(p.x) + row * n;
-    if constexpr (kPipe) {
-      pipe.Wait(k);
-      x = pipe.template Row<T>(k, 0, Team::Team(), n);
-    }
     T* y = static_cast<T*>(p.y) + row * n;
 
     // Pass 1: running max and sum of exp(x - max), per thread. buf keeps
@@ -123,7 +106,7 @@ __global__ void __launch_bounds__(RowTeam<kTeam>::kBlock) SoftmaxRowFwdKernel(So
         s += kLog ? ExpDiff(buf[c][i], m) : buf[c][i];
       }
     }
-    if constexpr (!kPipe) {
+    {
       for (int64_t c = kCache; c < chunks; ++c) {
         const int64_t col = ColOf<kTeam>(c, lane, V);
         if (!valid || col >= n) continue;
@@ -160,7 +143,7 @@ __global__ void __launch_bounds__(RowTeam<kTeam>::kBlock) SoftmaxRowFwdKernel(So
         for (int i = 0; i < V; ++i) out[i] = kLog ? buf[c][i] - shift : buf[c][i] * scale;
         StoreVec<T, V>(y + col, out);
       }
-      if constexpr (!kPipe) {
+      {
         const float inv_sum = 1.f / stats.s;
         for (int64_t c = kCache; c < chunks; ++c) {
           const int64_t col = ColOf<kTeam>(c, lane, V);
@@ -173,50 +156,82 @@ __global__ void __launch_bounds__(RowTeam<kTeam>::kBlock) SoftmaxRowFwdKernel(So
         }
       }
     }
-    if constexpr (kPipe) {
-      pipe.Advance(k, issue);
+  }
+}
+
+// Rows that fit the register layout (ffi/common/row_regs.cuh): one team a row,
+// x read once, y written once, one team reduction of (max, sum).
+template <typename T, typename Row, bool kLog>
+__global__ void __launch_bounds__(Row::kBlock) SoftmaxRegFwdKernel(SoftmaxFwdParams p) {
+  constexpr int V = Row::V;
+  constexpr float kLog2e = 1.4426950408889634f;
+  __shared__ typename Row::template Slots<MaxSum> slots;
+  const int64_t n = p.n;
+  int parity = 0;
+  for (int64_t row = int64_t{blockIdx.x} * Row::kTeams + Row::Team(); row < p.outer;
+       row += int64_t{gridDim.x} * Row::kTeams, parity ^= 1) {
+    Row r;
+    r.Load(static_cast<const T*>(p.x) + row * n, n);
+    float m = -INFINITY;
+#pragma unroll
+    for (int v = 0; v < Row::kVecs; ++v) {
+      if (!Row::In(v, n)) continue;
+      float f[V];
+      r.Get(v, f);
+#pragma unroll
+      for (int i = 0; i < V; ++i) m = fmaxf(m, f[i]);
+    }
+    // exp(x - m) as one FFMA and one EX2; a thread with no finite max adds 0.
+    float s = 0.f;
+    if (m != -INFINITY) {
+      const float ml = m * kLog2e;
+#pragma unroll
+      for (int v = 0; v < Row::kVecs; ++v) {
+        if (!Row::In(v, n)) continue;
+        float f[V];
+        r.Get(v, f);
+#pragma unroll
+        for (int i = 0; i < V; ++i) s += FastExp2(fmaf(f[i], kLog2e, -ml));
+      }
+    }
+    const MaxSum st = Row::Reduce(MaxSum{m, s}, slots, parity);
+    // softmax: exp(x - max) / sum; log_softmax: x - max - log(sum). An all
+    // -inf row gives NaN, as jax.nn.softmax does.
+    const float ml = st.m * kLog2e, inv_sum = 1.f / st.s, shift = st.m + logf(st.s);
+    T* y = static_cast<T*>(p.y) + row * n;
+#pragma unroll
+    for (int v = 0; v < Row::kVecs; ++v) {
+      if (!Row::In(v, n)) continue;
+      float f[V];
+      r.Get(v, f);
+#pragma unroll
+      for (int i = 0; i < V; ++i) f[i] = kLog ? f[i] - shift : FastExp2(fmaf(f[i], kLog2e, -ml)) * inv_sum;
+      Store16<T>(y + Row::Col(v), f);
     }
   }
 }
 
-template <typename T, int kTeam, int V, bool kLog, bool kPipe>
+// The fallback backward row kernel (long or unaligned rows), as the forward's.
+template <typename T, int kTeam, int V, bool kLog>
 __global__ void __launch_bounds__(RowTeam<kTeam>::kBlock) SoftmaxRowBwdKernel(SoftmaxBwdParams p) {
   using Team = RowTeam<kTeam>;
-  using Pipe = BulkRowPipeline<kPipeStages, 2>;
   constexpr int kCache = kBwdCacheElems / V;
   __shared__ typename Team::Scratch scratch;
-  extern __shared__ __align__(128) char smem[];
   const int lane = Team::Lane();
   const int64_t n = p.n;
   const int64_t chunks = (n + int64_t{kTeam} * V - 1) / (int64_t{kTeam} * V);
   const int64_t group_stride = int64_t{gridDim.x} * Team::kTeamsPerBlock;
 
-  Pipe pipe(smem, static_cast<uint32_t>(Team::kTeamsPerBlock * n * sizeof(T)));
-  const T* arrays[2] = {static_cast<const T*>(p.x), static_cast<const T*>(p.dy)};
-  auto issue = [&](int k) {
-    const int64_t first = int64_t{blockIdx.x} * Team::kTeamsPerBlock + k * group_stride;
-    if (first >= p.outer) return;
-    const int64_t count = p.outer - first < Team::kTeamsPerBlock ? p.outer - first : Team::kTeamsPerBlock;
-    pipe.IssueRows(k, arrays, first, count, n);
-  };
-  if constexpr (kPipe) pipe.Start(issue);
-
-  int k = 0;
   for (int64_t base = int64_t{blockIdx.x} * Team::kTeamsPerBlock; base < p.outer;
-       base += group_stride, ++k) {
+       base += group_stride) {
     const int64_t row = base + Team::Team();
     const bool valid = row < p.outer;
     const T* x = static_cast<const T*>(p.x) + row * n;
     const T* dy = static_cast<const T*>(p.dy) + row * n;
-    if constexpr (kPipe) {
-      pipe.Wait(k);
-      x = pipe.template Row<T>(k, 0, Team::Team(), n);
-      dy = pipe.template Row<T>(k, 1, Team::Team(), n);
-    }
     T* dx = static_cast<T*>(p.dx) + row * n;
     // Calls fn(col, x, dy) for each chunk of the uncached tail (long rows).
     auto for_tail = [&](auto fn) {
-      if constexpr (!kPipe) {
+      {
         for (int64_t c = kCache; c < chunks; ++c) {
           const int64_t col = ColOf<kTeam>(c, lane, V);
           if (!valid || col >= n) continue;
@@ -291,8 +306,66 @@ __global__ void __launch_bounds__(RowTeam<kTeam>::kBlock) SoftmaxRowBwdKernel(So
         StoreVec<T, V>(dx + col, out);
       });
     }
-    if constexpr (kPipe) {
-      pipe.Advance(k, issue);
+  }
+}
+
+// Rows that fit the register layout: x and dy each read once, dx written
+// once; one team reduction of (max, sum, t) recomputes the forward.
+template <typename T, typename Row, bool kLog>
+__global__ void __launch_bounds__(Row::kBlock) SoftmaxRegBwdKernel(SoftmaxBwdParams p) {
+  constexpr int V = Row::V;
+  constexpr float kLog2e = 1.4426950408889634f;
+  __shared__ typename Row::template Slots<BwdState<kLog>> slots;
+  const int64_t n = p.n;
+  int parity = 0;
+  for (int64_t row = int64_t{blockIdx.x} * Row::kTeams + Row::Team(); row < p.outer;
+       row += int64_t{gridDim.x} * Row::kTeams, parity ^= 1) {
+    Row rx, rd;
+    rx.Load(static_cast<const T*>(p.x) + row * n, n);
+    rd.Load(static_cast<const T*>(p.dy) + row * n, n);
+    float m = -INFINITY;
+#pragma unroll
+    for (int v = 0; v < Row::kVecs; ++v) {
+      if (!Row::In(v, n)) continue;
+      float f[V];
+      rx.Get(v, f);
+#pragma unroll
+      for (int i = 0; i < V; ++i) m = fmaxf(m, f[i]);
+    }
+    // s = sum(exp(x - m)); t = sum(dy * exp(x - m)) (softmax) or sum(dy)
+    // (log_softmax; padding vectors are zeros).
+    BwdState<kLog> st{m, 0.f, 0.f};
+    const float ml = m * kLog2e;
+#pragma unroll
+    for (int v = 0; v < Row::kVecs; ++v) {
+      float f[V], d[V];
+      rx.Get(v, f);
+      rd.Get(v, d);
+      const bool in = Row::In(v, n) && m != -INFINITY;
+#pragma unroll
+      for (int i = 0; i < V; ++i) {
+        const float e = in ? FastExp2(fmaf(f[i], kLog2e, -ml)) : 0.f;
+        st.s += e;
+        st.t += kLog ? d[i] : d[i] * e;
+      }
+    }
+    st = Row::Reduce(st, slots, parity);
+    const float inv_sum = 1.f / st.s;
+    const float t = kLog ? st.t : st.t * inv_sum;  // sum(dy) or sum(dy * y)
+    const float row_ml = st.m * kLog2e;
+    T* dx = static_cast<T*>(p.dx) + row * n;
+#pragma unroll
+    for (int v = 0; v < Row::kVecs; ++v) {
+      if (!Row::In(v, n)) continue;
+      float f[V], d[V];
+      rx.Get(v, f);
+      rd.Get(v, d);
+#pragma unroll
+      for (int i = 0; i < V; ++i) {
+        const float y = FastExp2(fmaf(f[i], kLog2e, -row_ml)) * inv_sum;
+        f[i] = kLog ? d[i] - y * t : y * (d[i] - t);
+      }
+      Store16<T>(dx + Row::Col(v), f);
     }
   }
 }
@@ -382,19 +455,31 @@ __global__ void __launch_bounds__(kStridedThreads) SoftmaxStridedBwdKernel(Softm
   }
 }
 
-// Launches the row (inner == 1) or strided kernel of one direction; V is 16
-// bytes when alignment allows.
-template <typename T, bool kLog, int kCacheElems, typename Params, typename RowLaunch,
-          typename StridedLaunch>
-cudaError_t LaunchAny(const Params& p, bool vec, RowLaunch row, StridedLaunch strided) {
+template <int N>
+using Int = std::integral_constant<int, N>;
+
+// Picks one direction's kernel: strided when the axis is not the last; the
+// register layout for rows read as 16-byte vectors that fit it; the fallback
+// row kernel otherwise (widest team for aligned long rows).
+template <typename T, int kCacheElems, typename Params, typename Reg, typename Row,
+          typename Strided>
+cudaError_t LaunchAny(const Params& p, bool vec, Reg reg, Row row, Strided strided) {
   constexpr int kVec = 16 / sizeof(T);
-  if (p.inner == 1) {
-    return DispatchTeam(p.n, kCacheElems, [&](auto team) {
-      return vec ? row(team, std::integral_constant<int, kVec>{})
-                 : row(team, std::integral_constant<int, 1>{});
-    });
-  }
-  return vec ? strided(std::integral_constant<int, kVec>{}) : strided(std::integral_constant<int, 1>{});
+  if (p.inner != 1) return vec ? strided(Int<kVec>{}) : strided(Int<1>{});
+  if (vec && p.n <= RegRowMaxWidth<T>()) return DispatchRegRow<T>(p.n, reg);
+  if (vec) return row(Int<512>{}, Int<kVec>{});
+  return DispatchTeam(p.n, kCacheElems, [&](auto team) { return row(team, Int<1>{}); });
+}
+
+// Blocks for the fallback row kernels (they stride over the rest).
+unsigned RowGrid(int teams_per_block, int64_t rows) {
+  const int64_t groups = (rows + teams_per_block - 1) / teams_per_block;
+  return static_cast<unsigned>(groups < (int64_t{1} << 30) ? groups : (int64_t{1} << 30));
+}
+
+unsigned StridedGrid(int64_t threads) {
+  const int64_t blocks = (threads + kStridedThreads - 1) / kStridedThreads;
+  return blocks < (int64_t{1} << 31) ? static_cast<unsigned>(blocks) : 0;
 }
 
 }  // namespace
@@ -408,25 +493,24 @@ cudaError_t LaunchSoftmaxFwd(const SoftmaxFwdParams& p, cudaStream_t stream) {
     const bool vec = span % kVec == 0 && IsAligned(p.x, 16) && IsAligned(p.y, 16);
     auto run = [&](auto log) {
       constexpr bool kLog = decltype(log)::value;
-      return LaunchAny<T, kLog, kFwdCacheElems>(
+      return LaunchAny<T, kFwdCacheElems>(
           p, vec,
+          [&](auto row) {
+            using Row = decltype(row);
+            SoftmaxRegFwdKernel<T, Row, kLog><<<RegRowGrid<Row>(p.outer), Row::kBlock, 0, stream>>>(p);
+            return cudaGetLastError();
+          },
           [&](auto team, auto v) {
             constexpr int kTeam = decltype(team)::value;
-            constexpr int kV = decltype(v)::value;
             using Team = RowTeam<kTeam>;
-            // Pipelined only when aligned (kV > 1) and the row fits the cache.
-            return LaunchRowKernel<kPipeStages, 1>(
-                SoftmaxRowFwdKernel<T, kTeam, kV, kLog, true>,
-                SoftmaxRowFwdKernel<T, kTeam, kV, kLog, false>,
-                kV > 1 && p.n <= int64_t{kTeam} * kFwdCacheElems, kPipeSmemBudget, Team::kBlock,
-                Team::kTeamsPerBlock, p.outer, p.n * int64_t{sizeof(T)}, p, stream);
+            SoftmaxRowFwdKernel<T, kTeam, decltype(v)::value, kLog>
+                <<<RowGrid(Team::kTeamsPerBlock, p.outer), Team::kBlock, 0, stream>>>(p);
+            return cudaGetLastError();
           },
           [&](auto v) {
-            const int64_t threads = p.outer * (p.inner / decltype(v)::value);
-            const int64_t blocks = (threads + kStridedThreads - 1) / kStridedThreads;
-            if (blocks >= (int64_t{1} << 31)) return cudaErrorInvalidValue;
-            SoftmaxStridedFwdKernel<T, decltype(v)::value, kLog>
-                <<<static_cast<unsigned>(blocks), kStridedThreads, 0, stream>>>(p);
+            const unsigned grid = StridedGrid(p.outer * (p.inner / decltype(v)::value));
+            if (grid == 0) return cudaErrorInvalidValue;
+            SoftmaxStridedFwdKernel<T, decltype(v)::value, kLog><<<grid, kStridedThreads, 0, stream>>>(p);
             return cudaGetLastError();
           });
     };
@@ -444,24 +528,24 @@ cudaError_t LaunchSoftmaxBwd(const SoftmaxBwdParams& p, cudaStream_t stream) {
                      IsAligned(p.dx, 16);
     auto run = [&](auto log) {
       constexpr bool kLog = decltype(log)::value;
-      return LaunchAny<T, kLog, kBwdCacheElems>(
+      return LaunchAny<T, kBwdCacheElems>(
           p, vec,
+          [&](auto row) {
+            using Row = decltype(row);
+            SoftmaxRegBwdKernel<T, Row, kLog><<<RegRowGrid<Row>(p.outer), Row::kBlock, 0, stream>>>(p);
+            return cudaGetLastError();
+          },
           [&](auto team, auto v) {
             constexpr int kTeam = decltype(team)::value;
-            constexpr int kV = decltype(v)::value;
             using Team = RowTeam<kTeam>;
-            return LaunchRowKernel<kPipeStages, 2>(
-                SoftmaxRowBwdKernel<T, kTeam, kV, kLog, true>,
-                SoftmaxRowBwdKernel<T, kTeam, kV, kLog, false>,
-                kV > 1 && p.n <= int64_t{kTeam} * kBwdCacheElems, kPipeSmemBudget, Team::kBlock,
-                Team::kTeamsPerBlock, p.outer, p.n * int64_t{sizeof(T)}, p, stream);
+            SoftmaxRowBwdKernel<T, kTeam, decltype(v)::value, kLog>
+                <<<RowGrid(Team::kTeamsPerBlock, p.outer), Team::kBlock, 0, stream>>>(p);
+            return cudaGetLastError();
           },
           [&](auto v) {
-            const int64_t threads = p.outer * (p.inner / decltype(v)::value);
-            const int64_t blocks = (threads + kStridedThreads - 1) / kStridedThreads;
-            if (blocks >= (int64_t{1} << 31)) return cudaErrorInvalidValue;
-            SoftmaxStridedBwdKernel<T, decltype(v)::value, kLog>
-                <<<static_cast<unsigned>(blocks), kStridedThreads, 0, stream>>>(p);
+            const unsigned grid = StridedGrid(p.outer * (p.inner / decltype(v)::value));
+            if (grid == 0) return cudaErrorInvalidValue;
+            SoftmaxStridedBwdKernel<T, decltype(v)::value, kLog><<<grid, kStridedThreads, 0, stream>>>(p);
             return cudaGetLastError();
           });
     };

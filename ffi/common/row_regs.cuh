@@ -1,0 +1,193 @@
+// Register-resident rows: the forward row kernels' layout.
+//
+// A team of kTeam threads (a warp or more) owns one row; each thread holds
+// kVecs 16-byte vectors of it as raw packed elements (not widened to fp32:
+// half the registers for bf16/fp16) and issues all their loads before using
+// any. Blocks are not persistent: one team per row, max(1, 128 / kTeam)
+// teams a block, and the hardware starts a new block as soon as one retires.
+//
+// Why (benchmarks/micro/row_fwd.cu, H200, bf16 softmax 16384 x 4096, against a
+// streaming copy kernel): this layout with 8 vectors a thread (128 bytes in
+// flight per thread) ran at ~100% of that copy; with 4 vectors 89%; the
+// earlier persistent kernel that streamed rows through shared memory with the
+// bulk copy engine, 3 block barriers a row, stayed near 80%.
+//
+// The team reduction is shuffles down to lane 0 and a broadcast (every lane
+// gets the same bits: merges need not be symmetric), then for teams wider
+// than a warp one barrier over the team alone (a named barrier when a block
+// holds several teams), with double-buffered slots so one barrier per row
+// suffices in a loop.
+#pragma once
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+
+#include <cstdint>
+#include <type_traits>
+
+#include "ffi/common/device.cuh"
+
+namespace jax_dnn {
+
+// 16 bytes read once: no L1 allocation, the non-coherent path (the input is
+// not written by this kernel).
+__device__ __forceinline__ uint4 LoadStream16(const void* p) {
+  uint4 r;
+  asm volatile("ld.global.nc.L1::no_allocate.v4.u32 {%0,%1,%2,%3}, [%4];"
+               : "=r"(r.x), "=r"(r.y), "=r"(r.z), "=r"(r.w)
+               : "l"(p));
+  return r;
+}
+
+// Widens one 16-byte vector of T to fp32.
+template <typename T>
+__device__ __forceinline__ void Unpack16(uint4 r, float (&f)[16 / sizeof(T)]) {
+  const uint32_t w[4] = {r.x, r.y, r.z, r.w};
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    if constexpr (sizeof(T) == 4) {
+      f[i] = __uint_as_float(w[i]);
+    } else if constexpr (std::is_same_v<T, __nv_bfloat16>) {
+      // bf16 is the top half of an fp32. volatile: ptxas must redo this cheap
+      // widening at each use rather than keep every widened value live across
+      // the passes over the row (layer norm: 121 -> fewer registers).
+      uint32_t lo, hi;
+      asm volatile("shl.b32 %0, %2, 16;\n\tand.b32 %1, %2, 0xffff0000;"
+                   : "=r"(lo), "=r"(hi) : "r"(w[i]));
+      f[2 * i] = __uint_as_float(lo);
+      f[2 * i + 1] = __uint_as_float(hi);
+    } else {
+      const float2 h = __half22float2(*reinterpret_cast<const __half2*>(&w[i]));
+      f[2 * i] = h.x;
+      f[2 * i + 1] = h.y;
+    }
+  }
+}
+
+// Rounds 16 / sizeof(T) fp32 values to T and stores them as one vector.
+template <typename T>
+__device__ __forceinline__ void Store16(T* p, const float (&f)[16 / sizeof(T)]) {
+  StoreVec<T, 16 / sizeof(T)>(p, f);
+}
+
+template <typename T, int kTeam_, int kVecs_>
+struct RegRow {
+  static constexpr int kTeam = kTeam_;
+  static constexpr int kVecs = kVecs_;
+  static constexpr int V = 16 / sizeof(T);  // elements per vector
+  static constexpr int kBlock = kTeam < 128 ? 128 : kTeam;
+  static constexpr int kTeams = kBlock / kTeam;
+  static constexpr int kWarps = kTeam / 32;
+  static constexpr int64_t kMaxWidth = int64_t{kTeam} * kVecs * V;
+  static_assert(kTeam % 32 == 0 && kTeam <= 1024 && kTeams <= 4, "team is whole warps");
+
+  uint4 raw[kVecs];
+
+  __device__ static int Lane() { return threadIdx.x % kTeam; }
+  __device__ static int Team() { return threadIdx.x / kTeam; }
+  // First column of vector v of this lane. Vectors interleave across the
+  // team, so a warp's loads of one v are 512 contiguous bytes.
+  __device__ static int64_t Col(int v) { return (int64_t{v} * kTeam + Lane()) * V; }
+  // n % V == 0, so a vector is either wholly inside the row or wholly past it.
+  __device__ static bool In(int v, int64_t n) { return Col(v) < n; }
+
+  __device__ void Load(const T* row, int64_t n) {
+#pragma unroll
+    for (int v = 0; v < kVecs; ++v)
+      raw[v] = In(v, n) ? LoadStream16(row + Col(v)) : make_uint4(0, 0, 0, 0);
+  }
+  __device__ void Get(int v, float (&f)[V]) const { Unpack16<T>(raw[v], f); }
+
+  // Shared slots of the team reduction: [parity][team][warp].
+  template <typename State>
+  struct Slots {
+    State s[2][kTeams][kWarps > 0 ? kWarps : 1];
+  };
+
+  // Merges a State (a struct of floats with a static Merge) over the team.
+  // Every thread of the team calls it; `parity` alternates between
+  // consecutive rows of one team (0 when each team does one row).
+  template <typename State>
+  __device__ static State Reduce(State st, Slots<State>& slots, int parity) {
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) st = State::Merge(st, Shfl(st, o, true));
+    st = Shfl(st, 0, false);
+    if constexpr (kWarps > 1) {
+      if (threadIdx.x % 32 == 0) slots.s[parity][Team()][Lane() / 32] = st;
+      TeamSync();
+      st = slots.s[parity][Team()][0];
+#pragma unroll
+      for (int w = 1; w < kWarps; ++w) st = State::Merge(st, slots.s[parity][Team()][w]);
+    }
+    return st;
+  }
+
+  // Waits for the team's threads. The barrier ids are compile-time constants:
+  // with an id computed at run time ptxas reserves all 16 barriers of the
+  // block, and the SM's barrier pool then held only 4 blocks (seen: 23% of
+  // warps active at 64-80 registers a thread, where registers allow 6-8).
+  __device__ static void TeamSync() {
+    static_assert(kTeams <= 2 || kWarps == 1, "wider teams fill a 128-thread block at most twice");
+    if constexpr (kTeams == 1) {
+      __syncthreads();
+    } else if (Team() == 0) {  // uniform within a team: teams are whole warps
+      Bar<1>();
+    } else {
+      Bar<2>();
+    }
+  }
+  template <int kId>
+  __device__ static void Bar() {
+    asm volatile("bar.sync %0, %1;" ::"n"(kId), "n"(kTeam) : "memory");
+  }
+
+  template <typename State>
+  __device__ static State Shfl(const State& st, int arg, bool down) {
+    constexpr int kN = sizeof(State) / sizeof(float);
+    State out;
+    const float* f = reinterpret_cast<const float*>(&st);
+    float* g = reinterpret_cast<float*>(&out);
+#pragma unroll
+    for (int i = 0; i < kN; ++i)
+      g[i] = down ? __shfl_down_sync(0xffffffffu, f[i], arg) : __shfl_sync(0xffffffffu, f[i], arg);
+    return out;
+  }
+};
+
+// A plain sum as a mergeable State.
+struct Sum1 {
+  float s;
+  __device__ static Sum1 Merge(const Sum1& a, const Sum1& b) { return {a.s + b.s}; }
+};
+
+// The widest row the register layout holds: 512 threads x 8 vectors.
+template <typename T>
+constexpr int64_t RegRowMaxWidth() {
+  return int64_t{512} * 8 * (16 / sizeof(T));
+}
+
+// Calls fn(RegRow<T, team, vecs>{}) for the narrowest shape whose registers
+// hold `width` (<= RegRowMaxWidth<T>()) elements: 8 vectors a thread once a
+// warp is full, fewer for short rows.
+template <typename T, typename Fn>
+auto DispatchRegRow(int64_t width, Fn&& fn) {
+  constexpr int64_t V = 16 / sizeof(T);
+  if (width <= 32 * V) return fn(RegRow<T, 32, 1>{});
+  if (width <= 32 * 2 * V) return fn(RegRow<T, 32, 2>{});
+  if (width <= 32 * 4 * V) return fn(RegRow<T, 32, 4>{});
+  if (width <= 32 * 8 * V) return fn(RegRow<T, 32, 8>{});
+  if (width <= 64 * 8 * V) return fn(RegRow<T, 64, 8>{});
+  if (width <= 128 * 8 * V) return fn(RegRow<T, 128, 8>{});
+  if (width <= 256 * 8 * V) return fn(RegRow<T, 256, 8>{});
+  return fn(RegRow<T, 512, 8>{});
+}
+
+// Blocks for a register-row kernel: one team per row, capped at the grid
+// limit (the kernels stride over the rest).
+template <typename Row>
+unsigned RegRowGrid(int64_t rows) {
+  const int64_t blocks = (rows + Row::kTeams - 1) / Row::kTeams;
+  return static_cast<unsigned>(blocks < (int64_t{1} << 30) ? blocks : (int64_t{1} << 30));
+}
+
+}  // namespace jax_dnn
