@@ -22,7 +22,6 @@
 #include <algorithm>
 #include <cmath>
 
-#include "ffi/common/device_info.h"
 #include "ffi/common/row_regs.cuh"
 #include "ffi/common/row_team.cuh"
 #include "ffi/softmax/softmax.h"
