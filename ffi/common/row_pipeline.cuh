@@ -21,6 +21,7 @@
 #include <cstdint>
 
 #include "ffi/common/device_info.h"
+#include "ffi/common/row_team.cuh"
 
 namespace jax_dnn {
 
@@ -142,8 +143,7 @@ cudaError_t LaunchRowKernel(void (*pipelined)(Params), void (*plain)(Params), bo
     if (e != cudaSuccess) return e;
     pipelined<<<grid, block, smem, stream>>>(p);
   } else {
-    const int64_t grid = groups < (int64_t{1} << 30) ? groups : (int64_t{1} << 30);
-    plain<<<static_cast<unsigned>(grid), block, 0, stream>>>(p);
+    plain<<<RowGrid(teams_per_block, rows), block, 0, stream>>>(p);
   }
   return cudaGetLastError();
 }

@@ -26,6 +26,7 @@
 #include <type_traits>
 
 #include "ffi/common/device.cuh"
+#include "ffi/common/row_team.cuh"
 
 namespace jax_dnn {
 
@@ -64,12 +65,6 @@ __device__ __forceinline__ void Unpack16(uint4 r, float (&f)[16 / sizeof(T)]) {
   }
 }
 
-// Rounds 16 / sizeof(T) fp32 values to T and stores them as one vector.
-template <typename T>
-__device__ __forceinline__ void Store16(T* p, const float (&f)[16 / sizeof(T)]) {
-  StoreVec<T, 16 / sizeof(T)>(p, f);
-}
-
 template <typename T, int kTeam_, int kVecs_>
 struct RegRow {
   static constexpr int kTeam = kTeam_;
@@ -78,7 +73,6 @@ struct RegRow {
   static constexpr int kBlock = kTeam < 128 ? 128 : kTeam;
   static constexpr int kTeams = kBlock / kTeam;
   static constexpr int kWarps = kTeam / 32;
-  static constexpr int64_t kMaxWidth = int64_t{kTeam} * kVecs * V;
   static_assert(kTeam % 32 == 0 && kTeam <= 1024 && kTeams <= 4, "team is whole warps");
 
   uint4 raw[kVecs];
@@ -110,8 +104,8 @@ struct RegRow {
   template <typename State>
   __device__ static State Reduce(State st, Slots<State>& slots, int parity) {
 #pragma unroll
-    for (int o = 16; o > 0; o >>= 1) st = State::Merge(st, Shfl(st, o, true));
-    st = Shfl(st, 0, false);
+    for (int o = 16; o > 0; o >>= 1) st = State::Merge(st, ShuffleState(st, o, true));
+    st = ShuffleState(st, 0, false);
     if constexpr (kWarps > 1) {
       if (threadIdx.x % 32 == 0) slots.s[parity][Team()][Lane() / 32] = st;
       TeamSync();
@@ -139,18 +133,6 @@ struct RegRow {
   template <int kId>
   __device__ static void Bar() {
     asm volatile("bar.sync %0, %1;" ::"n"(kId), "n"(kTeam) : "memory");
-  }
-
-  template <typename State>
-  __device__ static State Shfl(const State& st, int arg, bool down) {
-    constexpr int kN = sizeof(State) / sizeof(float);
-    State out;
-    const float* f = reinterpret_cast<const float*>(&st);
-    float* g = reinterpret_cast<float*>(&out);
-#pragma unroll
-    for (int i = 0; i < kN; ++i)
-      g[i] = down ? __shfl_down_sync(0xffffffffu, f[i], arg) : __shfl_sync(0xffffffffu, f[i], arg);
-    return out;
   }
 };
 
@@ -180,14 +162,6 @@ auto DispatchRegRow(int64_t width, Fn&& fn) {
   if (width <= 128 * 8 * V) return fn(RegRow<T, 128, 8>{});
   if (width <= 256 * 8 * V) return fn(RegRow<T, 256, 8>{});
   return fn(RegRow<T, 512, 8>{});
-}
-
-// Blocks for a register-row kernel: one team per row, capped at the grid
-// limit (the kernels stride over the rest).
-template <typename Row>
-unsigned RegRowGrid(int64_t rows) {
-  const int64_t blocks = (rows + Row::kTeams - 1) / Row::kTeams;
-  return static_cast<unsigned>(blocks < (int64_t{1} << 30) ? blocks : (int64_t{1} << 30));
 }
 
 }  // namespace jax_dnn

@@ -11,6 +11,27 @@
 
 namespace jax_dnn {
 
+// Shuffles every float of a State (a struct of floats) across the warp:
+// down by `arg` lanes, or from lane `arg`.
+template <typename State>
+__device__ __forceinline__ State ShuffleState(const State& st, int arg, bool down) {
+  constexpr int kN = sizeof(State) / sizeof(float);
+  State out;
+  const float* f = reinterpret_cast<const float*>(&st);
+  float* g = reinterpret_cast<float*>(&out);
+#pragma unroll
+  for (int i = 0; i < kN; ++i)
+    g[i] = down ? __shfl_down_sync(0xffffffffu, f[i], arg) : __shfl_sync(0xffffffffu, f[i], arg);
+  return out;
+}
+
+// Blocks for a non-persistent row kernel with `teams_per_block` rows a
+// block, capped (the kernels stride over the rest).
+inline unsigned RowGrid(int teams_per_block, int64_t rows) {
+  const int64_t blocks = (rows + teams_per_block - 1) / teams_per_block;
+  return static_cast<unsigned>(blocks < (int64_t{1} << 30) ? blocks : (int64_t{1} << 30));
+}
+
 template <int kTeam_>
 struct RowTeam {
   static constexpr int kTeam = kTeam_;
@@ -63,8 +84,8 @@ struct RowTeam {
     constexpr int kN = sizeof(State) / sizeof(float);
     static_assert(sizeof(State) % sizeof(float) == 0 && kN <= kMaxState, "");
 #pragma unroll
-    for (int o = 16; o > 0; o >>= 1) st = State::Merge(st, Shuffle(st, o, /*down=*/true));
-    st = Shuffle(st, 0, /*down=*/false);
+    for (int o = 16; o > 0; o >>= 1) st = State::Merge(st, ShuffleState(st, o, /*down=*/true));
+    st = ShuffleState(st, 0, /*down=*/false);
     if constexpr (kWarps > 1) {
       const int warp = Lane() / 32;
       __syncthreads();  // previous readers of the scratch are done
@@ -79,18 +100,6 @@ struct RowTeam {
       for (int w = 1; w < kWarps; ++w) st = State::Merge(st, Load<State>(s.v[Team()][w]));
     }
     return st;
-  }
-
-  template <typename State>
-  __device__ static State Shuffle(const State& st, int arg, bool down) {
-    constexpr int kN = sizeof(State) / sizeof(float);
-    State out;
-    const float* f = reinterpret_cast<const float*>(&st);
-    float* g = reinterpret_cast<float*>(&out);
-#pragma unroll
-    for (int i = 0; i < kN; ++i)
-      g[i] = down ? __shfl_down_sync(0xffffffffu, f[i], arg) : __shfl_sync(0xffffffffu, f[i], arg);
-    return out;
   }
 
   template <typename State>

@@ -99,7 +99,7 @@ __global__ void __launch_bounds__(Row::kBlock) LayerNormRegFwdKernel(LayerNormFw
         f[i] = (f[i] - mean) * rstd * g[i];
         if constexpr (!kRms) f[i] += b[i];
       }
-      Store16<T>(y + col, f);
+      StoreVec<T, V>(y + col, f);
     }
   }
 }
@@ -222,16 +222,15 @@ cudaError_t Launch(const LayerNormFwdParams& p, cudaStream_t stream) {
   if (V > 1 && p.width <= RegRowMaxWidth<T>()) {
     return DispatchRegRow<T>(p.width, [&](auto row) {
       using Row = decltype(row);
-      LayerNormRegFwdKernel<T, Row, kRms><<<RegRowGrid<Row>(p.rows), Row::kBlock, 0, stream>>>(p);
+      LayerNormRegFwdKernel<T, Row, kRms><<<RowGrid(Row::kTeams, p.rows), Row::kBlock, 0, stream>>>(p);
       return cudaGetLastError();
     });
   }
   auto fallback = [&](auto team) {
     constexpr int kTeam = decltype(team)::value;
     using Team = RowTeam<kTeam>;
-    const int64_t groups = (p.rows + Team::kTeamsPerBlock - 1) / Team::kTeamsPerBlock;
-    const int64_t grid = groups < (int64_t{1} << 30) ? groups : (int64_t{1} << 30);
-    LayerNormFwdKernel<T, kTeam, V, kRms><<<static_cast<unsigned>(grid), Team::kBlock, 0, stream>>>(p);
+    LayerNormFwdKernel<T, kTeam, V, kRms>
+        <<<RowGrid(Team::kTeamsPerBlock, p.rows), Team::kBlock, 0, stream>>>(p);
     return cudaGetLastError();
   };
   // Aligned rows reach the fallback only when longer than the register

@@ -158,6 +158,21 @@ __global__ void __launch_bounds__(RowTeam<kTeam>::kBlock) SoftmaxRowFwdKernel(So
   }
 }
 
+// The max of a register row's values held by this thread (-inf when none).
+template <typename Row>
+__device__ __forceinline__ float ThreadMax(const Row& r, int64_t n) {
+  float m = -INFINITY;
+#pragma unroll
+  for (int v = 0; v < Row::kVecs; ++v) {
+    if (!Row::In(v, n)) continue;
+    float f[Row::V];
+    r.Get(v, f);
+#pragma unroll
+    for (int i = 0; i < Row::V; ++i) m = fmaxf(m, f[i]);
+  }
+  return m;
+}
+
 // Rows that fit the register layout (ffi/common/row_regs.cuh): one team a row,
 // x read once, y written once, one team reduction of (max, sum).
 template <typename T, typename Row, bool kLog>
@@ -171,15 +186,7 @@ __global__ void __launch_bounds__(Row::kBlock) SoftmaxRegFwdKernel(SoftmaxFwdPar
        row += int64_t{gridDim.x} * Row::kTeams, parity ^= 1) {
     Row r;
     r.Load(static_cast<const T*>(p.x) + row * n, n);
-    float m = -INFINITY;
-#pragma unroll
-    for (int v = 0; v < Row::kVecs; ++v) {
-      if (!Row::In(v, n)) continue;
-      float f[V];
-      r.Get(v, f);
-#pragma unroll
-      for (int i = 0; i < V; ++i) m = fmaxf(m, f[i]);
-    }
+    const float m = ThreadMax(r, n);
     // exp(x - m) as one FFMA and one EX2; a thread with no finite max adds 0.
     float s = 0.f;
     if (m != -INFINITY) {
@@ -205,7 +212,7 @@ __global__ void __launch_bounds__(Row::kBlock) SoftmaxRegFwdKernel(SoftmaxFwdPar
       r.Get(v, f);
 #pragma unroll
       for (int i = 0; i < V; ++i) f[i] = kLog ? f[i] - shift : FastExp2(fmaf(f[i], kLog2e, -ml)) * inv_sum;
-      Store16<T>(y + Row::Col(v), f);
+      StoreVec<T, V>(y + Row::Col(v), f);
     }
   }
 }
@@ -322,15 +329,7 @@ __global__ void __launch_bounds__(Row::kBlock) SoftmaxRegBwdKernel(SoftmaxBwdPar
     Row rx, rd;
     rx.Load(static_cast<const T*>(p.x) + row * n, n);
     rd.Load(static_cast<const T*>(p.dy) + row * n, n);
-    float m = -INFINITY;
-#pragma unroll
-    for (int v = 0; v < Row::kVecs; ++v) {
-      if (!Row::In(v, n)) continue;
-      float f[V];
-      rx.Get(v, f);
-#pragma unroll
-      for (int i = 0; i < V; ++i) m = fmaxf(m, f[i]);
-    }
+    const float m = ThreadMax(rx, n);
     // s = sum(exp(x - m)); t = sum(dy * exp(x - m)) (softmax) or sum(dy)
     // (log_softmax; padding vectors are zeros).
     BwdState<kLog> st{m, 0.f, 0.f};
@@ -364,7 +363,7 @@ __global__ void __launch_bounds__(Row::kBlock) SoftmaxRegBwdKernel(SoftmaxBwdPar
         const float y = FastExp2(fmaf(f[i], kLog2e, -row_ml)) * inv_sum;
         f[i] = kLog ? d[i] - y * t : y * (d[i] - t);
       }
-      Store16<T>(dx + Row::Col(v), f);
+      StoreVec<T, V>(dx + Row::Col(v), f);
     }
   }
 }
@@ -470,12 +469,6 @@ cudaError_t LaunchAny(const Params& p, bool vec, Reg reg, Row row, Strided strid
   return DispatchTeam(p.n, kCacheElems, [&](auto team) { return row(team, Int<1>{}); });
 }
 
-// Blocks for the fallback row kernels (they stride over the rest).
-unsigned RowGrid(int teams_per_block, int64_t rows) {
-  const int64_t groups = (rows + teams_per_block - 1) / teams_per_block;
-  return static_cast<unsigned>(groups < (int64_t{1} << 30) ? groups : (int64_t{1} << 30));
-}
-
 unsigned StridedGrid(int64_t threads) {
   const int64_t blocks = (threads + kStridedThreads - 1) / kStridedThreads;
   return blocks < (int64_t{1} << 31) ? static_cast<unsigned>(blocks) : 0;
@@ -496,7 +489,7 @@ cudaError_t LaunchSoftmaxFwd(const SoftmaxFwdParams& p, cudaStream_t stream) {
           p, vec,
           [&](auto row) {
             using Row = decltype(row);
-            SoftmaxRegFwdKernel<T, Row, kLog><<<RegRowGrid<Row>(p.outer), Row::kBlock, 0, stream>>>(p);
+            SoftmaxRegFwdKernel<T, Row, kLog><<<RowGrid(Row::kTeams, p.outer), Row::kBlock, 0, stream>>>(p);
             return cudaGetLastError();
           },
           [&](auto team, auto v) {
@@ -531,7 +524,7 @@ cudaError_t LaunchSoftmaxBwd(const SoftmaxBwdParams& p, cudaStream_t stream) {
           p, vec,
           [&](auto row) {
             using Row = decltype(row);
-            SoftmaxRegBwdKernel<T, Row, kLog><<<RegRowGrid<Row>(p.outer), Row::kBlock, 0, stream>>>(p);
+            SoftmaxRegBwdKernel<T, Row, kLog><<<RowGrid(Row::kTeams, p.outer), Row::kBlock, 0, stream>>>(p);
             return cudaGetLastError();
           },
           [&](auto team, auto v) {
