@@ -36,9 +36,11 @@ OPS = {
 }
 
 # 1 row, width 1, odd widths (scalar path), each team size, the uncached
-# wide-row path (> 16384 columns forward, > 8192 backward), empty rows.
+# wide-row path (> 16384 columns forward, > 8192 backward), empty rows; for the
+# register-row backward: 1 and 2 vectors a thread, rows that end inside a
+# team's last vectors, and teams that visit several rows (6000 rows).
 SHAPES = [(1, 1), (3, 7), (2, 3, 100), (64, 1024), (5, 4097), (16, 4096), (3, 12288), (2, 20000),
-          (0, 16)]
+          (0, 16), (7, 200), (33, 520), (6000, 264)]
 
 
 def _params(width, n, dtype, key=7):

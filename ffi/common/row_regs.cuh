@@ -65,15 +65,33 @@ __device__ __forceinline__ void Unpack16(uint4 r, float (&f)[16 / sizeof(T)]) {
   }
 }
 
-template <typename T, int kTeam_, int kVecs_>
+// kMinBlock: the block holds max(kMinBlock, kTeam) threads, so several
+// teams share a block when the team is narrow.
+// Narrows 16 / sizeof(T) fp32 values to T and stores them as one 16-byte
+// vector, in program order with the other volatile accesses here: a kernel
+// that loads its next row early (the norm backward) must not have ptxas hoist
+// those loads above this row's stores, which kept the whole widened row live
+// (measured in benchmarks/micro/row_bwd.cu: 185-233 registers uncapped).
+template <typename T>
+__device__ __forceinline__ void StoreOrdered16(T* p, const float (&f)[16 / sizeof(T)]) {
+  Packed<T, 16 / sizeof(T)> pack;
+#pragma unroll
+  for (int i = 0; i < 16 / static_cast<int>(sizeof(T)); ++i) pack.v[i] = FromFloat<T>(f[i]);
+  const uint4 r = *reinterpret_cast<const uint4*>(&pack);
+  asm volatile("st.global.v4.b32 [%0], {%1,%2,%3,%4};" ::"l"(p), "r"(r.x), "r"(r.y), "r"(r.z),
+               "r"(r.w)
+               : "memory");
+}
+
+template <typename T, int kTeam_, int kVecs_, int kMinBlock = 128>
 struct RegRow {
   static constexpr int kTeam = kTeam_;
   static constexpr int kVecs = kVecs_;
   static constexpr int V = 16 / sizeof(T);  // elements per vector
-  static constexpr int kBlock = kTeam < 128 ? 128 : kTeam;
+  static constexpr int kBlock = kTeam < kMinBlock ? kMinBlock : kTeam;
   static constexpr int kTeams = kBlock / kTeam;
   static constexpr int kWarps = kTeam / 32;
-  static_assert(kTeam % 32 == 0 && kTeam <= 1024 && kTeams <= 4, "team is whole warps");
+  static_assert(kTeam % 32 == 0 && kTeam <= 1024 && kTeams <= 8, "team is whole warps");
 
   uint4 raw[kVecs];
 
@@ -85,10 +103,13 @@ struct RegRow {
   // n % V == 0, so a vector is either wholly inside the row or wholly past it.
   __device__ static bool In(int v, int64_t n) { return Col(v) < n; }
 
+  // Vectors past the row are zeros. One base pointer, compile-time offsets
+  // per vector (immediates in the loads, not a 64-bit address per vector).
   __device__ void Load(const T* row, int64_t n) {
+    const T* base = row + Lane() * V;
 #pragma unroll
     for (int v = 0; v < kVecs; ++v)
-      raw[v] = In(v, n) ? LoadStream16(row + Col(v)) : make_uint4(0, 0, 0, 0);
+      raw[v] = In(v, n) ? LoadStream16(base + v * kTeam * V) : make_uint4(0, 0, 0, 0);
   }
   __device__ void Get(int v, float (&f)[V]) const { Unpack16<T>(raw[v], f); }
 
@@ -121,14 +142,20 @@ struct RegRow {
   // block, and the SM's barrier pool then held only 4 blocks (seen: 23% of
   // warps active at 64-80 registers a thread, where registers allow 6-8).
   __device__ static void TeamSync() {
-    static_assert(kTeams <= 2 || kWarps == 1, "wider teams fill a 128-thread block at most twice");
+    static_assert(kTeams <= 4 || kWarps == 1, "at most 4 multi-warp teams a block");
     if constexpr (kTeams == 1) {
       __syncthreads();
-    } else if (Team() == 0) {  // uniform within a team: teams are whole warps
-      Bar<1>();
     } else {
-      Bar<2>();
+      BarOfTeam<0>(Team());  // uniform within a team: teams are whole warps
     }
+  }
+  // Barrier 1 + team, with ids 1..kTeams spelled as constants.
+  template <int kId>
+  __device__ static void BarOfTeam(int team) {
+    if constexpr (kId + 1 < kTeams) {
+      if (team != kId) return BarOfTeam<kId + 1>(team);
+    }
+    Bar<kId + 1>();
   }
   template <int kId>
   __device__ static void Bar() {

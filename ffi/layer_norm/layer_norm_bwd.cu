@@ -7,18 +7,34 @@
 //   dscale = sum over rows of dy * xhat,  dbias = sum over rows of dy
 //
 // One team reduction per row gives the statistics and both row sums
-// (MeanM2Grad in layer_norm_stats.cuh).
-// Stage 1 (this file): each block owns a strided set of rows of one group and
-// keeps its dscale/dbias partial sums for its columns in registers; at the end
-// the block writes one row of partials. Stage 2 (ffi/common/column_sum.cu) sums
+// (MeanM2Grad / SumSqGrad in layer_norm_stats.cuh).
+//
+// Stage 1 (this file): blocks are persistent within one group of rows; each
+// thread owns the same columns in every row it visits, so it accumulates the
+// dscale/dbias partial sums of those columns across rows; at the end each
+// block writes one row of partials. Stage 2 (ffi/common/column_sum.cu) sums
 // the partials of each group in a fixed order. No atomics: deterministic.
 // Traffic: x and dy read once, dx written once (the statistics are recomputed
-// from the row held in registers, so nothing is saved by the forward), plus the partials
-// (groups * parts * sums * width fp32, a few percent of the main traffic).
+// from the row held in registers, so nothing is saved by the forward), plus the
+// partials (groups * parts * sums * width fp32, a few percent of the rest).
+//
+// Rows that can be read as 16-byte vectors and are at most 16384 bf16/fp16
+// (8192 fp32) wide take LayerNormRegBwdKernel: a team of 32-512 threads a row,
+// each thread holding up to 4 vectors of x and of dy as packed elements
+// (ffi/common/row_regs.cuh), the next row's loads issued before the current
+// row is used, scale and the partial sums in shared memory. Why (H200,
+// benchmarks/micro/row_bwd.cu, 16384 x 4096 bf16): partial sums in registers
+// and no early loads ran at 85% (layer norm) of that file's copy; this layout
+// 82-87%, and 89-91% at 8192 wide; the earlier bulk-copy pipeline kernel (now
+// gone) took 194 us here under ncu where the register rows take ~125 us.
+// Other rows take LayerNormBwdKernel, a row team caching kCacheElems fp32 a
+// thread that re-reads the uncached tail of a wide row.
 #include <algorithm>
+#include <type_traits>
 
 #include "ffi/common/column_sum.h"
-#include "ffi/common/row_pipeline.cuh"
+#include "ffi/common/device_info.h"
+#include "ffi/common/row_regs.cuh"
 #include "ffi/common/row_team.cuh"
 #include "ffi/layer_norm/layer_norm.h"
 #include "ffi/layer_norm/layer_norm_stats.cuh"
@@ -26,23 +42,201 @@
 namespace jax_dnn {
 namespace {
 
+// The register-row kernel: blocks of 256 threads (several teams when the team
+// is narrower) under a 128-register bound, so two blocks fit an SM.
+constexpr int kRegMinBlock = 256;
+constexpr int kRegThreadsPerSM = 512;
+
+// Shared memory of LayerNormRegBwdKernel, in float4 "slices" of one team's
+// columns laid out [vector][quad][lane] (consecutive lanes touch consecutive
+// 16 bytes: no bank conflicts): the group's scale, then per team kSums slices
+// of partial sums.
+template <typename Row, int kSums>
+constexpr size_t RegBwdSmemBytes() {
+  return sizeof(float4) * Row::kVecs * (Row::V / 4) * Row::kTeam * (1 + Row::kTeams * kSums);
+}
+
+template <typename T, typename Row, bool kRms>
+__global__ void __launch_bounds__(Row::kBlock, kRegThreadsPerSM / Row::kBlock)
+    LayerNormRegBwdKernel(LayerNormBwdParams p) {
+  constexpr int V = Row::V;
+  constexpr int kQuads = V / 4;  // float4s a vector
+  constexpr int kTeam = Row::kTeam;
+  constexpr int kSums = kRms ? 1 : 2;
+  constexpr int kSlice = Row::kVecs * kQuads * kTeam;
+  using State = std::conditional_t<kRms, SumSqGrad, MeanM2Grad>;
+  __shared__ typename Row::template Slots<State> slots;
+  extern __shared__ float4 smem[];
+  const int lane = Row::Lane();
+  const int team = Row::Team();
+  auto at = [&](int slice, int v, int q) -> float4& {
+    return smem[slice * kSlice + (v * kQuads + q) * kTeam + lane];
+  };
+  const int acc0 = 1 + team * kSums;  // this team's first accumulator slice
+
+  const int64_t n = p.width;
+  const int64_t rows_per_group = p.rows / p.groups;
+  const int64_t group = blockIdx.x / p.parts;
+  const int64_t part = blockIdx.x % p.parts;
+  const float inv_n = 1.f / static_cast<float>(n);
+  // Stage the group's scale (zeros past the row: n % V == 0, so a float4 is
+  // wholly in or out) and zero this thread's accumulators.
+  const float* scale = p.scale + group * n;
+  for (int i = threadIdx.x; i < kSlice; i += Row::kBlock) {
+    const int vq = i / kTeam;
+    const int64_t col = (int64_t{vq / kQuads} * kTeam + i % kTeam) * V + 4 * (vq % kQuads);
+    smem[i] = col < n ? *reinterpret_cast<const float4*>(scale + col) : make_float4(0.f, 0.f, 0.f, 0.f);
+  }
+#pragma unroll
+  for (int s = 0; s < kSums; ++s)
+#pragma unroll
+    for (int v = 0; v < Row::kVecs; ++v)
+#pragma unroll
+      for (int q = 0; q < kQuads; ++q) at(acc0 + s, v, q) = make_float4(0.f, 0.f, 0.f, 0.f);
+  __syncthreads();
+  auto get_scale = [&](int v, float (&g)[V]) {
+#pragma unroll
+    for (int q = 0; q < kQuads; ++q) {
+      const float4 a = at(0, v, q);
+      g[4 * q] = a.x, g[4 * q + 1] = a.y, g[4 * q + 2] = a.z, g[4 * q + 3] = a.w;
+    }
+  };
+
+  const int64_t first_row = group * rows_per_group;
+  const T* x_base = static_cast<const T*>(p.x) + first_row * n;
+  const T* dy_base = static_cast<const T*>(p.dy) + first_row * n;
+  T* dx_base = static_cast<T*>(p.dx) + first_row * n;
+  const int64_t step = p.parts * Row::kTeams;
+  int64_t local = part * Row::kTeams + team;
+  Row x, dy;
+  if (local < rows_per_group) {
+    x.Load(x_base + local * n, n);
+    dy.Load(dy_base + local * n, n);
+  }
+  int parity = 0;
+  for (; local < rows_per_group; local += step, parity ^= 1) {
+    // The next row's loads go out before this row is used: its latency
+    // overlaps this row's reduction and stores.
+    Row x_next, dy_next;
+    if (local + step < rows_per_group) {
+      x_next.Load(x_base + (local + step) * n, n);
+      dy_next.Load(dy_base + (local + step) * n, n);
+    }
+    // This thread's share of the statistics and of the two row sums.
+    State st;
+    if constexpr (kRms) {
+      float ss = 0.f, sgx = 0.f;
+#pragma unroll
+      for (int v = 0; v < Row::kVecs; ++v) {
+        float f[V], d[V], g[V];  // zeros past the row
+        x.Get(v, f);
+        dy.Get(v, d);
+        get_scale(v, g);
+#pragma unroll
+        for (int i = 0; i < V; ++i) ss += f[i] * f[i], sgx += d[i] * g[i] * f[i];
+      }
+      st = {ss, sgx};
+    } else {
+      float count = 0.f, sum = 0.f;
+#pragma unroll
+      for (int v = 0; v < Row::kVecs; ++v) {
+        float f[V];
+        x.Get(v, f);
+        if (Row::In(v, n)) count += V;
+#pragma unroll
+        for (int i = 0; i < V; ++i) sum += f[i];
+      }
+      const float mean = count > 0.f ? sum * __frcp_rn(count) : 0.f;
+      float m2 = 0.f, gsum = 0.f, gx = 0.f;
+#pragma unroll
+      for (int v = 0; v < Row::kVecs; ++v) {
+        if (!Row::In(v, n)) continue;
+        float f[V], d[V], g[V];
+        x.Get(v, f);
+        dy.Get(v, d);
+        get_scale(v, g);
+#pragma unroll
+        for (int i = 0; i < V; ++i) {
+          const float c = f[i] - mean, gi = d[i] * g[i];
+          m2 += c * c, gsum += gi, gx += gi * c;
+        }
+      }
+      st = {count, mean, m2, gsum, gx};
+    }
+    st = Row::Reduce(st, slots, parity);
+    float mean = 0.f, rstd, mean_g = 0.f, mean_gx;
+    if constexpr (kRms) {
+      rstd = rsqrtf(st.ss * inv_n + p.epsilon);
+      mean_gx = st.sgx * rstd * inv_n;
+    } else {
+      mean = st.mean;
+      rstd = rsqrtf(st.m2 * inv_n + p.epsilon);
+      mean_g = st.g * inv_n;
+      mean_gx = st.s * rstd * inv_n;
+    }
+    // dx, and the partial sums of dy * xhat (and dy) in shared memory.
+    T* dx = dx_base + local * n + lane * V;
+#pragma unroll
+    for (int v = 0; v < Row::kVecs; ++v) {
+      if (!Row::In(v, n)) continue;
+      float f[V], d[V], g[V], out[V];
+      x.Get(v, f);
+      dy.Get(v, d);
+      get_scale(v, g);
+#pragma unroll
+      for (int i = 0; i < V; ++i) {
+        f[i] = (f[i] - mean) * rstd;  // xhat
+        out[i] = rstd * (d[i] * g[i] - mean_g - f[i] * mean_gx);
+      }
+#pragma unroll
+      for (int q = 0; q < kQuads; ++q) {
+        float4& a = at(acc0, v, q);
+        a.x += d[4 * q] * f[4 * q], a.y += d[4 * q + 1] * f[4 * q + 1];
+        a.z += d[4 * q + 2] * f[4 * q + 2], a.w += d[4 * q + 3] * f[4 * q + 3];
+        if constexpr (!kRms) {
+          float4& b = at(acc0 + 1, v, q);
+          b.x += d[4 * q], b.y += d[4 * q + 1], b.z += d[4 * q + 2], b.w += d[4 * q + 3];
+        }
+      }
+      StoreOrdered16<T>(dx + v * kTeam * V, out);
+    }
+    x = x_next;
+    dy = dy_next;
+  }
+
+  // The block's row of partials: team 0 adds the other teams' sums in team
+  // order (fixed: deterministic).
+  if constexpr (Row::kTeams > 1) __syncthreads();
+  if (team != 0) return;
+  float* partial = p.partials + int64_t{blockIdx.x} * kSums * n;
+#pragma unroll
+  for (int s = 0; s < kSums; ++s) {
+#pragma unroll
+    for (int v = 0; v < Row::kVecs; ++v) {
+#pragma unroll
+      for (int q = 0; q < kQuads; ++q) {
+        const int64_t col = Row::Col(v) + 4 * q;
+        if (col >= n) continue;
+        float4 a = at(1 + s, v, q);
+        for (int t = 1; t < Row::kTeams; ++t) {
+          const float4 b = smem[(1 + t * kSums + s) * kSlice + (v * kQuads + q) * kTeam + lane];
+          a.x += b.x, a.y += b.y, a.z += b.z, a.w += b.w;
+        }
+        *reinterpret_cast<float4*>(partial + s * n + col) = a;
+      }
+    }
+  }
+}
+
 // 16 fp32 per thread: x, dy, scale and two accumulators are cached, 80 values
 // (~110 registers with ptxas's choice: two 256-thread blocks per SM); more
 // would cut occupancy further.
 constexpr int kCacheElems = 16;
-// Row groups in flight per block when pipelined (x and dy each), and the most
-// shared memory a block's stages may take.
-constexpr int kPipeStages = 4;
-constexpr size_t kPipeSmemBudget = 96 * 1024;
 
-// kPipe: x and dy rows arrive in shared memory through BulkRowPipeline
-// (ffi/common/row_pipeline.cuh); the whole row is then cached (no tail).
-template <typename T, int kTeam, int V, bool kRms, bool kPipe>
+template <typename T, int kTeam, int V, bool kRms>
 __global__ void __launch_bounds__(RowTeam<kTeam>::kBlock)
     LayerNormBwdKernel(LayerNormBwdParams p) {
   using Team = RowTeam<kTeam>;
-  using Pipe = BulkRowPipeline<kPipeStages, 2>;
-  extern __shared__ __align__(128) char smem[];
   constexpr int kCache = kCacheElems / V;
   constexpr int kSums = kRms ? 1 : 2;
   __shared__ typename Team::Scratch scratch;
@@ -80,34 +274,17 @@ __global__ void __launch_bounds__(RowTeam<kTeam>::kBlock)
   float acc_scale[kCache][V] = {};
   float acc_bias[kCache][V] = {};
   const int64_t step = p.parts * Team::kTeamsPerBlock;
-  Pipe pipe(smem, static_cast<uint32_t>(Team::kTeamsPerBlock * n * sizeof(T)));
-  const T* arrays[2] = {static_cast<const T*>(p.x), static_cast<const T*>(p.dy)};
-  auto issue = [&](int k) {
-    const int64_t first = part * Team::kTeamsPerBlock + k * step;  // within the group
-    if (first >= rows_per_group) return;
-    const int64_t count =
-        rows_per_group - first < Team::kTeamsPerBlock ? rows_per_group - first : Team::kTeamsPerBlock;
-    pipe.IssueRows(k, arrays, group * rows_per_group + first, count, n);
-  };
-  if constexpr (kPipe) pipe.Start(issue);
-
-  int k = 0;
-  for (int64_t base = part * Team::kTeamsPerBlock; base < rows_per_group; base += step, ++k) {
+  for (int64_t base = part * Team::kTeamsPerBlock; base < rows_per_group; base += step) {
     const int64_t local = base + Team::Team();
     const bool valid = local < rows_per_group;
     const int64_t row = group * rows_per_group + local;
     const T* x = static_cast<const T*>(p.x) + row * n;
     const T* dy = static_cast<const T*>(p.dy) + row * n;
-    if constexpr (kPipe) {
-      pipe.Wait(k);
-      x = pipe.template Row<T>(k, 0, Team::Team(), n);
-      dy = pipe.template Row<T>(k, 1, Team::Team(), n);
-    }
     T* dx = static_cast<T*>(p.dx) + row * n;
     // Calls fn(col, x, dy, scale) for each chunk of the uncached tail (wide
     // rows only), re-reading it from memory.
     auto for_tail = [&](auto fn) {
-      for (int64_t c = kCache; !kPipe && c < chunks; ++c) {
+      for (int64_t c = kCache; c < chunks; ++c) {
         const int64_t col = (c * kTeam + lane) * V;
         if (!valid || col >= n) continue;
         float xv[V], dv[V], sc[V];
@@ -221,9 +398,6 @@ __global__ void __launch_bounds__(RowTeam<kTeam>::kBlock)
         StoreVec<T, V>(dx + col, out);
       });
     }
-    if constexpr (kPipe) {
-      pipe.Advance(k, issue);
-    }
   }
 
   // Combine the teams of this block in a fixed order (team 0 first), then
@@ -260,36 +434,71 @@ __global__ void __launch_bounds__(RowTeam<kTeam>::kBlock)
   }
 }
 
+// Calls fn(RegRow<T, team, vecs, kRegMinBlock>{}) for the narrowest team
+// whose threads hold `width` elements in at most 4 vectors each (up to
+// RegBwdMaxWidth<T>()).
+template <typename T>
+constexpr int64_t RegBwdMaxWidth() {
+  return int64_t{512} * 4 * (16 / sizeof(T));
+}
+template <typename T, typename Fn>
+auto DispatchRegBwdRow(int64_t width, Fn&& fn) {
+  constexpr int64_t V = 16 / sizeof(T);
+  if (width <= 32 * V) return fn(RegRow<T, 32, 1, kRegMinBlock>{});
+  if (width <= 32 * 2 * V) return fn(RegRow<T, 32, 2, kRegMinBlock>{});
+  if (width <= 32 * 4 * V) return fn(RegRow<T, 32, 4, kRegMinBlock>{});
+  if (width <= 64 * 4 * V) return fn(RegRow<T, 64, 4, kRegMinBlock>{});
+  if (width <= 128 * 4 * V) return fn(RegRow<T, 128, 4, kRegMinBlock>{});
+  if (width <= 256 * 4 * V) return fn(RegRow<T, 256, 4, kRegMinBlock>{});
+  return fn(RegRow<T, 512, 4, kRegMinBlock>{});
+}
+
+// Launches the register-row kernel with as many blocks a group as fit on the
+// device at once (at most p.parts, the workspace's), trimmed so that every
+// team visits the same number of rows; sets p.parts to the blocks used.
+template <typename T, bool kRms>
+cudaError_t LaunchReg(LayerNormBwdParams& p, cudaStream_t stream) {
+  return DispatchRegBwdRow<T>(p.width, [&](auto row) {
+    using Row = decltype(row);
+    auto kernel = LayerNormRegBwdKernel<T, Row, kRms>;
+    const size_t smem = RegBwdSmemBytes<Row, kRms ? 1 : 2>();
+    // Always set: the static reduction slots plus this may pass 48 KB.
+    cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                         static_cast<int>(smem));
+    if (e != cudaSuccess) return e;
+    unsigned resident = 0;
+    e = PersistentGrid(kernel, Row::kBlock, smem, 1LL << 30, &resident);
+    if (e != cudaSuccess) return e;
+    const int64_t rows_per_group = p.rows / p.groups;
+    const int64_t team_rows = (rows_per_group + Row::kTeams - 1) / Row::kTeams;
+    int64_t parts = std::max<int64_t>(1, static_cast<int64_t>(resident) / p.groups);
+    parts = std::min({parts, p.parts, team_rows});
+    const int64_t per_block = (team_rows + parts - 1) / parts;  // rows a team visits
+    parts = (team_rows + per_block - 1) / per_block;
+    if (p.groups * parts > (int64_t{1} << 31) - 1) return cudaErrorInvalidValue;
+    p.parts = parts;
+    kernel<<<static_cast<unsigned>(p.groups * parts), Row::kBlock, smem, stream>>>(p);
+    return cudaGetLastError();
+  });
+}
+
+// The fallback: one block per (group, part) of the workspace.
 template <typename T, int V, bool kRms>
 cudaError_t Launch(const LayerNormBwdParams& p, cudaStream_t stream) {
   return DispatchTeam(p.width, kCacheElems, [&](auto team) {
     constexpr int kTeam = decltype(team)::value;
-    using Team = RowTeam<kTeam>;
-    using Pipe = BulkRowPipeline<kPipeStages, 2>;
     const int64_t blocks = p.groups * p.parts;
     if (blocks > (int64_t{1} << 30)) return cudaErrorInvalidValue;
-    // One block per (group, part): the grid is fixed by the partials buffer.
-    const size_t smem = Pipe::SmemBytes(
-        static_cast<uint32_t>(Team::kTeamsPerBlock * p.width * int64_t{sizeof(T)}));
-    if (V > 1 && p.width <= int64_t{kTeam} * kCacheElems && smem <= kPipeSmemBudget) {
-      auto kernel = LayerNormBwdKernel<T, kTeam, V, kRms, true>;
-      if (smem > 48 * 1024) {
-        cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                             static_cast<int>(smem));
-        if (e != cudaSuccess) return e;
-      }
-      kernel<<<static_cast<unsigned>(blocks), Team::kBlock, smem, stream>>>(p);
-    } else {
-      LayerNormBwdKernel<T, kTeam, V, kRms, false>
-          <<<static_cast<unsigned>(blocks), Team::kBlock, 0, stream>>>(p);
-    }
+    LayerNormBwdKernel<T, kTeam, V, kRms>
+        <<<static_cast<unsigned>(blocks), RowTeam<kTeam>::kBlock, 0, stream>>>(p);
     return cudaGetLastError();
   });
 }
 
 }  // namespace
 
-cudaError_t LaunchLayerNormBwd(const LayerNormBwdParams& p, cudaStream_t stream) {
+cudaError_t LaunchLayerNormBwd(const LayerNormBwdParams& params, cudaStream_t stream) {
+  LayerNormBwdParams p = params;  // the register-row launch lowers p.parts
   if (p.rows == 0 || p.width == 0) {
     // Empty rows: the parameter gradients are zeros.
     if (p.width == 0) return cudaSuccess;
@@ -303,6 +512,8 @@ cudaError_t LaunchLayerNormBwd(const LayerNormBwdParams& p, cudaStream_t stream)
     constexpr int kVec = 16 / sizeof(T);
     const bool vec = p.width % kVec == 0 && IsAligned(p.x, 16) && IsAligned(p.dy, 16) &&
                      IsAligned(p.dx, 16) && IsAligned(p.scale, sizeof(float) * kVec);
+    if (vec && p.width <= RegBwdMaxWidth<T>())
+      return p.rms ? LaunchReg<T, true>(p, stream) : LaunchReg<T, false>(p, stream);
     if (p.rms) return vec ? Launch<T, kVec, true>(p, stream) : Launch<T, 1, true>(p, stream);
     return vec ? Launch<T, kVec, false>(p, stream) : Launch<T, 1, false>(p, stream);
   });

@@ -60,4 +60,12 @@ struct MeanM2Grad {
   }
 };
 
+// RMS norm backward's two row sums (sum x^2, sum g x) as one mergeable state.
+struct SumSqGrad {
+  float ss, sgx;
+  __device__ static SumSqGrad Merge(const SumSqGrad& a, const SumSqGrad& b) {
+    return {a.ss + b.ss, a.sgx + b.sgx};
+  }
+};
+
 }  // namespace jax_dnn

@@ -36,10 +36,13 @@ from jax_dnn._src.primitive import (
     vjp_op,
 )
 
-# Blocks of partial parameter gradients per launch (all groups together): about
-# two per SM on an H100/H200 keeps every SM busy, while the partials stay a few
-# percent of the bytes the backward moves. The workspace is capped at 256 MiB.
-_TARGET_PARTS = 256
+# Rows of partial parameter gradients the workspace holds per launch (all
+# groups together). The register-row kernel uses as many as fit on the device
+# at once (two 256-thread blocks an SM: 264 on an H100/H200, 296 on a B200) and
+# the rest of the workspace stays unused; the fallback kernel uses them all.
+# The partials stay a few percent of the bytes the backward moves. The
+# workspace is capped at 256 MiB.
+_TARGET_PARTS = 320
 _WORKSPACE_CAP_FLOATS = 1 << 26
 
 
