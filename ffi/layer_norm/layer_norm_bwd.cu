@@ -6,8 +6,10 @@
 //   dx   = rstd * (g - mean(g) - xhat * mean(g * xhat))   (RMS norm: no mean(g) term)
 //   dscale = sum over rows of dy * xhat,  dbias = sum over rows of dy
 //
-// One team reduction per row gives the statistics and both row sums
-// (MeanM2Grad / SumSqGrad in layer_norm_stats.cuh).
+// The statistics and the two row sums come from team reductions: one per row
+// for RMS norm (SumSqGrad); for layer norm one in the fallback kernel
+// (MeanM2Grad merges) and two of plain sums in the register-row kernel (the
+// row sum, then CenteredGrad about the mean: layer_norm_stats.cuh).
 //
 // Stage 1 (this file): blocks are persistent within one group of rows; each
 // thread owns the same columns in every row it visits, so it accumulates the
@@ -64,8 +66,12 @@ __global__ void __launch_bounds__(Row::kBlock, kRegThreadsPerSM / Row::kBlock)
   constexpr int kTeam = Row::kTeam;
   constexpr int kSums = kRms ? 1 : 2;
   constexpr int kSlice = Row::kVecs * kQuads * kTeam;
-  using State = std::conditional_t<kRms, SumSqGrad, MeanM2Grad>;
+  // Layer norm: one slot set a reduction. The rounds alternate, so a slot set
+  // is rewritten only after every thread has passed the other round's barrier,
+  // which it reaches after reading this one: a single buffer suffices.
+  using State = std::conditional_t<kRms, SumSqGrad, CenteredGrad>;
   __shared__ typename Row::template Slots<State> slots;
+  __shared__ typename Row::template Slots<Sum1> mean_slots;
   extern __shared__ float4 smem[];
   const int lane = Row::Lane();
   const int team = Row::Team();
@@ -124,11 +130,16 @@ __global__ void __launch_bounds__(Row::kBlock, kRegThreadsPerSM / Row::kBlock)
     }
     // This thread's share of the statistics and of the two row sums.
     State st;
+    float mean = 0.f;
     if constexpr (kRms) {
       float ss = 0.f, sgx = 0.f;
 #pragma unroll
       for (int v = 0; v < Row::kVecs; ++v) {
-        float f[V], d[V], g[V];  // zeros past the row
+        // Vectors past the row are zeros and add nothing, but the branch keeps
+        // ptxas from hoisting every vector's unpacking at once (without it the
+        // 16-bit kernels spilled up to 88 bytes under the 128-register bound).
+        if (!Row::In(v, n)) continue;
+        float f[V], d[V], g[V];
         x.Get(v, f);
         dy.Get(v, d);
         get_scale(v, g);
@@ -137,16 +148,15 @@ __global__ void __launch_bounds__(Row::kBlock, kRegThreadsPerSM / Row::kBlock)
       }
       st = {ss, sgx};
     } else {
-      float count = 0.f, sum = 0.f;
+      Sum1 sum = {0.f};
 #pragma unroll
       for (int v = 0; v < Row::kVecs; ++v) {
         float f[V];
-        x.Get(v, f);
-        if (Row::In(v, n)) count += V;
+        x.Get(v, f);  // zeros past the row
 #pragma unroll
-        for (int i = 0; i < V; ++i) sum += f[i];
+        for (int i = 0; i < V; ++i) sum.s += f[i];
       }
-      const float mean = count > 0.f ? sum * __frcp_rn(count) : 0.f;
+      mean = Row::Reduce(sum, mean_slots, 0).s * inv_n;
       float m2 = 0.f, gsum = 0.f, gx = 0.f;
 #pragma unroll
       for (int v = 0; v < Row::kVecs; ++v) {
@@ -161,15 +171,14 @@ __global__ void __launch_bounds__(Row::kBlock, kRegThreadsPerSM / Row::kBlock)
           m2 += c * c, gsum += gi, gx += gi * c;
         }
       }
-      st = {count, mean, m2, gsum, gx};
+      st = {m2, gsum, gx};
     }
-    st = Row::Reduce(st, slots, parity);
-    float mean = 0.f, rstd, mean_g = 0.f, mean_gx;
+    st = Row::Reduce(st, slots, kRms ? parity : 0);
+    float rstd, mean_g = 0.f, mean_gx;
     if constexpr (kRms) {
       rstd = rsqrtf(st.ss * inv_n + p.epsilon);
       mean_gx = st.sgx * rstd * inv_n;
     } else {
-      mean = st.mean;
       rstd = rsqrtf(st.m2 * inv_n + p.epsilon);
       mean_g = st.g * inv_n;
       mean_gx = st.s * rstd * inv_n;
