@@ -3,9 +3,13 @@
 // Rows that can be read as 16-byte vectors and fit the register layout
 // (ffi/common/row_regs.cuh: up to 512 threads x 8 vectors) take
 // LayerNormRegFwdKernel: one team a row, x read from memory once and y
-// written once, the minimum traffic. Statistics take one team reduction per
-// row: each thread's exact (count, mean, M2) is merged across the team (no
-// E[x^2] - E[x]^2 cancellation); RMS norm sums squares.
+// written once, the minimum traffic. Statistics: RMS norm, one team sum of
+// squares a row; layer norm, each thread's exact (count, mean, M2) and two team
+// sums (the row sum, then M2_t + count_t (mean_t - mean)^2: no E[x^2] - E[x]^2
+// cancellation). Plain sums cost an add a step where merging (count, mean,
+// M2) states cost ~10 instructions (that merge remains in the fallback kernel
+// below). A plain two-pass about the row mean (x - mean after the first sum)
+// took ptxas to 128 registers here, from 80.
 //
 // The rest (longer rows, or rows not 16-byte aligned) take LayerNormFwdKernel,
 // a row team that caches kCacheElems fp32 a thread and re-reads the uncached
@@ -27,8 +31,11 @@ constexpr int kCacheElems = 32;
 template <typename T, typename Row, bool kRms>
 __global__ void __launch_bounds__(Row::kBlock) LayerNormRegFwdKernel(LayerNormFwdParams p) {
   constexpr int V = Row::V;
-  using State = std::conditional_t<kRms, Sum1, MeanM2>;
-  __shared__ typename Row::template Slots<State> slots;
+  // Layer norm's two reductions alternate between two slot sets, so each set
+  // is rewritten only after every thread has passed the other's barrier,
+  // which it reaches after reading this one: no double buffering needed.
+  __shared__ typename Row::template Slots<Sum1> slots;
+  __shared__ typename Row::template Slots<Sum1> slots2;
   const int64_t n = p.width;
   const int64_t rows_per_group = p.rows / p.groups;
   const float inv_n = 1.f / static_cast<float>(n);
@@ -37,20 +44,20 @@ __global__ void __launch_bounds__(Row::kBlock) LayerNormRegFwdKernel(LayerNormFw
        row += int64_t{gridDim.x} * Row::kTeams, parity ^= 1) {
     Row r;
     r.Load(static_cast<const T*>(p.x) + row * n, n);
-    // This thread's statistics: RMS the sum of squares; layer norm the exact
-    // (count, mean, M2) of its values (two passes over registers).
-    State st;
+    float mean = 0.f, var;
     if constexpr (kRms) {
-      float s = 0.f;
+      float ss = 0.f;
 #pragma unroll
       for (int v = 0; v < Row::kVecs; ++v) {
         float f[V];
         r.Get(v, f);  // vectors past the row are zeros
 #pragma unroll
-        for (int i = 0; i < V; ++i) s += f[i] * f[i];
+        for (int i = 0; i < V; ++i) ss += f[i] * f[i];
       }
-      st = {s};
+      var = Row::Reduce(Sum1{ss}, slots, parity).s * inv_n;
     } else {
+      // This thread's exact (count, mean, M2), two passes over its registers;
+      // then the row's M2 = sum over threads of M2_t + count_t (mean_t - mean)^2.
       float count = 0.f, sum = 0.f;
 #pragma unroll
       for (int v = 0; v < Row::kVecs; ++v) {
@@ -60,7 +67,7 @@ __global__ void __launch_bounds__(Row::kBlock) LayerNormRegFwdKernel(LayerNormFw
 #pragma unroll
         for (int i = 0; i < V; ++i) sum += f[i];
       }
-      const float mean = count > 0.f ? sum * __frcp_rn(count) : 0.f;
+      const float local_mean = count > 0.f ? sum * __frcp_rn(count) : 0.f;
       float m2 = 0.f;
 #pragma unroll
       for (int v = 0; v < Row::kVecs; ++v) {
@@ -68,17 +75,11 @@ __global__ void __launch_bounds__(Row::kBlock) LayerNormRegFwdKernel(LayerNormFw
         float f[V];
         r.Get(v, f);
 #pragma unroll
-        for (int i = 0; i < V; ++i) m2 += (f[i] - mean) * (f[i] - mean);
+        for (int i = 0; i < V; ++i) m2 += (f[i] - local_mean) * (f[i] - local_mean);
       }
-      st = {count, mean, m2};
-    }
-    st = Row::Reduce(st, slots, parity);
-    float mean = 0.f, var;
-    if constexpr (kRms) {
-      var = st.s * inv_n;
-    } else {
-      mean = st.mean;
-      var = st.m2 * inv_n;
+      mean = Row::Reduce(Sum1{sum}, slots, 0).s * inv_n;
+      const float d = local_mean - mean;
+      var = Row::Reduce(Sum1{m2 + count * d * d}, slots2, 0).s * inv_n;
     }
     const float rstd = rsqrtf(var + p.epsilon);
     // Parameters are re-read per row: from L1/L2, not memory.
