@@ -24,11 +24,12 @@
 // (8192 fp32) wide take LayerNormRegBwdKernel: a team of 32-512 threads a row,
 // each thread holding up to 4 vectors of x and of dy as packed elements
 // (ffi/common/row_regs.cuh), the next row's loads issued before the current
-// row is used, scale and the partial sums in shared memory. Why (H200,
-// benchmarks/micro/row_bwd.cu, 16384 x 4096 bf16): partial sums in registers
-// and no early loads ran at 85% (layer norm) of that file's copy; this layout
-// 82-87%, and 89-91% at 8192 wide; the earlier bulk-copy pipeline kernel (now
-// gone) took 194 us here under ncu where the register rows take ~125 us.
+// row is used, scale and the partial sums in shared memory. Why: in
+// benchmarks/micro/row_bwd.cu and in the library (H200, 16384 x 4096 bf16)
+// this beat partial sums in registers (which spill under the 128-register
+// bound) and wider teams with fewer vectors; the earlier bulk-copy pipeline
+// kernel (now gone) took 194 us under ncu where this takes 112-114 us (80%
+// of copy in benchmarks/RESULTS.md, with the column sums).
 // Other rows take LayerNormBwdKernel, a row team caching kCacheElems fp32 a
 // thread that re-reads the uncached tail of a wide row.
 #include <algorithm>
