@@ -14,7 +14,7 @@ import jax_dnn
 # layout team (up to 12288 and 20000 bf16: padded 256- and 512-thread teams),
 # and rows past it (20000 fp32: the vector fallback).
 SHAPES = [(1, 1), (3, 7), (5, 4097), (64, 1024), (4, 2048), (3, 12288), (2, 20000), (7, 200),
-          (33, 520), (6000, 264)]
+          (33, 520), (6000, 264), (2, 65544)]
 
 
 def run(fn, x, *params):

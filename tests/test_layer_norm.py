@@ -38,9 +38,11 @@ OPS = {
 # 1 row, width 1, odd widths (scalar path), each team size, the uncached
 # wide-row path (> 16384 columns forward, > 8192 backward), empty rows; for the
 # register-row backward: 1 and 2 vectors a thread, rows that end inside a
-# team's last vectors, and teams that visit several rows (6000 rows).
+# team's last vectors, and teams that visit several rows (6000 rows); rows
+# split over a cluster (20000; fp32 12288) down to an 8-column last segment
+# (65544 bf16/f16), and past the cluster path (65544 fp32).
 SHAPES = [(1, 1), (3, 7), (2, 3, 100), (64, 1024), (5, 4097), (16, 4096), (3, 12288), (2, 20000),
-          (0, 16), (7, 200), (33, 520), (6000, 264)]
+          (0, 16), (7, 200), (33, 520), (6000, 264), (2, 65544)]
 
 
 def _params(width, n, dtype, key=7):

@@ -30,8 +30,13 @@
 // bound) and wider teams with fewer vectors; the earlier bulk-copy pipeline
 // kernel (now gone) took 194 us under ncu where this takes 112-114 us (80%
 // of copy in benchmarks/RESULTS.md, with the column sums).
-// Other rows take LayerNormBwdKernel, a row team caching kCacheElems fp32 a
-// thread that re-reads the uncached tail of a wide row.
+// Aligned rows up to 8 times wider split over the blocks of a cluster, each
+// block a segment in registers as above, the row sums added over distributed
+// shared memory. Other rows take LayerNormBwdKernel, a row team caching
+// kCacheElems fp32 a thread that re-reads the uncached tail of a wide row
+// (4096 x 131072 bf16: 7% of copy).
+#include <cooperative_groups.h>
+
 #include <algorithm>
 #include <type_traits>
 
@@ -59,7 +64,27 @@ constexpr size_t RegBwdSmemBytes() {
   return sizeof(float4) * Row::kVecs * (Row::V / 4) * Row::kTeam * (1 + Row::kTeams * kSums);
 }
 
-template <typename T, typename Row, bool kRms>
+// Sums a State over the blocks of the cluster, in block-rank order (the same
+// bits in every block). `slot` is this block's shared copy; a slot is reused
+// only after a later cluster barrier, which every block reaches after reading
+// it (callers alternate two slots, or one slot per round of a row).
+template <typename State>
+__device__ State ClusterSum(const State& st, State* slot) {
+  namespace cg = cooperative_groups;
+  cg::cluster_group cluster = cg::this_cluster();
+  if (threadIdx.x == 0) *slot = st;
+  cluster.sync();
+  State total = *cluster.map_shared_rank(slot, 0);
+  for (unsigned r = 1; r < cluster.num_blocks(); ++r)
+    total = State::Merge(total, *cluster.map_shared_rank(slot, r));
+  return total;
+}
+
+// kCluster: rows wider than one team's registers are split over the blocks of
+// a cluster (one team a block, block rank = segment of kTeam * kVecs * V
+// columns); the row sums add the blocks' team sums over distributed shared
+// memory (ClusterSum), and each cluster is one part of the partial sums.
+template <typename T, typename Row, bool kRms, bool kCluster = false>
 __global__ void __launch_bounds__(Row::kBlock, kRegThreadsPerSM / Row::kBlock)
     LayerNormRegBwdKernel(LayerNormBwdParams p) {
   constexpr int V = Row::V;
@@ -81,18 +106,27 @@ __global__ void __launch_bounds__(Row::kBlock, kRegThreadsPerSM / Row::kBlock)
   };
   const int acc0 = 1 + team * kSums;  // this team's first accumulator slice
 
-  const int64_t n = p.width;
+  static_assert(!kCluster || Row::kTeams == 1, "a cluster block is one team");
+  const int64_t n = p.width;  // the row
   const int64_t rows_per_group = p.rows / p.groups;
-  const int64_t group = blockIdx.x / p.parts;
-  const int64_t part = blockIdx.x % p.parts;
+  // Without a cluster a block is a (group, part) and covers the whole row;
+  // with one, a cluster is and each block covers the segment [col0, col0 + ns).
+  const int64_t blocks_per_part = kCluster ? cooperative_groups::this_cluster().num_blocks() : 1;
+  const int64_t segment = kCluster ? cooperative_groups::this_cluster().block_rank() : 0;
+  const int64_t unit = blockIdx.x / blocks_per_part;  // the (group, part)
+  const int64_t group = unit / p.parts;
+  const int64_t part = unit % p.parts;
+  const int64_t col0 = segment * (kTeam * Row::kVecs * V);
+  const int64_t ns = kCluster ? min(n - col0, int64_t{kTeam * Row::kVecs * V}) : n;
   const float inv_n = 1.f / static_cast<float>(n);
-  // Stage the group's scale (zeros past the row: n % V == 0, so a float4 is
-  // wholly in or out) and zero this thread's accumulators.
-  const float* scale = p.scale + group * n;
+  __shared__ float cluster_slots[kCluster ? 2 : 1][sizeof(State) / sizeof(float)];
+  // Stage the group's scale (zeros past the segment: ns % V == 0, so a float4
+  // is wholly in or out) and zero this thread's accumulators.
+  const float* scale = p.scale + group * n + col0;
   for (int i = threadIdx.x; i < kSlice; i += Row::kBlock) {
     const int vq = i / kTeam;
     const int64_t col = (int64_t{vq / kQuads} * kTeam + i % kTeam) * V + 4 * (vq % kQuads);
-    smem[i] = col < n ? *reinterpret_cast<const float4*>(scale + col) : make_float4(0.f, 0.f, 0.f, 0.f);
+    smem[i] = col < ns ? *reinterpret_cast<const float4*>(scale + col) : make_float4(0.f, 0.f, 0.f, 0.f);
   }
 #pragma unroll
   for (int s = 0; s < kSums; ++s)
@@ -110,15 +144,15 @@ __global__ void __launch_bounds__(Row::kBlock, kRegThreadsPerSM / Row::kBlock)
   };
 
   const int64_t first_row = group * rows_per_group;
-  const T* x_base = static_cast<const T*>(p.x) + first_row * n;
-  const T* dy_base = static_cast<const T*>(p.dy) + first_row * n;
-  T* dx_base = static_cast<T*>(p.dx) + first_row * n;
+  const T* x_base = static_cast<const T*>(p.x) + first_row * n + col0;
+  const T* dy_base = static_cast<const T*>(p.dy) + first_row * n + col0;
+  T* dx_base = static_cast<T*>(p.dx) + first_row * n + col0;
   const int64_t step = p.parts * Row::kTeams;
   int64_t local = part * Row::kTeams + team;
   Row x, dy;
   if (local < rows_per_group) {
-    x.Load(x_base + local * n, n);
-    dy.Load(dy_base + local * n, n);
+    x.Load(x_base + local * n, ns);
+    dy.Load(dy_base + local * n, ns);
   }
   int parity = 0;
   for (; local < rows_per_group; local += step, parity ^= 1) {
@@ -126,8 +160,8 @@ __global__ void __launch_bounds__(Row::kBlock, kRegThreadsPerSM / Row::kBlock)
     // overlaps this row's reduction and stores.
     Row x_next, dy_next;
     if (local + step < rows_per_group) {
-      x_next.Load(x_base + (local + step) * n, n);
-      dy_next.Load(dy_base + (local + step) * n, n);
+      x_next.Load(x_base + (local + step) * n, ns);
+      dy_next.Load(dy_base + (local + step) * n, ns);
     }
     // This thread's share of the statistics and of the two row sums.
     State st;
@@ -139,7 +173,7 @@ __global__ void __launch_bounds__(Row::kBlock, kRegThreadsPerSM / Row::kBlock)
         // Vectors past the row are zeros and add nothing, but the branch keeps
         // ptxas from hoisting every vector's unpacking at once (without it the
         // 16-bit kernels spilled up to 88 bytes under the 128-register bound).
-        if (!Row::In(v, n)) continue;
+        if (!Row::In(v, ns)) continue;
         float f[V], d[V], g[V];
         x.Get(v, f);
         dy.Get(v, d);
@@ -157,11 +191,13 @@ __global__ void __launch_bounds__(Row::kBlock, kRegThreadsPerSM / Row::kBlock)
 #pragma unroll
         for (int i = 0; i < V; ++i) sum.s += f[i];
       }
-      mean = Row::Reduce(sum, mean_slots, 0).s * inv_n;
+      sum = Row::Reduce(sum, mean_slots, 0);
+      if constexpr (kCluster) sum = ClusterSum(sum, reinterpret_cast<Sum1*>(cluster_slots[0]));
+      mean = sum.s * inv_n;
       float m2 = 0.f, gsum = 0.f, gx = 0.f;
 #pragma unroll
       for (int v = 0; v < Row::kVecs; ++v) {
-        if (!Row::In(v, n)) continue;
+        if (!Row::In(v, ns)) continue;
         float f[V], d[V], g[V];
         x.Get(v, f);
         dy.Get(v, d);
@@ -175,6 +211,10 @@ __global__ void __launch_bounds__(Row::kBlock, kRegThreadsPerSM / Row::kBlock)
       st = {m2, gsum, gx};
     }
     st = Row::Reduce(st, slots, kRms ? parity : 0);
+    // The cluster slots alternate: RMS norm's one sum a row by row parity,
+    // layer norm's two sums a row by round.
+    if constexpr (kCluster)
+      st = ClusterSum(st, reinterpret_cast<State*>(cluster_slots[kRms ? parity : 1]));
     float rstd, mean_g = 0.f, mean_gx;
     if constexpr (kRms) {
       rstd = rsqrtf(st.ss * inv_n + p.epsilon);
@@ -188,7 +228,7 @@ __global__ void __launch_bounds__(Row::kBlock, kRegThreadsPerSM / Row::kBlock)
     T* dx = dx_base + local * n + lane * V;
 #pragma unroll
     for (int v = 0; v < Row::kVecs; ++v) {
-      if (!Row::In(v, n)) continue;
+      if (!Row::In(v, ns)) continue;
       float f[V], d[V], g[V], out[V];
       x.Get(v, f);
       dy.Get(v, d);
@@ -214,11 +254,14 @@ __global__ void __launch_bounds__(Row::kBlock, kRegThreadsPerSM / Row::kBlock)
     dy = dy_next;
   }
 
+  // Peers may still read this block's cluster slots until all have passed a
+  // last cluster barrier.
+  if constexpr (kCluster) cooperative_groups::this_cluster().sync();
   // The block's row of partials: team 0 adds the other teams' sums in team
   // order (fixed: deterministic).
   if constexpr (Row::kTeams > 1) __syncthreads();
   if (team != 0) return;
-  float* partial = p.partials + int64_t{blockIdx.x} * kSums * n;
+  float* partial = p.partials + unit * kSums * n + col0;
 #pragma unroll
   for (int s = 0; s < kSums; ++s) {
 #pragma unroll
@@ -226,7 +269,7 @@ __global__ void __launch_bounds__(Row::kBlock, kRegThreadsPerSM / Row::kBlock)
 #pragma unroll
       for (int q = 0; q < kQuads; ++q) {
         const int64_t col = Row::Col(v) + 4 * q;
-        if (col >= n) continue;
+        if (col >= ns) continue;
         float4 a = at(1 + s, v, q);
         for (int t = 1; t < Row::kTeams; ++t) {
           const float4 b = smem[(1 + t * kSums + s) * kSlice + (v * kQuads + q) * kTeam + lane];
@@ -492,6 +535,54 @@ cudaError_t LaunchReg(LayerNormBwdParams& p, cudaStream_t stream) {
   });
 }
 
+// The widest rows the cluster path takes: 8 blocks (the portable cluster
+// size) of the widest register-row team.
+constexpr int kMaxClusterBlocks = 8;
+template <typename T>
+constexpr int64_t ClusterBwdMaxWidth() {
+  return kMaxClusterBlocks * RegBwdMaxWidth<T>();
+}
+
+// Rows wider than RegBwdMaxWidth<T>(): clusters of ceil(width / that) blocks,
+// as many a group as fit at once (at most p.parts); sets p.parts to the
+// clusters a group used.
+template <typename T, bool kRms>
+cudaError_t LaunchCluster(LayerNormBwdParams& p, cudaStream_t stream) {
+  using Row = RegRow<T, 512, 4, kRegMinBlock>;
+  auto kernel = LayerNormRegBwdKernel<T, Row, kRms, true>;
+  const size_t smem = RegBwdSmemBytes<Row, kRms ? 1 : 2>();
+  cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                       static_cast<int>(smem));
+  if (e != cudaSuccess) return e;
+  const int blocks = static_cast<int>((p.width + RegBwdMaxWidth<T>() - 1) / RegBwdMaxWidth<T>());
+  cudaLaunchAttribute attr{};
+  attr.id = cudaLaunchAttributeClusterDimension;
+  attr.val.clusterDim.x = blocks;
+  attr.val.clusterDim.y = 1;
+  attr.val.clusterDim.z = 1;
+  cudaLaunchConfig_t cfg{};
+  cfg.blockDim = dim3(Row::kBlock);
+  cfg.dynamicSmemBytes = smem;
+  cfg.stream = stream;
+  cfg.attrs = &attr;
+  cfg.numAttrs = 1;
+  cfg.gridDim = dim3(blocks);
+  int resident = 0;
+  e = cudaOccupancyMaxActiveClusters(&resident, kernel, &cfg);
+  if (e != cudaSuccess) return e;
+  if (resident < 1) return cudaErrorInvalidConfiguration;
+  const int64_t rows_per_group = p.rows / p.groups;
+  int64_t parts = std::max<int64_t>(1, resident / p.groups);
+  parts = std::min({parts, p.parts, rows_per_group});
+  const int64_t per_part = (rows_per_group + parts - 1) / parts;
+  parts = (rows_per_group + per_part - 1) / per_part;
+  if (p.groups * parts * blocks > (int64_t{1} << 31) - 1) return cudaErrorInvalidValue;
+  p.parts = parts;
+  cfg.gridDim = dim3(static_cast<unsigned>(p.groups * parts * blocks));
+  e = cudaLaunchKernelEx(&cfg, kernel, p);
+  return e != cudaSuccess ? e : cudaGetLastError();
+}
+
 // The fallback: one block per (group, part) of the workspace.
 template <typename T, int V, bool kRms>
 cudaError_t Launch(const LayerNormBwdParams& p, cudaStream_t stream) {
@@ -524,6 +615,8 @@ cudaError_t LaunchLayerNormBwd(const LayerNormBwdParams& params, cudaStream_t st
                      IsAligned(p.dx, 16) && IsAligned(p.scale, sizeof(float) * kVec);
     if (vec && p.width <= RegBwdMaxWidth<T>())
       return p.rms ? LaunchReg<T, true>(p, stream) : LaunchReg<T, false>(p, stream);
+    if (vec && p.width <= ClusterBwdMaxWidth<T>())
+      return p.rms ? LaunchCluster<T, true>(p, stream) : LaunchCluster<T, false>(p, stream);
     if (p.rms) return vec ? Launch<T, kVec, true>(p, stream) : Launch<T, 1, true>(p, stream);
     return vec ? Launch<T, kVec, false>(p, stream) : Launch<T, 1, false>(p, stream);
   });
