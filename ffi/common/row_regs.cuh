@@ -1,10 +1,13 @@
-// Register-resident rows: the forward row kernels' layout.
+// Register-resident rows: the layout of the forward row kernels and of the
+// layer/RMS-norm backward.
 //
 // A team of kTeam threads (a warp or more) owns one row; each thread holds
 // kVecs 16-byte vectors of it as raw packed elements (not widened to fp32:
 // half the registers for bf16/fp16) and issues all their loads before using
-// any. Blocks are not persistent: one team per row, max(1, 128 / kTeam)
-// teams a block, and the hardware starts a new block as soon as one retires.
+// any. In the forwards blocks are not persistent: one team per row,
+// max(1, 128 / kTeam) teams a block, and the hardware starts a new block as
+// soon as one retires. (The norm backward keeps its blocks, which hold
+// partial parameter gradients: ffi/layer_norm/layer_norm_bwd.cu.)
 //
 // Why (benchmarks/micro/row_fwd.cu, H200, bf16 softmax 16384 x 4096, against a
 // streaming copy kernel): this layout with 8 vectors a thread (128 bytes in
@@ -65,8 +68,6 @@ __device__ __forceinline__ void Unpack16(uint4 r, float (&f)[16 / sizeof(T)]) {
   }
 }
 
-// kMinBlock: the block holds max(kMinBlock, kTeam) threads, so several
-// teams share a block when the team is narrow.
 // Narrows 16 / sizeof(T) fp32 values to T and stores them as one 16-byte
 // vector, in program order with the other volatile accesses here: a kernel
 // that loads its next row early (the norm backward) must not have ptxas hoist
@@ -83,6 +84,8 @@ __device__ __forceinline__ void StoreOrdered16(T* p, const float (&f)[16 / sizeo
                : "memory");
 }
 
+// kMinBlock: the block holds max(kMinBlock, kTeam) threads, so several
+// teams share a block when the team is narrow.
 template <typename T, int kTeam_, int kVecs_, int kMinBlock = 128>
 struct RegRow {
   static constexpr int kTeam = kTeam_;
