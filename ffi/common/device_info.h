@@ -23,7 +23,9 @@ inline int SmCount() {
 // (occupancy API with the kernel's dynamic shared memory), at most `work`.
 template <typename Kernel>
 cudaError_t PersistentGrid(Kernel kernel, int block, size_t smem, long long work, unsigned* grid) {
-  if (smem > 48 * 1024) {
+  // Set whenever there is dynamic shared memory: the limit is on static plus
+  // dynamic, so even under 48 KB of dynamic the kernel's static part may pass it.
+  if (smem > 0) {
     cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                          static_cast<int>(smem));
     if (e != cudaSuccess) return e;

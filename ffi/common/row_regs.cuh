@@ -172,26 +172,30 @@ struct Sum1 {
   __device__ static Sum1 Merge(const Sum1& a, const Sum1& b) { return {a.s + b.s}; }
 };
 
-// The widest row the register layout holds: 512 threads x 8 vectors.
-template <typename T>
+// The widest row the register layout holds: 512 threads x kMaxVecs vectors.
+template <typename T, int kMaxVecs = 8>
 constexpr int64_t RegRowMaxWidth() {
-  return int64_t{512} * 8 * (16 / sizeof(T));
+  return int64_t{512} * kMaxVecs * (16 / sizeof(T));
 }
 
-// Calls fn(RegRow<T, team, vecs>{}) for the narrowest shape whose registers
-// hold `width` (<= RegRowMaxWidth<T>()) elements: 8 vectors a thread once a
-// warp is full, fewer for short rows.
-template <typename T, typename Fn>
+// Calls fn(RegRow<T, team, vecs, kMinBlock>{}) for the narrowest shape whose
+// registers hold `width` (<= RegRowMaxWidth<T, kMaxVecs>()) elements: a warp
+// with 1, 2, 4, ... vectors a thread up to kMaxVecs, then teams of 64 to 512
+// threads with kMaxVecs each. (kTeam, kVecs: the shape tried at this step.)
+template <typename T, int kMaxVecs = 8, int kMinBlock = 128, int kTeam = 32, int kVecs = 1,
+          typename Fn>
 auto DispatchRegRow(int64_t width, Fn&& fn) {
-  constexpr int64_t V = 16 / sizeof(T);
-  if (width <= 32 * V) return fn(RegRow<T, 32, 1>{});
-  if (width <= 32 * 2 * V) return fn(RegRow<T, 32, 2>{});
-  if (width <= 32 * 4 * V) return fn(RegRow<T, 32, 4>{});
-  if (width <= 32 * 8 * V) return fn(RegRow<T, 32, 8>{});
-  if (width <= 64 * 8 * V) return fn(RegRow<T, 64, 8>{});
-  if (width <= 128 * 8 * V) return fn(RegRow<T, 128, 8>{});
-  if (width <= 256 * 8 * V) return fn(RegRow<T, 256, 8>{});
-  return fn(RegRow<T, 512, 8>{});
+  using Row = RegRow<T, kTeam, kVecs, kMinBlock>;
+  if constexpr (kTeam == 512 && kVecs == kMaxVecs) {
+    return fn(Row{});
+  } else {
+    if (width <= int64_t{kTeam} * kVecs * Row::V) return fn(Row{});
+    if constexpr (kVecs < kMaxVecs) {
+      return DispatchRegRow<T, kMaxVecs, kMinBlock, kTeam, kVecs * 2>(width, fn);
+    } else {
+      return DispatchRegRow<T, kMaxVecs, kMinBlock, kTeam * 2, kVecs>(width, fn);
+    }
+  }
 }
 
 }  // namespace jax_dnn

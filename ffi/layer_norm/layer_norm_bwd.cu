@@ -487,23 +487,11 @@ __global__ void __launch_bounds__(RowTeam<kTeam>::kBlock)
   }
 }
 
-// Calls fn(RegRow<T, team, vecs, kRegMinBlock>{}) for the narrowest team
-// whose threads hold `width` elements in at most 4 vectors each (up to
-// RegBwdMaxWidth<T>()).
+// Up to 4 vectors a thread (of x and of dy each).
+constexpr int kRegBwdMaxVecs = 4;
 template <typename T>
 constexpr int64_t RegBwdMaxWidth() {
-  return int64_t{512} * 4 * (16 / sizeof(T));
-}
-template <typename T, typename Fn>
-auto DispatchRegBwdRow(int64_t width, Fn&& fn) {
-  constexpr int64_t V = 16 / sizeof(T);
-  if (width <= 32 * V) return fn(RegRow<T, 32, 1, kRegMinBlock>{});
-  if (width <= 32 * 2 * V) return fn(RegRow<T, 32, 2, kRegMinBlock>{});
-  if (width <= 32 * 4 * V) return fn(RegRow<T, 32, 4, kRegMinBlock>{});
-  if (width <= 64 * 4 * V) return fn(RegRow<T, 64, 4, kRegMinBlock>{});
-  if (width <= 128 * 4 * V) return fn(RegRow<T, 128, 4, kRegMinBlock>{});
-  if (width <= 256 * 4 * V) return fn(RegRow<T, 256, 4, kRegMinBlock>{});
-  return fn(RegRow<T, 512, 4, kRegMinBlock>{});
+  return RegRowMaxWidth<T, kRegBwdMaxVecs>();
 }
 
 // Launches the register-row kernel with as many blocks a group as fit on the
@@ -511,16 +499,12 @@ auto DispatchRegBwdRow(int64_t width, Fn&& fn) {
 // team visits the same number of rows; sets p.parts to the blocks used.
 template <typename T, bool kRms>
 cudaError_t LaunchReg(LayerNormBwdParams& p, cudaStream_t stream) {
-  return DispatchRegBwdRow<T>(p.width, [&](auto row) {
+  return DispatchRegRow<T, kRegBwdMaxVecs, kRegMinBlock>(p.width, [&](auto row) {
     using Row = decltype(row);
     auto kernel = LayerNormRegBwdKernel<T, Row, kRms>;
     const size_t smem = RegBwdSmemBytes<Row, kRms ? 1 : 2>();
-    // Always set: the static reduction slots plus this may pass 48 KB.
-    cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                         static_cast<int>(smem));
-    if (e != cudaSuccess) return e;
     unsigned resident = 0;
-    e = PersistentGrid(kernel, Row::kBlock, smem, 1LL << 30, &resident);
+    cudaError_t e = PersistentGrid(kernel, Row::kBlock, smem, 1LL << 30, &resident);
     if (e != cudaSuccess) return e;
     const int64_t rows_per_group = p.rows / p.groups;
     const int64_t team_rows = (rows_per_group + Row::kTeams - 1) / Row::kTeams;
@@ -548,7 +532,7 @@ constexpr int64_t ClusterBwdMaxWidth() {
 // clusters a group used.
 template <typename T, bool kRms>
 cudaError_t LaunchCluster(LayerNormBwdParams& p, cudaStream_t stream) {
-  using Row = RegRow<T, 512, 4, kRegMinBlock>;
+  using Row = RegRow<T, 512, kRegBwdMaxVecs, kRegMinBlock>;
   auto kernel = LayerNormRegBwdKernel<T, Row, kRms, true>;
   const size_t smem = RegBwdSmemBytes<Row, kRms ? 1 : 2>();
   cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
