@@ -25,6 +25,7 @@ CASES = [
     ((7, 3, 5), 1),
     ((6, 16, 64), 1),
     ((2, 40000), -1),
+    ((3, 32776), -1),  # split over a cluster, an 8-column last segment
     ((0, 8), -1),
 ]
 
@@ -46,7 +47,7 @@ def test_against_reference(device, name, dtype, shape, axis):
     assert reused >= 1, "the output did not land in a poisoned buffer"
 
 
-@pytest.mark.parametrize("n", [262144, 300001])
+@pytest.mark.parametrize("n", [131072, 262144, 300001])
 def test_very_long_rows(device, n):
   if not on_gpu(device):
     pytest.skip("kernel-only size: the long-row path exists only in the CUDA kernel")

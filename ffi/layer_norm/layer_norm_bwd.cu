@@ -35,13 +35,12 @@
 // shared memory. Other rows take LayerNormBwdKernel, a row team caching
 // kCacheElems fp32 a thread that re-reads the uncached tail of a wide row
 // (4096 x 131072 bf16: 7% of copy).
-#include <cooperative_groups.h>
-
 #include <algorithm>
 #include <type_traits>
 
 #include "ffi/common/column_sum.h"
 #include "ffi/common/device_info.h"
+#include "ffi/common/row_cluster.cuh"
 #include "ffi/common/row_regs.cuh"
 #include "ffi/common/row_team.cuh"
 #include "ffi/layer_norm/layer_norm.h"
@@ -62,22 +61,6 @@ constexpr int kRegThreadsPerSM = 512;
 template <typename Row, int kSums>
 constexpr size_t RegBwdSmemBytes() {
   return sizeof(float4) * Row::kVecs * (Row::V / 4) * Row::kTeam * (1 + Row::kTeams * kSums);
-}
-
-// Sums a State over the blocks of the cluster, in block-rank order (the same
-// bits in every block). `slot` is this block's shared copy; a slot is reused
-// only after a later cluster barrier, which every block reaches after reading
-// it (callers alternate two slots, or one slot per round of a row).
-template <typename State>
-__device__ State ClusterSum(const State& st, State* slot) {
-  namespace cg = cooperative_groups;
-  cg::cluster_group cluster = cg::this_cluster();
-  if (threadIdx.x == 0) *slot = st;
-  cluster.sync();
-  State total = *cluster.map_shared_rank(slot, 0);
-  for (unsigned r = 1; r < cluster.num_blocks(); ++r)
-    total = State::Merge(total, *cluster.map_shared_rank(slot, r));
-  return total;
 }
 
 // kCluster: rows wider than one team's registers are split over the blocks of
@@ -256,7 +239,7 @@ __global__ void __launch_bounds__(Row::kBlock, kRegThreadsPerSM / Row::kBlock)
 
   // Peers may still read this block's cluster slots until all have passed a
   // last cluster barrier.
-  if constexpr (kCluster) cooperative_groups::this_cluster().sync();
+  if constexpr (kCluster) ClusterSync();
   // The block's row of partials: team 0 adds the other teams' sums in team
   // order (fixed: deterministic).
   if constexpr (Row::kTeams > 1) __syncthreads();
@@ -519,9 +502,8 @@ cudaError_t LaunchReg(LayerNormBwdParams& p, cudaStream_t stream) {
   });
 }
 
-// The widest rows the cluster path takes: 8 blocks (the portable cluster
-// size) of the widest register-row team.
-constexpr int kMaxClusterBlocks = 8;
+// The widest rows the cluster path takes: 8 blocks of the widest
+// register-row team.
 template <typename T>
 constexpr int64_t ClusterBwdMaxWidth() {
   return kMaxClusterBlocks * RegBwdMaxWidth<T>();
@@ -538,19 +520,9 @@ cudaError_t LaunchCluster(LayerNormBwdParams& p, cudaStream_t stream) {
   cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                        static_cast<int>(smem));
   if (e != cudaSuccess) return e;
-  const int blocks = static_cast<int>((p.width + RegBwdMaxWidth<T>() - 1) / RegBwdMaxWidth<T>());
-  cudaLaunchAttribute attr{};
-  attr.id = cudaLaunchAttributeClusterDimension;
-  attr.val.clusterDim.x = blocks;
-  attr.val.clusterDim.y = 1;
-  attr.val.clusterDim.z = 1;
-  cudaLaunchConfig_t cfg{};
-  cfg.blockDim = dim3(Row::kBlock);
-  cfg.dynamicSmemBytes = smem;
-  cfg.stream = stream;
-  cfg.attrs = &attr;
-  cfg.numAttrs = 1;
-  cfg.gridDim = dim3(blocks);
+  const int blocks = ClusterBlocks(p.width, RegBwdMaxWidth<T>());
+  ClusterLaunch launch(blocks, Row::kBlock, smem, stream);
+  cudaLaunchConfig_t& cfg = launch.cfg;
   int resident = 0;
   e = cudaOccupancyMaxActiveClusters(&resident, kernel, &cfg);
   if (e != cudaSuccess) return e;

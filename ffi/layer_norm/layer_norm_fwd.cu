@@ -11,12 +11,17 @@
 // below). A plain two-pass about the row mean (x - mean after the first sum)
 // took ptxas to 128 registers here, from 80.
 //
+// Aligned rows up to 8 times wider (262144 bf16/fp16, 131072 fp32) take the
+// same kernel split over the blocks of a cluster (ffi/common/row_cluster.cuh):
+// 512 x 8 vectors a block, the team sums added over distributed shared memory.
+//
 // The rest (longer rows, or rows not 16-byte aligned) take LayerNormFwdKernel,
 // a row team that caches kCacheElems fp32 a thread and re-reads the uncached
 // tail from memory (usually L2): two reads of that tail.
 #include <algorithm>
 #include <type_traits>
 
+#include "ffi/common/row_cluster.cuh"
 #include "ffi/common/row_regs.cuh"
 #include "ffi/common/row_team.cuh"
 #include "ffi/layer_norm/layer_norm.h"
@@ -28,22 +33,28 @@ namespace {
 // The fallback kernel's register cache: 32 fp32 a thread.
 constexpr int kCacheElems = 32;
 
-template <typename T, typename Row, bool kRms>
-__global__ void __launch_bounds__(Row::kBlock) LayerNormRegFwdKernel(LayerNormFwdParams p) {
+// kCluster: a row wider than the layout is split over the blocks of a
+// cluster (ffi/common/row_cluster.cuh), the team sums added over them.
+template <typename T, typename Row, bool kRms, bool kCluster = false>
+__global__ void __launch_bounds__(Row::kBlock, kCluster ? 1024 / Row::kBlock : 0)
+    LayerNormRegFwdKernel(LayerNormFwdParams p) {
   constexpr int V = Row::V;
   // Layer norm's two reductions alternate between two slot sets, so each set
   // is rewritten only after every thread has passed the other's barrier,
-  // which it reaches after reading this one: no double buffering needed.
+  // which it reaches after reading this one: no double buffering needed. The
+  // cluster slots follow the same rule (RMS norm's one sum: by row parity).
   __shared__ typename Row::template Slots<Sum1> slots;
   __shared__ typename Row::template Slots<Sum1> slots2;
+  __shared__ Sum1 cluster_slots[2];
   const int64_t n = p.width;
+  const RowSplit<Row, kCluster> split(n);
+  const int64_t ns = split.width;  // this block's columns of the row
   const int64_t rows_per_group = p.rows / p.groups;
   const float inv_n = 1.f / static_cast<float>(n);
   int parity = 0;
-  for (int64_t row = int64_t{blockIdx.x} * Row::kTeams + Row::Team(); row < p.rows;
-       row += int64_t{gridDim.x} * Row::kTeams, parity ^= 1) {
+  for (int64_t row = split.row0; row < p.rows; row += split.row_step, parity ^= 1) {
     Row r;
-    r.Load(static_cast<const T*>(p.x) + row * n, n);
+    r.Load(static_cast<const T*>(p.x) + row * n + split.col0, ns);
     float mean = 0.f, var;
     if constexpr (kRms) {
       float ss = 0.f;
@@ -54,7 +65,7 @@ __global__ void __launch_bounds__(Row::kBlock) LayerNormRegFwdKernel(LayerNormFw
 #pragma unroll
         for (int i = 0; i < V; ++i) ss += f[i] * f[i];
       }
-      var = Row::Reduce(Sum1{ss}, slots, parity).s * inv_n;
+      var = RowTotal<kCluster, Row>(Sum1{ss}, slots, parity, &cluster_slots[parity]).s * inv_n;
     } else {
       // This thread's exact (count, mean, M2), two passes over its registers;
       // then the row's M2 = sum over threads of M2_t + count_t (mean_t - mean)^2.
@@ -63,7 +74,7 @@ __global__ void __launch_bounds__(Row::kBlock) LayerNormRegFwdKernel(LayerNormFw
       for (int v = 0; v < Row::kVecs; ++v) {
         float f[V];
         r.Get(v, f);
-        if (Row::In(v, n)) count += V;
+        if (Row::In(v, ns)) count += V;
 #pragma unroll
         for (int i = 0; i < V; ++i) sum += f[i];
       }
@@ -71,25 +82,25 @@ __global__ void __launch_bounds__(Row::kBlock) LayerNormRegFwdKernel(LayerNormFw
       float m2 = 0.f;
 #pragma unroll
       for (int v = 0; v < Row::kVecs; ++v) {
-        if (!Row::In(v, n)) continue;
+        if (!Row::In(v, ns)) continue;
         float f[V];
         r.Get(v, f);
 #pragma unroll
         for (int i = 0; i < V; ++i) m2 += (f[i] - local_mean) * (f[i] - local_mean);
       }
-      mean = Row::Reduce(Sum1{sum}, slots, 0).s * inv_n;
+      mean = RowTotal<kCluster, Row>(Sum1{sum}, slots, 0, &cluster_slots[0]).s * inv_n;
       const float d = local_mean - mean;
-      var = Row::Reduce(Sum1{m2 + count * d * d}, slots2, 0).s * inv_n;
+      var = RowTotal<kCluster, Row>(Sum1{m2 + count * d * d}, slots2, 0, &cluster_slots[1]).s * inv_n;
     }
     const float rstd = rsqrtf(var + p.epsilon);
     // Parameters are re-read per row: from L1/L2, not memory.
     const int64_t group = row / rows_per_group;
-    const float* scale = p.scale + group * n;
-    const float* bias = kRms ? nullptr : p.bias + group * n;
-    T* y = static_cast<T*>(p.y) + row * n;
+    const float* scale = p.scale + group * n + split.col0;
+    const float* bias = kRms ? nullptr : p.bias + group * n + split.col0;
+    T* y = static_cast<T*>(p.y) + row * n + split.col0;
 #pragma unroll
     for (int v = 0; v < Row::kVecs; ++v) {
-      if (!Row::In(v, n)) continue;
+      if (!Row::In(v, ns)) continue;
       const int64_t col = Row::Col(v);
       float f[V], g[V], b[V];
       r.Get(v, f);
@@ -103,6 +114,7 @@ __global__ void __launch_bounds__(Row::kBlock) LayerNormRegFwdKernel(LayerNormFw
       StoreVec<T, V>(y + col, f);
     }
   }
+  if constexpr (kCluster) ClusterSync();
 }
 
 template <typename T, int kTeam, int V, bool kRms>
@@ -227,6 +239,12 @@ cudaError_t Launch(const LayerNormFwdParams& p, cudaStream_t stream) {
       return cudaGetLastError();
     });
   }
+  if (V > 1 && p.width <= kMaxClusterBlocks * RegRowMaxWidth<T>()) {
+    using Row = RegRow<T, 512, 8>;
+    return LaunchRowClusters(LayerNormRegFwdKernel<T, Row, kRms, true>,
+                             ClusterBlocks(p.width, RowSplit<Row, true>::kSegment), Row::kBlock,
+                             p.rows, p, stream);
+  }
   auto fallback = [&](auto team) {
     constexpr int kTeam = decltype(team)::value;
     using Team = RowTeam<kTeam>;
@@ -234,8 +252,8 @@ cudaError_t Launch(const LayerNormFwdParams& p, cudaStream_t stream) {
         <<<RowGrid(Team::kTeamsPerBlock, p.rows), Team::kBlock, 0, stream>>>(p);
     return cudaGetLastError();
   };
-  // Aligned rows reach the fallback only when longer than the register
-  // layout: the widest team.
+  // Aligned rows reach the fallback only when longer than the cluster split:
+  // the widest team.
   if constexpr (V > 1) {
     return fallback(std::integral_constant<int, 512>{});
   } else {
