@@ -9,11 +9,13 @@
 //
 // Used by the layer/RMS-norm forward and backward and the softmax forward
 // (the softmax backward was slower this way: ffi/softmax/softmax.cu). The
-// forwards bound their cluster kernels
-// to 2 blocks of 512 an SM (64 registers: 1024 threads of 16-byte loads in
-// flight) and write `__launch_bounds__(kBlock, kCluster ? 1024 / kBlock : 0)`:
-// a minimum of 0 is ptxas's default, while 1 let the register-row kernels
-// grow (softmax backward 128 -> 154 registers, 90% -> 75% of copy).
+// forwards bound their cluster kernels to 2 blocks of 512 an SM (64
+// registers: 1024 threads of 16-byte loads in flight) and write
+// `__launch_bounds__(kBlock, kCluster ? 1024 / kBlock : 0)`: a minimum of 0
+// is ptxas's default, while 1 let the register-row kernels grow (softmax
+// backward 128 -> 154 registers, 90% -> 75% of copy). RowSplit and RowTotal
+// serve the forwards; the norm backward, whose blocks are persistent within
+// a group of rows, computes its own split (ffi/layer_norm/layer_norm_bwd.cu).
 #pragma once
 
 #include <cooperative_groups.h>
