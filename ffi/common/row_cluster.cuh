@@ -13,9 +13,9 @@
 // registers: 1024 threads of 16-byte loads in flight) and write
 // `__launch_bounds__(kBlock, kCluster ? 1024 / kBlock : 0)`: a minimum of 0
 // is ptxas's default, while 1 let the register-row kernels grow (softmax
-// backward 128 -> 154 registers, 90% -> 75% of copy). RowSplit and RowTotal
-// serve the forwards; the norm backward, whose blocks are persistent within
-// a group of rows, computes its own split (ffi/layer_norm/layer_norm_bwd.cu).
+// backward 128 -> 154 registers, 90% -> 75% of copy). The norm backward
+// takes RowSplit's columns and RowTotal but orders its rows itself (its
+// blocks are persistent within a group of rows: layer_norm_bwd.cu).
 #pragma once
 
 #include <cooperative_groups.h>

@@ -93,14 +93,14 @@ __global__ void __launch_bounds__(Row::kBlock, kRegThreadsPerSM / Row::kBlock)
   const int64_t n = p.width;  // the row
   const int64_t rows_per_group = p.rows / p.groups;
   // Without a cluster a block is a (group, part) and covers the whole row;
-  // with one, a cluster is and each block covers the segment [col0, col0 + ns).
-  const int64_t blocks_per_part = kCluster ? cooperative_groups::this_cluster().num_blocks() : 1;
-  const int64_t segment = kCluster ? cooperative_groups::this_cluster().block_rank() : 0;
-  const int64_t unit = blockIdx.x / blocks_per_part;  // the (group, part)
+  // with one, a cluster is, and each block covers its segment [col0, col0 + ns)
+  // (RowSplit's columns; its rows are the forwards' order, not used here).
+  const RowSplit<Row, kCluster> split(n);
+  const int64_t col0 = split.col0, ns = split.width;
+  const int64_t unit =  // the (group, part)
+      kCluster ? blockIdx.x / cooperative_groups::this_cluster().num_blocks() : blockIdx.x;
   const int64_t group = unit / p.parts;
   const int64_t part = unit % p.parts;
-  const int64_t col0 = segment * (kTeam * Row::kVecs * V);
-  const int64_t ns = kCluster ? min(n - col0, int64_t{kTeam * Row::kVecs * V}) : n;
   const float inv_n = 1.f / static_cast<float>(n);
   __shared__ float cluster_slots[kCluster ? 2 : 1][sizeof(State) / sizeof(float)];
   // Stage the group's scale (zeros past the segment: ns % V == 0, so a float4
@@ -174,8 +174,7 @@ __global__ void __launch_bounds__(Row::kBlock, kRegThreadsPerSM / Row::kBlock)
 #pragma unroll
         for (int i = 0; i < V; ++i) sum.s += f[i];
       }
-      sum = Row::Reduce(sum, mean_slots, 0);
-      if constexpr (kCluster) sum = ClusterSum(sum, reinterpret_cast<Sum1*>(cluster_slots[0]));
+      sum = RowTotal<kCluster, Row>(sum, mean_slots, 0, reinterpret_cast<Sum1*>(cluster_slots[0]));
       mean = sum.s * inv_n;
       float m2 = 0.f, gsum = 0.f, gx = 0.f;
 #pragma unroll
@@ -193,11 +192,10 @@ __global__ void __launch_bounds__(Row::kBlock, kRegThreadsPerSM / Row::kBlock)
       }
       st = {m2, gsum, gx};
     }
-    st = Row::Reduce(st, slots, kRms ? parity : 0);
     // The cluster slots alternate: RMS norm's one sum a row by row parity,
     // layer norm's two sums a row by round.
-    if constexpr (kCluster)
-      st = ClusterSum(st, reinterpret_cast<State*>(cluster_slots[kRms ? parity : 1]));
+    st = RowTotal<kCluster, Row>(st, slots, kRms ? parity : 0,
+                                 reinterpret_cast<State*>(cluster_slots[kRms ? parity : 1]));
     float rstd, mean_g = 0.f, mean_gx;
     if constexpr (kRms) {
       rstd = rsqrtf(st.ss * inv_n + p.epsilon);
