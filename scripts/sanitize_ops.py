@@ -52,6 +52,14 @@ def attention(key):
                          logits_soft_cap=4.0)
   y, vjp = jax.vjp(jax.jit(fn), q, q, q, bias)
   jax.block_until_ready((y, vjp(jnp.ones_like(y))))
+  # The persistent forward: more work tiles than SMs (several a CTA), with
+  # tiles past a query length (no keys) between ones with keys.
+  for causal in (False, True):
+    q = jax.random.normal(key, (3, 700, 16, 128), jnp.bfloat16)
+    k = jax.random.normal(key, (3, 700, 4, 128), jnp.bfloat16)
+    fn = functools.partial(jax_dnn.dot_product_attention, is_causal=causal,
+                           query_seq_lengths=jnp.array([700, 100, 500]))
+    jax.block_until_ready(jax.jit(fn)(q, k, k))
 
 
 def main():

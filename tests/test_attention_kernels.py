@@ -59,6 +59,9 @@ SHAPES = [  # B, T, S, N, K, H, Hv
     (1, 257, 129, 2, 1, 256, 256),
     (1, 130, 200, 4, 2, 192, 128),  # MLA-style head dims
     (1, 4097, 4097, 1, 1, 64, 64),
+    # More work tiles (128 query rows of one head) than an H100/H200 has SMs:
+    # the persistent forward runs several tiles a CTA.
+    (4, 1000, 1000, 8, 2, 128, 128),
 ]
 
 
@@ -178,6 +181,12 @@ BWD_CASES = {  # shape (B, T, S, N, K, H), options, valid kwargs
                           key_value_seq_lengths=jnp.array([150, 400])),
                      dict(q_lens=[513, 200], kv_lens=[150, 400])),
     "d128_softcap": ((1, 300, 333, 2, 2, 128), dict(logits_soft_cap=2.5), {}),  # always split
+    # 288 forward work tiles (several a CTA), some of them without a key to
+    # attend to (rows past the query length) between ones with keys.
+    "d128_lengths_many_tiles": ((4, 1100, 1100, 8, 2, 128),
+                                dict(query_seq_lengths=jnp.array([1100, 130, 1, 700]),
+                                     key_value_seq_lengths=jnp.array([1100, 1100, 50, 3])),
+                                dict(q_lens=[1100, 130, 1, 700], kv_lens=[1100, 1100, 50, 3])),
 }
 
 

@@ -37,7 +37,7 @@ struct FwdTiles {
   static constexpr int kBM = 128, kStages = 2;
   static constexpr int kQBytes = kBM * kD * 2, kKBytes = kBN * kD * 2, kVBytes = kBN * kDv * 2;
   static constexpr int kSmem = 1024 /*alignment slack*/ + kQBytes + kStages * (kKBytes + kVBytes) +
-                               8 * (1 + 4 * kStages);
+                               8 * (2 + 4 * kStages);
 };
 
 // Named barriers of the consumers' ping-pong: consumer w waits on kPingPong + w.
@@ -77,10 +77,41 @@ __device__ __forceinline__ void SoftmaxStep(float (&s)[kBN / 2], float scale, fl
   }
 }
 
+// Work tiles (128 query rows of one batch and head) come in units, query
+// tiles fastest so that the CTAs running at once share one head's K and V in
+// L2. A unit is one tile (the heaviest, under a causal mask, first) or, with
+// `pairs`, the two tiles p and m_tiles - 1 - p, whose causal work sums to the
+// same for every p: a persistent grid then stays balanced (a static schedule
+// of single tiles gave some CTAs all the heavy ones: 0.70x cuDNN at S = 16k).
+struct FwdWork {
+  int64_t m0, n, b;
+};
+__device__ __forceinline__ bool FwdWorkAt(int64_t u, int half, bool pairs, int64_t m_tiles,
+                                          int64_t heads, int bm, FwdWork* w) {
+  const int64_t per = pairs ? (m_tiles + 1) / 2 : m_tiles;  // units per head
+  const int64_t pi = u % per, rest = u / per;
+  const int64_t mt = half == 0 ? pi : m_tiles - 1 - pi;  // 0 = the heaviest tile
+  w->m0 = (m_tiles - 1 - mt) * bm;
+  w->n = rest % heads;
+  w->b = rest / heads;
+  return half == 0 || mt != pi;  // an odd count leaves the middle tile alone
+}
+__host__ __device__ __forceinline__ int64_t FwdUnits(int64_t m_tiles, int64_t heads, int64_t batch,
+                                                     bool pairs) {
+  return (pairs ? (m_tiles + 1) / 2 : m_tiles) * heads * batch;
+}
+
+// A CTA takes units blockIdx.x, blockIdx.x + gridDim.x, ... -- one with a grid
+// of every unit, several with a persistent grid (one CTA an SM). In the
+// persistent form the producer loads the next tile's K and Q while the
+// consumers finish this tile's last P V and write its output, and the
+// consumers' ping-pong runs on across tiles, so one consumer's epilogue hides
+// behind the other's GEMMs.
 template <typename T, int kD, int kDv, int kBN, bool kGeneral>
 __global__ void __launch_bounds__(384, 1)
     AttentionFwdKernel(const __grid_constant__ CUtensorMap tq, const __grid_constant__ CUtensorMap tk,
-                       const __grid_constant__ CUtensorMap tv, const AttentionFwdParams p) {
+                       const __grid_constant__ CUtensorMap tv, const AttentionFwdParams p,
+                       const bool pairs) {
   using Tiles = FwdTiles<kD, kDv, kBN>;
   constexpr int kBM = Tiles::kBM, kStages = Tiles::kStages;
   extern __shared__ uint8_t smem_raw[];
@@ -89,23 +120,24 @@ __global__ void __launch_bounds__(384, 1)
   uint8_t* sk = sq + Tiles::kQBytes;
   uint8_t* sv = sk + kStages * Tiles::kKBytes;
   uint64_t* q_full = reinterpret_cast<uint64_t*>(sv + kStages * Tiles::kVBytes);
-  uint64_t* k_full = q_full + 1;
+  uint64_t* q_empty = q_full + 1;
+  uint64_t* k_full = q_empty + 1;
   uint64_t* v_full = k_full + kStages;
   uint64_t* k_empty = v_full + kStages;
   uint64_t* v_empty = k_empty + kStages;
 
   const AttentionShape& sh = p.shape;
-  const int64_t m_tiles = gridDim.x;
-  const int64_t m0 = (m_tiles - 1 - blockIdx.x) * kBM;  // heaviest (causal) tiles first
-  const int64_t n = blockIdx.y, b = blockIdx.z;
-  const int64_t kvh = n / (sh.n / sh.kh);
-  const ScoreCtx c = MakeScoreCtx(p.mask, sh, p.scale, p.softcap, b, n);
-  int j_begin, j_end;
-  KeyTiles(c, m0, min(m0 + kBM, sh.t) - 1, kBN, &j_begin, &j_end);
+  const int64_t m_tiles = (sh.t + kBM - 1) / kBM;
+  const int64_t units = FwdUnits(m_tiles, sh.n, sh.b, pairs);
+  // Key tiles of work tile w: [j_begin, j_end).
+  auto key_tiles = [&](const FwdWork& w, const ScoreCtx& c, int* j_begin, int* j_end) {
+    KeyTiles(c, w.m0, min(w.m0 + kBM, sh.t) - 1, kBN, j_begin, j_end);
+  };
 
   const int tid = threadIdx.x;
   if (tid == 0) {
     hopper::BarrierInit(q_full, 1);
+    hopper::BarrierInit(q_empty, 256);
     for (int s = 0; s < kStages; ++s) {
       hopper::BarrierInit(&k_full[s], 1);
       hopper::BarrierInit(&v_full[s], 1);
@@ -122,22 +154,42 @@ __global__ void __launch_bounds__(384, 1)
       hopper::TmaPrefetchDescriptor(&tq);
       hopper::TmaPrefetchDescriptor(&tk);
       hopper::TmaPrefetchDescriptor(&tv);
-      hopper::BarrierExpectTx(q_full, Tiles::kQBytes);
-      for (int d = 0; d < kD / 64; ++d)
-        hopper::TmaLoad4d(sq + d * kBM * 128, &tq, q_full, d * 64, n, m0, b);
-      for (int j = j_begin, it = 0; j < j_end; ++j, ++it) {
-        const int s = it % kStages;
-        const uint32_t parity = ((it / kStages) - 1) & 1;
-        if (it >= kStages) hopper::BarrierWait(&k_empty[s], parity);
-        uint8_t* k_dst = sk + s * Tiles::kKBytes;
-        hopper::BarrierExpectTx(&k_full[s], Tiles::kKBytes);
-        for (int d = 0; d < kD / 64; ++d)
-          hopper::TmaLoad4d(k_dst + d * kBN * 128, &tk, &k_full[s], d * 64, kvh, j * kBN, b);
-        if (it >= kStages) hopper::BarrierWait(&v_empty[s], parity);
-        uint8_t* v_dst = sv + s * Tiles::kVBytes;
-        hopper::BarrierExpectTx(&v_full[s], Tiles::kVBytes);
-        for (int d = 0; d < kDv / 64; ++d)
-          hopper::TmaLoad4d(v_dst + d * kBN * 128, &tv, &v_full[s], d * 64, kvh, j * kBN, b);
+      int g = 0;  // K/V ring position, continued across work tiles
+      int tile = 0;
+      for (int k = 0;; ++k) {  // the k-th tile of this CTA's units
+        const int64_t u = blockIdx.x + int64_t(pairs ? k / 2 : k) * gridDim.x;
+        if (u >= units) break;
+        FwdWork w;
+        if (!FwdWorkAt(u, pairs ? k % 2 : 0, pairs, m_tiles, sh.n, kBM, &w)) continue;
+        const int64_t kvh = w.n / (sh.n / sh.kh);
+        const ScoreCtx c = MakeScoreCtx(p.mask, sh, p.scale, p.softcap, w.b, w.n);
+        int j_begin, j_end;
+        key_tiles(w, c, &j_begin, &j_end);
+        // Q goes after the first K: its buffer frees only when the previous
+        // tile's last scores are done, and the first K need not wait for that.
+        auto load_q = [&] {
+          if (tile > 0) hopper::BarrierWait(q_empty, (tile - 1) & 1);
+          hopper::BarrierExpectTx(q_full, Tiles::kQBytes);
+          for (int d = 0; d < kD / 64; ++d)
+            hopper::TmaLoad4d(sq + d * kBM * 128, &tq, q_full, d * 64, w.n, w.m0, w.b);
+        };
+        if (j_begin == j_end) load_q();
+        for (int j = j_begin; j < j_end; ++j, ++g) {
+          const int s = g % kStages;
+          const uint32_t parity = ((g / kStages) - 1) & 1;
+          if (g >= kStages) hopper::BarrierWait(&k_empty[s], parity);
+          uint8_t* k_dst = sk + s * Tiles::kKBytes;
+          hopper::BarrierExpectTx(&k_full[s], Tiles::kKBytes);
+          for (int d = 0; d < kD / 64; ++d)
+            hopper::TmaLoad4d(k_dst + d * kBN * 128, &tk, &k_full[s], d * 64, kvh, j * kBN, w.b);
+          if (j == j_begin) load_q();
+          if (g >= kStages) hopper::BarrierWait(&v_empty[s], parity);
+          uint8_t* v_dst = sv + s * Tiles::kVBytes;
+          hopper::BarrierExpectTx(&v_full[s], Tiles::kVBytes);
+          for (int d = 0; d < kDv / 64; ++d)
+            hopper::TmaLoad4d(v_dst + d * kBN * 128, &tv, &v_full[s], d * 64, kvh, j * kBN, w.b);
+        }
+        ++tile;
       }
     }
     return;
@@ -146,124 +198,141 @@ __global__ void __launch_bounds__(384, 1)
   // --- consumers ---
   hopper::RegAlloc<240>();
   const int wg = tid / 128 - 1, t = tid % 128, warp = t / 32, lane = t % 32;
-  const int64_t row0 = m0 + 64 * wg + 16 * warp + lane / 4;  // and row0 + 8
-  const int64_t wg_r0 = m0 + 64 * wg, wg_r1 = wg_r0 + 63;
-  float o[kDv / 2];
-#pragma unroll
-  for (int e = 0; e < kDv / 2; ++e) o[e] = 0.f;
-  float m_run[2] = {-INFINITY, -INFINITY}, l_run[2] = {0.f, 0.f};
   const uint32_t q_addr = hopper::SmemAddr(sq) + wg * 64 * 128;
-  const int n_tiles = j_end - j_begin;
 
   // Ping-pong: each wgmma issue point waits for this consumer's turn and then
-  // hands the turn to the other. Consumer 0 goes first; consumer 1's last
-  // hand-over would have no taker and is skipped (every issue point of one
-  // consumer pairs with one of the other: both visit the same n_tiles + 1).
-  int turns_left = n_tiles + 1;
+  // hands the turn to the other; consumer 0 goes first. Both consumers visit
+  // the same issue points (n_tiles + 1 for each work tile with keys), so the
+  // turns alternate strictly; consumer 1's last hand-over is taken by one
+  // more wait of consumer 0 after its last tile.
   auto my_turn = [&] { hopper::NamedBarrierSync(kPingPong + wg, 256); };
-  auto pass_turn = [&] {
-    if (wg == 0 || --turns_left > 0) hopper::NamedBarrierArrive(kPingPong + 1 - wg, 256);
-  };
-  if (wg == 1 && n_tiles > 0) hopper::NamedBarrierArrive(kPingPong, 256);
+  auto pass_turn = [&] { hopper::NamedBarrierArrive(kPingPong + 1 - wg, 256); };
+  if (wg == 1) hopper::NamedBarrierArrive(kPingPong, 256);
 
-  auto issue_scores = [&](float (&sc)[kBN / 2], int it) {
-    const int s = it % kStages;
-    const uint32_t k_addr = hopper::SmemAddr(sk + s * Tiles::kKBytes);
-    hopper::BarrierWait(&k_full[s], (it / kStages) & 1);
-    hopper::WgmmaFence();
+  int g0 = 0;  // K/V ring position of this work tile's first key tile
+  int tile = 0;
+  for (int k = 0;; ++k) {  // the k-th tile of this CTA's units
+    const int64_t u = blockIdx.x + int64_t(pairs ? k / 2 : k) * gridDim.x;
+    if (u >= units) break;
+    FwdWork w;
+    if (!FwdWorkAt(u, pairs ? k % 2 : 0, pairs, m_tiles, sh.n, kBM, &w)) continue;
+    const ScoreCtx c = MakeScoreCtx(p.mask, sh, p.scale, p.softcap, w.b, w.n);
+    int j_begin, j_end;
+    key_tiles(w, c, &j_begin, &j_end);
+    const int64_t row0 = w.m0 + 64 * wg + 16 * warp + lane / 4;  // and row0 + 8
+    const int64_t wg_r0 = w.m0 + 64 * wg, wg_r1 = wg_r0 + 63;
+    float o[kDv / 2];
 #pragma unroll
-    for (int kk = 0; kk < kD / 16; ++kk) {
-      const uint32_t off = (kk % 4) * 32;  // 16 columns = 32 bytes inside the swizzle atom
-      WgmmaSS<T, kBN>(sc, hopper::Descriptor(q_addr + (kk / 4) * kBM * 128 + off, 0),
-                      hopper::Descriptor(k_addr + (kk / 4) * kBN * 128 + off, 0), kk > 0);
-    }
-    hopper::WgmmaCommit();
-  };
-  auto issue_pv = [&](const uint32_t (&pa)[kBN / 16][4], int it) {
-    const int s = it % kStages;
-    const uint32_t v_addr = hopper::SmemAddr(sv + s * Tiles::kVBytes);
-    hopper::BarrierWait(&v_full[s], (it / kStages) & 1);
-    hopper::WgmmaFence();
-#pragma unroll
-    for (int kk = 0; kk < kBN / 16; ++kk)
-      WgmmaRS<T, kDv>(o, pa[kk], hopper::Descriptor(v_addr + kk * 2048, kBN * 128), 1);
-    hopper::WgmmaCommit();
-  };
-  // Logits of tile `it` (key tile j_begin + it), then the softmax step.
-  auto softmax = [&](float (&sc)[kBN / 2], int it, float (&corr)[2]) {
-    const int64_t j0 = int64_t(j_begin + it) * kBN;
-    const bool need_mask = TileNeedsMask(c, wg_r0, wg_r1, j0, j0 + kBN - 1);
-    // The lean path leaves the scale to SoftmaxStep's FFMA (the launcher
-    // sends scale <= 0 to the general path).
-    Logits<kBN, false, kGeneral, false>(sc, c, row0, j0 + 2 * (lane % 4), need_mask);
-    SoftmaxStep<kBN>(sc, kGeneral ? 1.f : c.scale_log2, m_run, l_run, corr);
-  };
-  auto pack = [&](const float (&sc)[kBN / 2], uint32_t (&pa)[kBN / 16][4]) {
-#pragma unroll
-    for (int kk = 0; kk < kBN / 16; ++kk)
-#pragma unroll
-      for (int r = 0; r < 4; ++r) pa[kk][r] = hopper::PackPair<T>(sc[8 * kk + 2 * r], sc[8 * kk + 2 * r + 1]);
-  };
+    for (int e = 0; e < kDv / 2; ++e) o[e] = 0.f;
+    float m_run[2] = {-INFINITY, -INFINITY}, l_run[2] = {0.f, 0.f};
+    const int n_tiles = j_end - j_begin;
 
-  hopper::BarrierWait(q_full, 0);
-  if (n_tiles > 0) {
-    float sc[kBN / 2], corr[2];
-    uint32_t pa[kBN / 16][4];
-    my_turn();
-    issue_scores(sc, 0);
-    pass_turn();
-    hopper::WgmmaWait<0>();
-    hopper::FenceRegisters(sc);
-    hopper::BarrierArrive(&k_empty[0]);
-    softmax(sc, 0, corr);  // o is still 0: no rescale
-    pack(sc, pa);
-    for (int it = 1; it < n_tiles; ++it) {
+    // Key tile `it` of this work tile sits in ring slot (g0 + it) % kStages.
+    auto issue_scores = [&](float (&sc)[kBN / 2], int it) {
+      const int s = (g0 + it) % kStages;
+      const uint32_t k_addr = hopper::SmemAddr(sk + s * Tiles::kKBytes);
+      hopper::BarrierWait(&k_full[s], ((g0 + it) / kStages) & 1);
+      hopper::WgmmaFence();
+#pragma unroll
+      for (int kk = 0; kk < kD / 16; ++kk) {
+        const uint32_t off = (kk % 4) * 32;  // 16 columns = 32 bytes inside the swizzle atom
+        WgmmaSS<T, kBN>(sc, hopper::Descriptor(q_addr + (kk / 4) * kBM * 128 + off, 0),
+                        hopper::Descriptor(k_addr + (kk / 4) * kBN * 128 + off, 0), kk > 0);
+      }
+      hopper::WgmmaCommit();
+    };
+    auto issue_pv = [&](const uint32_t (&pa)[kBN / 16][4], int it) {
+      const int s = (g0 + it) % kStages;
+      const uint32_t v_addr = hopper::SmemAddr(sv + s * Tiles::kVBytes);
+      hopper::BarrierWait(&v_full[s], ((g0 + it) / kStages) & 1);
+      hopper::WgmmaFence();
+#pragma unroll
+      for (int kk = 0; kk < kBN / 16; ++kk)
+        WgmmaRS<T, kDv>(o, pa[kk], hopper::Descriptor(v_addr + kk * 2048, kBN * 128), 1);
+      hopper::WgmmaCommit();
+    };
+    // Logits of tile `it` (key tile j_begin + it), then the softmax step.
+    auto softmax = [&](float (&sc)[kBN / 2], int it, float (&corr)[2]) {
+      const int64_t j0 = int64_t(j_begin + it) * kBN;
+      const bool need_mask = TileNeedsMask(c, wg_r0, wg_r1, j0, j0 + kBN - 1);
+      // The lean path leaves the scale to SoftmaxStep's FFMA (the launcher
+      // sends scale <= 0 to the general path).
+      Logits<kBN, false, kGeneral, false>(sc, c, row0, j0 + 2 * (lane % 4), need_mask);
+      SoftmaxStep<kBN>(sc, kGeneral ? 1.f : c.scale_log2, m_run, l_run, corr);
+    };
+    auto pack = [&](const float (&sc)[kBN / 2], uint32_t (&pa)[kBN / 16][4]) {
+#pragma unroll
+      for (int kk = 0; kk < kBN / 16; ++kk)
+#pragma unroll
+        for (int r = 0; r < 4; ++r) pa[kk][r] = hopper::PackPair<T>(sc[8 * kk + 2 * r], sc[8 * kk + 2 * r + 1]);
+    };
+
+    hopper::BarrierWait(q_full, tile & 1);
+    if (n_tiles > 0) {
+      float sc[kBN / 2], corr[2];
+      uint32_t pa[kBN / 16][4];
       my_turn();
-      issue_scores(sc, it);
-      issue_pv(pa, it - 1);
+      issue_scores(sc, 0);
       pass_turn();
-      hopper::WgmmaWait<1>();  // the scores; P V may still run
+      hopper::WgmmaWait<0>();
       hopper::FenceRegisters(sc);
-      hopper::BarrierArrive(&k_empty[it % kStages]);
-      softmax(sc, it, corr);
+      hopper::BarrierArrive(&k_empty[g0 % kStages]);
+      softmax(sc, 0, corr);  // o is still 0: no rescale
+      pack(sc, pa);
+      for (int it = 1; it < n_tiles; ++it) {
+        my_turn();
+        issue_scores(sc, it);
+        issue_pv(pa, it - 1);
+        pass_turn();
+        hopper::WgmmaWait<1>();  // the scores; P V may still run
+        hopper::FenceRegisters(sc);
+        hopper::BarrierArrive(&k_empty[(g0 + it) % kStages]);
+        softmax(sc, it, corr);
+        hopper::WgmmaWait<0>();
+        hopper::FenceRegisters(o);
+        hopper::KeepRegisters(pa);  // read by P V until here
+        hopper::BarrierArrive(&v_empty[(g0 + it - 1) % kStages]);
+#pragma unroll
+        for (int e = 0; e < kDv / 2; ++e) o[e] *= corr[(e >> 1) & 1];
+        pack(sc, pa);
+      }
+      hopper::BarrierArrive(q_empty);  // every Q K^T of this tile is done
+      my_turn();
+      issue_pv(pa, n_tiles - 1);
+      pass_turn();
       hopper::WgmmaWait<0>();
       hopper::FenceRegisters(o);
-      hopper::KeepRegisters(pa);  // read by P V until here
-      hopper::BarrierArrive(&v_empty[(it - 1) % kStages]);
-#pragma unroll
-      for (int e = 0; e < kDv / 2; ++e) o[e] *= corr[(e >> 1) & 1];
-      pack(sc, pa);
+      hopper::KeepRegisters(pa);
+      hopper::BarrierArrive(&v_empty[(g0 + n_tiles - 1) % kStages]);
+    } else {
+      hopper::BarrierArrive(q_empty);
     }
-    my_turn();
-    issue_pv(pa, n_tiles - 1);
-    pass_turn();
-    hopper::WgmmaWait<0>();
-    hopper::FenceRegisters(o);
-    hopper::KeepRegisters(pa);
-    hopper::BarrierArrive(&v_empty[(n_tiles - 1) % kStages]);
-  }
+    g0 += n_tiles;
 
-  // Epilogue: o / l and lse; rows past T are not written.
+    // Epilogue: o / l and lse; rows past T are not written.
 #pragma unroll
-  for (int h = 0; h < 2; ++h) {
-    float l = l_run[h];
-    l += __shfl_xor_sync(0xffffffff, l, 1);
-    l += __shfl_xor_sync(0xffffffff, l, 2);
-    const float inv = l > 0.f ? 1.f / l : 0.f;
-    const int64_t row = row0 + 8 * h;
-    if (row < sh.t) {
-      T* orow = static_cast<T*>(p.o) + ((b * sh.t + row) * sh.n + n) * sh.hv;
+    for (int h = 0; h < 2; ++h) {
+      float l = l_run[h];
+      l += __shfl_xor_sync(0xffffffff, l, 1);
+      l += __shfl_xor_sync(0xffffffff, l, 2);
+      const float inv = l > 0.f ? 1.f / l : 0.f;
+      const int64_t row = row0 + 8 * h;
+      if (row < sh.t) {
+        T* orow = static_cast<T*>(p.o) + ((w.b * sh.t + row) * sh.n + w.n) * sh.hv;
 #pragma unroll
-      for (int e = 0; e < kDv / 8; ++e) {
-        const int col = 8 * e + 2 * (lane % 4);
-        if (col < sh.hv)
-          *reinterpret_cast<uint32_t*>(orow + col) =
-              hopper::PackPair<T>(o[4 * e + 2 * h] * inv, o[4 * e + 2 * h + 1] * inv);
+        for (int e = 0; e < kDv / 8; ++e) {
+          const int col = 8 * e + 2 * (lane % 4);
+          if (col < sh.hv)
+            *reinterpret_cast<uint32_t*>(orow + col) =
+                hopper::PackPair<T>(o[4 * e + 2 * h] * inv, o[4 * e + 2 * h + 1] * inv);
+        }
+        if (lane % 4 == 0)
+          p.lse[(w.b * sh.n + w.n) * sh.t + row] = l > 0.f ? (m_run[h] + log2f(l)) * kLn2 : -INFINITY;
       }
-      if (lane % 4 == 0)
-        p.lse[(b * sh.n + n) * sh.t + row] = l > 0.f ? (m_run[h] + log2f(l)) * kLn2 : -INFINITY;
     }
+    ++tile;
   }
+  if (wg == 0) my_turn();  // consumer 1's last hand-over (or its opening one)
 }
 
 }  // namespace attention

@@ -4,6 +4,7 @@
 
 #include "ffi/attention/attention_fwd.cuh"
 #include "ffi/attention/attention_tma.h"
+#include "ffi/common/device_info.h"
 
 namespace jax_dnn {
 namespace attention {
@@ -20,8 +21,14 @@ cudaError_t LaunchFwdTiles(const AttentionFwdParams& p, cudaStream_t stream) {
   auto kernel = AttentionFwdKernel<T, kD, kDv, kBN, kGeneral>;
   cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Tiles::kSmem);
   if (e != cudaSuccess) return e;
-  const dim3 grid(static_cast<unsigned>((s.t + Tiles::kBM - 1) / Tiles::kBM), s.n, s.b);
-  kernel<<<grid, 384, Tiles::kSmem, stream>>>(tq, tk, tv, p);
+  // A grid of every tile when they fit on the device at once (one CTA an SM:
+  // shared memory and registers); otherwise a persistent grid of pairs of
+  // tiles (FwdWorkAt).
+  const long long m_tiles = (s.t + Tiles::kBM - 1) / Tiles::kBM, sms = SmCount();
+  const bool pairs = m_tiles * s.n * s.b > sms;
+  const long long units = FwdUnits(m_tiles, s.n, s.b, pairs);
+  const unsigned grid = static_cast<unsigned>(units < sms ? units : sms);
+  kernel<<<grid, 384, Tiles::kSmem, stream>>>(tq, tk, tv, p, pairs);
   return cudaGetLastError();
 }
 
