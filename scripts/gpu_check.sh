@@ -12,7 +12,7 @@
 # ~580 s on an H100, close to the device tool's 600 s per call, so split it
 # over two calls there (build,opstests then attntests).
 # Stages after build reuse the install. SANITIZE_ONLY=ops skips attention in
-# the sanitizer stage.
+# the sanitizer stage, SANITIZE_ONLY=attention runs attention only.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-$PWD/gpu_out}

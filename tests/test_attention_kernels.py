@@ -59,6 +59,7 @@ SHAPES = [  # B, T, S, N, K, H, Hv
     (1, 257, 129, 2, 1, 256, 256),
     (1, 130, 200, 4, 2, 192, 128),  # MLA-style head dims
     (1, 4097, 4097, 1, 1, 64, 64),
+    (1, 4500, 4500, 2, 1, 128, 128),  # past 4096 keys: 176-key forward tiles
     # More work tiles (128 query rows of one head) than an H100/H200 has SMs:
     # the persistent forward runs several tiles a CTA.
     (4, 1000, 1000, 8, 2, 128, 128),

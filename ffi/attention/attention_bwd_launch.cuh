@@ -20,6 +20,38 @@ cudaError_t Launch(Kernel kernel, dim3 grid, int smem, cudaStream_t stream, cons
   return cudaGetLastError();
 }
 
+// The dK/dV kernel's tiles: kBQ queries (Q, dO) and 128 keys (K, V).
+inline bool MakeDkvMaps(const AttentionBwdParams& p, int bq, CUtensorMap* tq, CUtensorMap* tdo,
+                        CUtensorMap* tk, CUtensorMap* tv) {
+  const AttentionShape& s = p.shape;
+  return MakeTensorMap(tq, p.q, s.b, s.t, s.n, s.h, bq) &&
+         MakeTensorMap(tdo, p.d_o, s.b, s.t, s.n, s.hv, bq) &&
+         MakeTensorMap(tk, p.k, s.b, s.s, s.kh, s.h, 128) &&
+         MakeTensorMap(tv, p.v, s.b, s.s, s.kh, s.hv, 128);
+}
+
+inline dim3 DkvGrid(const AttentionShape& s) {
+  return dim3(static_cast<unsigned>((s.s + 127) / 128), s.kh, s.b);
+}
+
+template <typename T, int kD, int kDv, int kBQ, bool kGeneral>
+cudaError_t LaunchDkv(const AttentionBwdParams& p, cudaStream_t stream) {
+  CUtensorMap tq, tdo, tk, tv;
+  if (!MakeDkvMaps(p, kBQ, &tq, &tdo, &tk, &tv)) return cudaErrorInvalidValue;
+  const dim3 kv_grid = DkvGrid(p.shape);
+  constexpr int kSmem = DkvTiles<kD, kDv, kBQ>::kSmem;
+  if constexpr (kD + kDv <= 256) {  // both accumulators fit in registers
+    return Launch(AttentionDkvKernel<T, kD, kDv, kBQ, true, true, kGeneral>, kv_grid, kSmem, stream,
+                  tq, tdo, tk, tv, p);
+  } else {
+    cudaError_t e = Launch(AttentionDkvKernel<T, kD, kDv, kBQ, true, false, kGeneral>, kv_grid, kSmem,
+                           stream, tq, tdo, tk, tv, p);
+    if (e != cudaSuccess) return e;
+    return Launch(AttentionDkvKernel<T, kD, kDv, kBQ, false, true, kGeneral>, kv_grid, kSmem, stream,
+                  tq, tdo, tk, tv, p);
+  }
+}
+
 template <typename T, int kD, int kDv, bool kGeneral>
 cudaError_t LaunchBwdGeneral(const AttentionBwdParams& p, cudaStream_t stream) {
   const AttentionShape& s = p.shape;
@@ -31,26 +63,27 @@ cudaError_t LaunchBwdGeneral(const AttentionBwdParams& p, cudaStream_t stream) {
     if (e != cudaSuccess) return e;
   }
   CUtensorMap tq, tdo, tk, tv;
-  const dim3 kv_grid(static_cast<unsigned>((s.s + 127) / 128), s.kh, s.b);
   // Narrower tiles for head dims past 128 keep shared memory and registers in budget.
   constexpr bool kWide = std::max(kD, kDv) > 128;
   // Query tile of the dK/dV kernel: its S^T and dP^T fragments live beside
   // both fp32 accumulators, so it shrinks as they grow (and for the general
-  // logits path, whose index and soft-cap work needs more registers).
-  constexpr int kBQ = kD + kDv <= 128 || (kD + kDv <= 256 && !kGeneral) ? 64 : 32;
-  auto dkv_maps = [&] {  // the dK/dV kernel's tiles: kBQ queries, 128 keys
-    return MakeTensorMap(&tq, p.q, s.b, s.t, s.n, s.h, kBQ) &&
-           MakeTensorMap(&tdo, p.d_o, s.b, s.t, s.n, s.hv, kBQ) &&
-           MakeTensorMap(&tk, p.k, s.b, s.s, s.kh, s.h, 128) &&
-           MakeTensorMap(&tv, p.v, s.b, s.s, s.kh, s.hv, 128);
-  };
+  // logits path, whose index and soft-cap work needs more registers). The
+  // lean path at head dims up to 64 takes 128 queries: its S^T / dP^T
+  // fragments then have the size they have at head dim 128 with 64 queries
+  // (which fit), and each wgmma is twice as wide. H200 A/B, 2026-11-22,
+  // B*S = 16384, D = 64, backward time 64 -> 128 queries: S = 8192 4.48 ->
+  // 4.23 ms causal, 8.38 -> 8.18 non-causal; S = 16384 8.25 -> 7.77, 16.25 ->
+  // 15.28; S <= 2048 within +-4% (causal S = 512: 0.85 -> 0.89 ms).
+  constexpr int kBQ = kD + kDv <= 128 && !kGeneral                     ? 128
+                      : kD + kDv <= 128 || (kD + kDv <= 256 && !kGeneral) ? 64
+                                                                          : 32;
 
   if (p.dq_acc != nullptr) {  // the single pass (see AttentionDkvKernel's kDq)
     if constexpr (kD == 128 && kDv == 128 && !kGeneral) {
       cudaError_t e = cudaMemsetAsync(p.dq_acc, 0, sizeof(float) * AttentionDqAccElements(s), stream);
       if (e != cudaSuccess) return e;
-      if (!dkv_maps()) return cudaErrorInvalidValue;
-      e = Launch(AttentionDkvKernel<T, kD, kDv, kBQ, true, true, kGeneral, true>, kv_grid,
+      if (!MakeDkvMaps(p, kBQ, &tq, &tdo, &tk, &tv)) return cudaErrorInvalidValue;
+      e = Launch(AttentionDkvKernel<T, kD, kDv, kBQ, true, true, kGeneral, true>, DkvGrid(s),
                  DkvTiles<kD, kDv, kBQ, true>::kSmem, stream, tq, tdo, tk, tv, p);
       if (e != cudaSuccess) return e;
       const unsigned tiles = static_cast<unsigned>((s.t + kDqTileRows - 1) / kDqTileRows);
@@ -76,18 +109,7 @@ cudaError_t LaunchBwdGeneral(const AttentionBwdParams& p, cudaStream_t stream) {
                          stream, tq, tdo, tk, tv, p);
   if (e != cudaSuccess) return e;
 
-  if (!dkv_maps()) return cudaErrorInvalidValue;
-  constexpr int kSmem = DkvTiles<kD, kDv, kBQ>::kSmem;
-  if constexpr (kD + kDv <= 256) {  // both accumulators fit in registers
-    return Launch(AttentionDkvKernel<T, kD, kDv, kBQ, true, true, kGeneral>, kv_grid, kSmem, stream,
-                  tq, tdo, tk, tv, p);
-  } else {
-    e = Launch(AttentionDkvKernel<T, kD, kDv, kBQ, true, false, kGeneral>, kv_grid, kSmem, stream, tq,
-               tdo, tk, tv, p);
-    if (e != cudaSuccess) return e;
-    return Launch(AttentionDkvKernel<T, kD, kDv, kBQ, false, true, kGeneral>, kv_grid, kSmem, stream,
-                  tq, tdo, tk, tv, p);
-  }
+  return LaunchDkv<T, kD, kDv, kBQ, kGeneral>(p, stream);
 }
 
 template <typename T, int kD, int kDv>

@@ -36,12 +36,17 @@ template <typename T, int kD, int kDv>
 cudaError_t LaunchFwdDims(const AttentionFwdParams& p, cudaStream_t stream) {
   if constexpr (kD <= 128 && kDv <= 128) {
     if (FwdNeedsGeneral(p.mask, p.softcap, p.scale)) return LaunchFwdTiles<T, kD, kDv, 128, true>(p, stream);
-    // 176-key tiles (FwdTiles) where rows see every key; with a causal mask
-    // or a window, 128 keys match the 128-row tiles and waste less at the
-    // diagonal.
+    // 176-key tiles (FwdTiles) only where rows see every key of a long
+    // sequence; 128 keys otherwise. With a causal mask or a window, 128 keys
+    // match the 128-row tiles and waste less at the diagonal. Without one,
+    // an A/B on H200 (2026-11-22, B*S = 16384, non-causal, ratio to cuDNN,
+    // 128 -> 176 keys) favoured 128 up to S = 4096 (D = 128: 0.99 -> 0.78 at
+    // S = 512, 0.99 -> 0.92 at 2048, 0.97 -> 0.96 at 4096; D = 64: 0.95 ->
+    // 0.64 at 512) and 176 beyond (D = 128: 0.95 -> 0.97 at 8192, 0.98 ->
+    // 1.00 at 16384; D = 64: 0.92 -> 0.95, 0.95 -> 0.97).
     const bool banded = p.mask.causal || p.mask.window_left >= 0 || p.mask.window_right >= 0;
-    return banded ? LaunchFwdTiles<T, kD, kDv, 128, false>(p, stream)
-                  : LaunchFwdTiles<T, kD, kDv, 176, false>(p, stream);
+    return banded || p.shape.s <= 4096 ? LaunchFwdTiles<T, kD, kDv, 128, false>(p, stream)
+                                       : LaunchFwdTiles<T, kD, kDv, 176, false>(p, stream);
   } else {
     // 64-key tiles keep Q, two K and two V stages within shared memory.
     return FwdNeedsGeneral(p.mask, p.softcap, p.scale) ? LaunchFwdTiles<T, kD, kDv, 64, true>(p, stream)
