@@ -285,7 +285,7 @@ __global__ void __launch_bounds__(384, 1)
 
 template <int kD, int kDv, int kBQ, bool kDq = false>
 struct DkvTiles {
-  static constexpr int kBN = 128, kStages = 2;
+  static constexpr int kBN = 128;
   static constexpr int kKBytes = kBN * kD * 2, kVBytes = kBN * kDv * 2;
   static constexpr int kQBytes = kBQ * kD * 2, kOBytes = kBQ * kDv * 2;
   static constexpr int kRowBytes = 2 * kBQ * 4;  // per stage: the tile's lse (log2) and delta
@@ -293,8 +293,17 @@ struct DkvTiles {
   // half of the dQ tile for two tiles (both double-buffered, see the kernel).
   static constexpr int kDsBytes = kDq ? kBN * kBQ * 2 : 0;
   static constexpr int kDqHalfBytes = kDq ? kBQ * kD / 2 * 4 : 0;
-  static constexpr int kSmem = 1024 + kKBytes + kVBytes + kStages * (kQBytes + kOBytes + kRowBytes) +
-                               2 * kDsBytes + 4 * kDqHalfBytes + 8 * (1 + 2 * kStages);
+  static constexpr int SmemFor(int stages) {
+    return 1024 + kKBytes + kVBytes + stages * (kQBytes + kOBytes + kRowBytes) + 2 * kDsBytes +
+           4 * kDqHalfBytes + 8 * (1 + 2 * stages);
+  }
+  // Q/dO ring depth: as many stages (up to 4) as shared memory holds (2 with
+  // the fused dQ's buffers). Against the earlier 2 stages, ncu, H200,
+  // S = 8192, 2026-11-22: D = 256 (3 stages) dK 3.81 -> 3.26 ms, dV 2.33 ->
+  // 2.20 ms; D = 64 (4) 4.98 -> 4.91 ms; D = 128 split (4) 3.47 -> 3.46 ms.
+  static constexpr int kMaxSmem = 227 * 1024;
+  static constexpr int kStages = SmemFor(4) <= kMaxSmem ? 4 : SmemFor(3) <= kMaxSmem ? 3 : 2;
+  static constexpr int kSmem = SmemFor(kStages);
 };
 
 // The fused dQ's fp32 accumulator p.dq_acc: per (batch, head, 64-query tile),
