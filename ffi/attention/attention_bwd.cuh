@@ -299,8 +299,9 @@ struct DkvTiles {
   }
   // Q/dO ring depth: as many stages (up to 4) as shared memory holds (2 with
   // the fused dQ's buffers). Against the earlier 2 stages, ncu, H200,
-  // S = 8192, 2026-11-22: D = 256 (3 stages) dK 3.81 -> 3.26 ms, dV 2.33 ->
-  // 2.20 ms; D = 64 (4) 4.98 -> 4.91 ms; D = 128 split (4) 3.47 -> 3.46 ms.
+  // S = 8192, 2026-11-22: D = 64 (4 stages) 4.98 -> 4.91 ms, D = 128 split
+  // (4) 3.47 -> 3.46 ms; D = 256 (3) backward 0 to 3% faster in the
+  // benchmark (within its noise).
   static constexpr int kMaxSmem = 227 * 1024;
   static constexpr int kStages = SmemFor(4) <= kMaxSmem ? 4 : SmemFor(3) <= kMaxSmem ? 3 : 2;
   static constexpr int kSmem = SmemFor(kStages);
