@@ -57,6 +57,26 @@ __device__ __forceinline__ float Log2Lse(float lse) {
   return lse == -INFINITY ? INFINITY : lse * kLog2e;
 }
 
+// P = exp2(logit - lse2) over one fragment, in place; lse2(e) gives element
+// e's row lse in log2 units. The lean path forms logit - lse2 in one FFMA
+// (s * scale_log2 - lse2) and only then masks (-inf, which exp2 takes to 0,
+// whatever the scale's sign); the general path goes through Logits.
+template <int kN, bool kTransposed, bool kGeneral, typename Lse2>
+__device__ __forceinline__ void Probabilities(float (&s)[kN / 2], const ScoreCtx& c, int64_t row0,
+                                              int64_t col0, bool need_mask, Lse2 lse2) {
+  if constexpr (kGeneral) {
+    Logits<kN, kTransposed, true>(s, c, row0, col0, need_mask);
+#pragma unroll
+    for (int e = 0; e < kN / 2; ++e) s[e] = hopper::Exp2(s[e] - lse2(e));
+  } else {
+#pragma unroll
+    for (int e = 0; e < kN / 2; ++e) s[e] = fmaf(s[e], c.scale_log2, -lse2(e));
+    if (need_mask) Logits<kN, kTransposed, false, false>(s, c, row0, col0, true);
+#pragma unroll
+    for (int e = 0; e < kN / 2; ++e) s[e] = hopper::Exp2(s[e]);
+  }
+}
+
 // Writes one m64nN fp32 accumulator fragment (rows row0, row0 + 8) to a
 // [rows, ld] array of T, rows < n_rows and columns < n_cols only.
 template <typename T, int kN>
@@ -94,7 +114,7 @@ __global__ void __launch_bounds__(384, 1)
   using Tiles = DqTiles<kD, kDv, kBN>;
   constexpr int kBM = Tiles::kBM, kStages = Tiles::kStages;
   extern __shared__ uint8_t smem_raw[];
-  uint8_t* base = reinterpret_cast<uint8_t*>((reinterpret_cast<uintptr_t>(smem_raw) + 1023) & ~uintptr_t(1023));
+  uint8_t* base = hopper::AlignSmem1024(smem_raw);
   uint8_t* sq = base;
   uint8_t* sdo = sq + Tiles::kQBytes;
   uint8_t* sk = sdo + Tiles::kOBytes;
@@ -152,13 +172,14 @@ __global__ void __launch_bounds__(384, 1)
   const int wg = tid / 128 - 1, t = tid % 128, warp = t / 32, lane = t % 32;
   const int64_t row0 = m0 + 64 * wg + 16 * warp + lane / 4;
   const int64_t wg_r0 = m0 + 64 * wg, wg_r1 = wg_r0 + 63;
-  float lse2[2], delta[2];
+  float lse2[2], delta[2], delta_scaled[2];
 #pragma unroll
   for (int h = 0; h < 2; ++h) {
     const int64_t row = row0 + 8 * h;
     const bool in = row < sh.t;
     lse2[h] = in ? Log2Lse(p.lse[(b * sh.n + n) * sh.t + row]) : INFINITY;
     delta[h] = in ? p.delta[(b * sh.n + n) * sh.t + row] : 0.f;
+    delta_scaled[h] = delta[h] * p.scale;
   }
   float dq[kD / 2];
 #pragma unroll
@@ -202,13 +223,18 @@ __global__ void __launch_bounds__(384, 1)
   auto probabilities = [&](int it) {
     const int64_t j0 = int64_t(j_begin + it) * kBN;
     const bool need_mask = TileNeedsMask(c, wg_r0, wg_r1, j0, j0 + kBN - 1);
-    Logits<kBN, false, kGeneral>(sc, c, row0, j0 + 2 * (lane % 4), need_mask);
-#pragma unroll
-    for (int e = 0; e < kBN / 2; ++e) sc[e] = hopper::Exp2(sc[e] - lse2[(e >> 1) & 1]);
+    Probabilities<kBN, false, kGeneral>(sc, c, row0, j0 + 2 * (lane % 4), need_mask,
+                                        [&](int e) { return lse2[(e >> 1) & 1]; });
   };
   // dS = P (dP - delta) into sc (= dbias, written when asked) and, times the
-  // soft-cap's derivative and the scale, into dp.
+  // soft-cap's derivative and the scale, into dp. (The lean path needs only
+  // the latter: P (scale dP - scale delta), one FFMA and one multiply.)
   auto scores_grad = [&](int it) {
+    if constexpr (!kGeneral) {
+#pragma unroll
+      for (int e = 0; e < kBN / 2; ++e) dp[e] = sc[e] * fmaf(dp[e], p.scale, -delta_scaled[(e >> 1) & 1]);
+      return;
+    }
     const int64_t col0 = int64_t(j_begin + it) * kBN + 2 * (lane % 4);
 #pragma unroll
     for (int e = 0; e < kBN / 2; ++e) {
@@ -252,6 +278,7 @@ __global__ void __launch_bounds__(384, 1)
     hopper::WgmmaWait<1>();
     hopper::FenceRegisters(sc);
     probabilities(0);
+    hopper::FenceRegisters(sc);  // P before the wait (see kDq's loop)
     hopper::WgmmaWait<0>();
     hopper::FenceRegisters(dp);
     scores_grad(0);
@@ -263,6 +290,7 @@ __global__ void __launch_bounds__(384, 1)
     hopper::WgmmaWait<2>();
     hopper::FenceRegisters(sc);
     probabilities(it);
+    hopper::FenceRegisters(sc);
     hopper::WgmmaWait<1>();
     hopper::FenceRegisters(dp);
     scores_grad(it);
@@ -373,7 +401,7 @@ __global__ void __launch_bounds__(384, 1)
   static_assert(!kDq || (kDoDK && kDoDV && kBQ == kDqTileRows && (kD == 64 || kD == 128)),
                 "the fused dQ takes 64-query tiles and head dims 64 or 128");  // launched: 128
   extern __shared__ uint8_t smem_raw[];
-  uint8_t* base = reinterpret_cast<uint8_t*>((reinterpret_cast<uintptr_t>(smem_raw) + 1023) & ~uintptr_t(1023));
+  uint8_t* base = hopper::AlignSmem1024(smem_raw);
   uint8_t* sk = base;
   uint8_t* sv = sk + Tiles::kKBytes;
   uint8_t* sq = sv + Tiles::kVBytes;
@@ -413,9 +441,11 @@ __global__ void __launch_bounds__(384, 1)
   if (tid < 128) {  // producer
     hopper::RegDealloc<24>();
     if (tid / 32 == 1) {
-      // The row warp: each stage's lse (in log2 units) and delta into shared
-      // memory, so that consumers read them with no global latency and no
-      // bounds checks (queries past T get lse2 = +inf: p = 0, and delta 0).
+      // The row warp: each stage's lse (in log2 units) and delta times the
+      // scale into shared memory, so that consumers read them with no global
+      // latency and no bounds checks (queries past T get lse2 = +inf: p = 0,
+      // and delta 0); dS^T = P^T (scale dP^T - scale delta) is then one FFMA
+      // and one multiply.
       // (Few live values: this warp runs with the producer's 24 registers.)
       const int lane = tid % 32, t_len = static_cast<int>(sh.t), iters = group * per_head;
       const int64_t head0 = (b * sh.n + kvh * group) * sh.t;
@@ -429,7 +459,7 @@ __global__ void __launch_bounds__(384, 1)
         for (int c = lane; c < kBQ; c += 32) {
           const bool in = q0 + c < t_len;
           rows[c] = in ? Log2Lse(p.lse[row + q0 + c]) : INFINITY;
-          rows[kBQ + c] = in ? p.delta[row + q0 + c] : 0.f;
+          rows[kBQ + c] = in ? p.delta[row + q0 + c] * p.scale : 0.f;
         }
         hopper::BarrierArrive(&full[s]);  // release: the stores above are visible to waiters
       }
@@ -491,9 +521,12 @@ __global__ void __launch_bounds__(384, 1)
     const uint32_t ds_base = hopper::SmemAddr(sds);
     const uint32_t kcol_addr = hopper::SmemAddr(sk) + (wg * kHalf / 64) * kBN * 128 + (wg * kHalf % 64) * 2;
     const int n_iters = group * per_head;
-    float dq[kD / 4];
+    // dQ's accumulator is declared where it is used, from its wgmmas to its
+    // staging: a kernel-wide array stays live through S^T / dP^T (the
+    // wgmma's "+f" operands read it), 32 registers the exponentials need.
+    using DqFrag = float[kD / 4];
 
-    auto issue_dq = [&](int it) {  // dQ(it) = dS(it) K[:, this warpgroup's columns]
+    auto issue_dq = [&](DqFrag& dq, int it) {  // dQ(it) = dS(it) K[:, this warpgroup's columns]
       hopper::NamedBarrierSync(4 + 2 * (1 - wg) + (it & 1), 256);
       const uint32_t ds_addr = ds_base + (it & 1) * Tiles::kDsBytes;
       hopper::WgmmaFence();
@@ -507,7 +540,7 @@ __global__ void __launch_bounds__(384, 1)
     // one bulk reduce-add into p.dq_acc. Before the warpgroup barrier, the
     // issuing thread waits until the previous reduce-add has read its
     // buffer, which the next tile's stores reuse.
-    auto reduce_dq = [&](int it) {
+    auto reduce_dq = [&](DqFrag& dq, int it) {
       hopper::FenceRegisters(dq);
       float4* half = reinterpret_cast<float4*>(sdq) + ((it & 1) * 2 + wg) * (kBQ * kD / 8);
 #pragma unroll
@@ -542,9 +575,10 @@ __global__ void __launch_bounds__(384, 1)
       uint32_t pa[kBQ / 16][4], da[kBQ / 16][4];
 
       if (it > 0) {
-        issue_dq(it - 1);
+        DqFrag dq;
+        issue_dq(dq, it - 1);
         hopper::WgmmaWait<0>();
-        reduce_dq(it - 1);
+        reduce_dq(dq, it - 1);
       }
       hopper::BarrierWait(&full[s], (it / kStages) & 1);
       hopper::WgmmaFence();
@@ -561,20 +595,23 @@ __global__ void __launch_bounds__(384, 1)
       hopper::WgmmaWait<1>();
       hopper::FenceRegisters(st);
       const bool need_mask = TileNeedsMask(c, q0, q0 + kBQ - 1, wg_r0, wg_r1);
-      Logits<kBQ, true, kGeneral>(st, c, row0, col0, need_mask);
-#pragma unroll
-      for (int e = 0; e < kBQ / 2; ++e) st[e] = hopper::Exp2(st[e] - lse_s[8 * (e >> 2) + (e & 1)]);  // P^T
+      Probabilities<kBQ, true, kGeneral>(st, c, row0, col0, need_mask,
+                                         [&](int e) { return lse_s[8 * (e >> 2) + (e & 1)]; });  // P^T
 #pragma unroll
       for (int kk = 0; kk < kBQ / 16; ++kk)
 #pragma unroll
         for (int r = 0; r < 4; ++r) pa[kk][r] = hopper::PackPair<T>(st[8 * kk + 2 * r], st[8 * kk + 2 * r + 1]);
+      // P^T and its fragments are computed before the wait, while dP^T runs:
+      // without these (empty) fences the compiler sinks the exponentials
+      // below the wait (seen in the SASS), and nothing overlaps.
+      hopper::FenceRegisters(st), hopper::KeepRegisters(pa);
       hopper::WgmmaWait<0>();
       hopper::FenceRegisters(dpt);
 #pragma unroll
       for (int e = 0; e < kBQ / 2; ++e) {
         const int off = 8 * (e >> 2) + (e & 1);
         const float cap = SoftcapGrad<kGeneral>(c, st[e], lse_s[off], col0 + off, row0 + 8 * ((e >> 1) & 1));
-        dpt[e] = st[e] * (dpt[e] - delta_s[off]) * cap * p.scale;  // dS^T w.r.t. q.k
+        dpt[e] = st[e] * fmaf(dpt[e], p.scale, -delta_s[off]) * cap;  // dS^T w.r.t. q.k
       }
 #pragma unroll
       for (int kk = 0; kk < kBQ / 16; ++kk)
@@ -610,9 +647,10 @@ __global__ void __launch_bounds__(384, 1)
     };
     if (n_iters > 0) {
       for (int it = 0; it < n_iters; ++it) step(it);
-      issue_dq(n_iters - 1);
+      DqFrag dq;
+      issue_dq(dq, n_iters - 1);
       hopper::WgmmaWait<0>();
-      reduce_dq(n_iters - 1);
+      reduce_dq(dq, n_iters - 1);
       if (t == 0) hopper::BulkWaitAll();  // shared memory must outlive the last reads
     }
   } else {
@@ -652,9 +690,8 @@ __global__ void __launch_bounds__(384, 1)
       hopper::WgmmaWait<kNeedDp ? 1 : 0>();
       hopper::FenceRegisters(st);
       const bool need_mask = TileNeedsMask(c, q0, q0 + kBQ - 1, wg_r0, wg_r1);
-      Logits<kBQ, true, kGeneral>(st, c, row0, col0, need_mask);
-  #pragma unroll
-      for (int e = 0; e < kBQ / 2; ++e) st[e] = hopper::Exp2(st[e] - lse_s[8 * (e >> 2) + (e & 1)]);  // P^T
+      Probabilities<kBQ, true, kGeneral>(st, c, row0, col0, need_mask,
+                                         [&](int e) { return lse_s[8 * (e >> 2) + (e & 1)]; });  // P^T
       uint32_t pa[kBQ / 16][4];
       if constexpr (kDoDV) {
   #pragma unroll
@@ -662,6 +699,8 @@ __global__ void __launch_bounds__(384, 1)
   #pragma unroll
           for (int r = 0; r < 4; ++r) pa[kk][r] = hopper::PackPair<T>(st[8 * kk + 2 * r], st[8 * kk + 2 * r + 1]);
       }
+      hopper::FenceRegisters(st);  // P^T before the wait (see kDq's loop)
+      if constexpr (kDoDV) hopper::KeepRegisters(pa);
       uint32_t da[kBQ / 16][4];
       if constexpr (kDoDK) {
         hopper::WgmmaWait<0>();  // dP^T
@@ -670,7 +709,7 @@ __global__ void __launch_bounds__(384, 1)
         for (int e = 0; e < kBQ / 2; ++e) {
           const int off = 8 * (e >> 2) + (e & 1);
           const float cap = SoftcapGrad<kGeneral>(c, st[e], lse_s[off], col0 + off, row0 + 8 * ((e >> 1) & 1));
-          dpt[e] = st[e] * (dpt[e] - delta_s[off]) * cap * p.scale;  // dS^T w.r.t. q.k
+          dpt[e] = st[e] * fmaf(dpt[e], p.scale, -delta_s[off]) * cap;  // dS^T w.r.t. q.k
         }
   #pragma unroll
         for (int kk = 0; kk < kBQ / 16; ++kk)

@@ -115,7 +115,7 @@ __global__ void __launch_bounds__(384, 1)
   using Tiles = FwdTiles<kD, kDv, kBN>;
   constexpr int kBM = Tiles::kBM, kStages = Tiles::kStages;
   extern __shared__ uint8_t smem_raw[];
-  uint8_t* base = reinterpret_cast<uint8_t*>((reinterpret_cast<uintptr_t>(smem_raw) + 1023) & ~uintptr_t(1023));
+  uint8_t* base = hopper::AlignSmem1024(smem_raw);
   uint8_t* sq = base;
   uint8_t* sk = sq + Tiles::kQBytes;
   uint8_t* sv = sk + kStages * Tiles::kKBytes;
@@ -288,6 +288,7 @@ __global__ void __launch_bounds__(384, 1)
         hopper::FenceRegisters(sc);
         hopper::BarrierArrive(&k_empty[(g0 + it) % kStages]);
         softmax(sc, it, corr);
+        hopper::FenceRegisters(sc);  // the exponentials before the wait, while P V runs
         hopper::WgmmaWait<0>();
         hopper::FenceRegisters(o);
         hopper::KeepRegisters(pa);  // read by P V until here

@@ -86,6 +86,16 @@ __device__ __forceinline__ void BulkWaitRead() {
 __device__ __forceinline__ void BulkWaitAll() {
   asm volatile("cp.async.bulk.wait_group 0;" ::: "memory");
 }
+// The first 1024-byte-aligned address in a dynamic shared-memory buffer (what
+// 128-byte-swizzled TMA tiles need). Pointer arithmetic on the __shared__
+// array itself, not a round trip through an integer, so that the compiler
+// still knows the derived pointers are shared memory and emits LDS/STS with
+// 32-bit addresses rather than generic LD/ST (generic and shared addresses
+// agree in their low bits).
+__device__ __forceinline__ uint8_t* AlignSmem1024(uint8_t* smem) {
+  return smem + ((1024 - (reinterpret_cast<uintptr_t>(smem) & 1023)) & 1023);
+}
+
 // Makes this thread's ordinary shared-memory writes visible to the async
 // proxy (wgmma operands, bulk copies) once a barrier has ordered them.
 __device__ __forceinline__ void FenceProxyAsync() {
