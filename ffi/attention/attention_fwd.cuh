@@ -288,7 +288,7 @@ __global__ void __launch_bounds__(384, 1)
         hopper::FenceRegisters(sc);
         hopper::BarrierArrive(&k_empty[(g0 + it) % kStages]);
         softmax(sc, it, corr);
-        hopper::FenceRegisters(sc);  // the exponentials before the wait, while P V runs
+        hopper::FenceRegisters(sc);  // the exponentials before the wait (in the PTX)
         hopper::WgmmaWait<0>();
         hopper::FenceRegisters(o);
         hopper::KeepRegisters(pa);  // read by P V until here
