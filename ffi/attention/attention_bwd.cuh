@@ -172,14 +172,13 @@ __global__ void __launch_bounds__(384, 1)
   const int wg = tid / 128 - 1, t = tid % 128, warp = t / 32, lane = t % 32;
   const int64_t row0 = m0 + 64 * wg + 16 * warp + lane / 4;
   const int64_t wg_r0 = m0 + 64 * wg, wg_r1 = wg_r0 + 63;
-  float lse2[2], delta[2], delta_scaled[2];
+  float lse2[2], delta[2];
 #pragma unroll
   for (int h = 0; h < 2; ++h) {
     const int64_t row = row0 + 8 * h;
     const bool in = row < sh.t;
     lse2[h] = in ? Log2Lse(p.lse[(b * sh.n + n) * sh.t + row]) : INFINITY;
     delta[h] = in ? p.delta[(b * sh.n + n) * sh.t + row] : 0.f;
-    delta_scaled[h] = delta[h] * p.scale;
   }
   float dq[kD / 2];
 #pragma unroll
@@ -232,7 +231,7 @@ __global__ void __launch_bounds__(384, 1)
   auto scores_grad = [&](int it) {
     if constexpr (!kGeneral) {
 #pragma unroll
-      for (int e = 0; e < kBN / 2; ++e) dp[e] = sc[e] * fmaf(dp[e], p.scale, -delta_scaled[(e >> 1) & 1]);
+      for (int e = 0; e < kBN / 2; ++e) dp[e] = sc[e] * fmaf(dp[e], p.scale, -delta[(e >> 1) & 1] * p.scale);
       return;
     }
     const int64_t col0 = int64_t(j_begin + it) * kBN + 2 * (lane % 4);
