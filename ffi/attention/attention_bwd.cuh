@@ -77,6 +77,14 @@ __device__ __forceinline__ void Probabilities(float (&s)[kN / 2], const ScoreCtx
   }
 }
 
+// Element e's entry of a shared per-query row array (lse or delta) in a
+// transposed fragment: columns 8 (e / 4) + e % 2 past the thread's own, read
+// as one 8-byte pair (LDS.64) per e / 4 (the thread's offset is even).
+__device__ __forceinline__ float RowPair(const float* rows, int e) {
+  const float2 v = *reinterpret_cast<const float2*>(rows + 8 * (e >> 2));
+  return (e & 1) ? v.y : v.x;
+}
+
 // Writes one m64nN fp32 accumulator fragment (rows row0, row0 + 8) to a
 // [rows, ld] array of T, rows < n_rows and columns < n_cols only.
 template <typename T, int kN>
@@ -486,7 +494,7 @@ __global__ void __launch_bounds__(384, 1)
   }
 
   hopper::RegAlloc<240>();
-  const int wg = tid / 128 - 1, t = tid % 128, warp = t / 32, lane = t % 32;
+  const int wg = hopper::WarpUniform(tid / 128) - 1, t = tid % 128, warp = t / 32, lane = t % 32;
   const int64_t row0 = n0 + 64 * wg + 16 * warp + lane / 4;  // key rows
   const int64_t wg_r0 = n0 + 64 * wg, wg_r1 = wg_r0 + 63;
   float dk[kDoDK ? kD / 2 : 1], dv[kDoDV ? kDv / 2 : 1];
@@ -518,6 +526,9 @@ __global__ void __launch_bounds__(384, 1)
     constexpr int kHalf = kD / 2;
     const int64_t q_tiles = (sh.t + kBQ - 1) / kBQ;
     const uint32_t ds_base = hopper::SmemAddr(sds);
+    // This thread's first dS row (key0 = its fragment row) and column pair,
+    // chunk 0 swizzled (key0 % 8 = lane / 4); see the stores in step().
+    const uint32_t ds_thread = (64 * wg + 16 * warp + lane / 4) * 128 + (lane / 4) * 16 + 4 * (lane % 4);
     const uint32_t kcol_addr = hopper::SmemAddr(sk) + (wg * kHalf / 64) * kBN * 128 + (wg * kHalf % 64) * 2;
     const int n_iters = group * per_head;
     // dQ's accumulator is declared where it is used, from its wgmmas to its
@@ -531,8 +542,8 @@ __global__ void __launch_bounds__(384, 1)
       hopper::WgmmaFence();
 #pragma unroll
       for (int kk = 0; kk < kBN / 16; ++kk)
-        WgmmaSSmn<T, kHalf>(dq, hopper::Descriptor(ds_addr + kk * 2048, 0),
-                            hopper::Descriptor(kcol_addr + kk * 2048, 0), kk > 0);
+        WgmmaSSmn<T, kHalf>(dq, hopper::Descriptor(ds_addr, 0, kk * 2048),
+                            hopper::Descriptor(kcol_addr, 0, kk * 2048), kk > 0);
       hopper::WgmmaCommit();
     };
     // dQ(it) (done) -> shared memory in fragment order (double-buffered) ->
@@ -583,19 +594,19 @@ __global__ void __launch_bounds__(384, 1)
       hopper::WgmmaFence();
 #pragma unroll
       for (int kk = 0; kk < kD / 16; ++kk)
-        WgmmaSS<T, kBQ>(st, hopper::Descriptor(k_addr + (kk / 4) * kBN * 128 + (kk % 4) * 32, 0),
-                        hopper::Descriptor(q_addr + (kk / 4) * kBQ * 128 + (kk % 4) * 32, 0), kk > 0);
+        WgmmaSS<T, kBQ>(st, hopper::Descriptor(k_addr, 0, (kk / 4) * kBN * 128 + (kk % 4) * 32),
+                        hopper::Descriptor(q_addr, 0, (kk / 4) * kBQ * 128 + (kk % 4) * 32), kk > 0);
       hopper::WgmmaCommit();
 #pragma unroll
       for (int kk = 0; kk < kDv / 16; ++kk)
-        WgmmaSS<T, kBQ>(dpt, hopper::Descriptor(v_addr + (kk / 4) * kBN * 128 + (kk % 4) * 32, 0),
-                        hopper::Descriptor(do_addr + (kk / 4) * kBQ * 128 + (kk % 4) * 32, 0), kk > 0);
+        WgmmaSS<T, kBQ>(dpt, hopper::Descriptor(v_addr, 0, (kk / 4) * kBN * 128 + (kk % 4) * 32),
+                        hopper::Descriptor(do_addr, 0, (kk / 4) * kBQ * 128 + (kk % 4) * 32), kk > 0);
       hopper::WgmmaCommit();
       hopper::WgmmaWait<1>();
       hopper::FenceRegisters(st);
       const bool need_mask = TileNeedsMask(c, q0, q0 + kBQ - 1, wg_r0, wg_r1);
       Probabilities<kBQ, true, kGeneral>(st, c, row0, col0, need_mask,
-                                         [&](int e) { return lse_s[8 * (e >> 2) + (e & 1)]; });  // P^T
+                                         [&](int e) { return RowPair(lse_s, e); });  // P^T
 #pragma unroll
       for (int kk = 0; kk < kBQ / 16; ++kk)
 #pragma unroll
@@ -611,8 +622,8 @@ __global__ void __launch_bounds__(384, 1)
 #pragma unroll
       for (int e = 0; e < kBQ / 2; ++e) {
         const int off = 8 * (e >> 2) + (e & 1);
-        const float cap = SoftcapGrad<kGeneral>(c, st[e], lse_s[off], col0 + off, row0 + 8 * ((e >> 1) & 1));
-        dpt[e] = st[e] * fmaf(dpt[e], p.scale, -delta_s[off]) * cap;  // dS^T w.r.t. q.k
+        const float cap = SoftcapGrad<kGeneral>(c, st[e], RowPair(lse_s, e), col0 + off, row0 + 8 * ((e >> 1) & 1));
+        dpt[e] = st[e] * fmaf(dpt[e], p.scale, -RowPair(delta_s, e)) * cap;  // dS^T w.r.t. q.k
       }
 #pragma unroll
       for (int kk = 0; kk < kBQ / 16; ++kk)
@@ -621,25 +632,26 @@ __global__ void __launch_bounds__(384, 1)
       // dS^T fragment -> rows of 64 queries (128 bytes) per key, with the
       // 128-byte swizzle TMA would apply (16-byte chunk c of row r at
       // c ^ (r % 8)): conflict-free stores, and dS read MN-major by issue_dq.
-      uint8_t* ds_buf = sds + (it & 1) * Tiles::kDsBytes;
-      const int key0 = 64 * wg + 16 * warp + lane / 4;
+      // The thread's rows (key0, key0 + 8) share r % 8, and the buffer is
+      // 1024-aligned, so chunk c is at ds_row ^ (c << 4): one XOR a chunk.
+      const uint32_t ds_row = ds_base + (it & 1) * Tiles::kDsBytes + ds_thread;
 #pragma unroll
       for (int kk = 0; kk < kBQ / 16; ++kk)
 #pragma unroll
-        for (int r = 0; r < 4; ++r) {
-          const int key = key0 + 8 * (r & 1), byte = 2 * (8 * (2 * kk + (r >> 1)) + 2 * (lane % 4));
-          *reinterpret_cast<uint32_t*>(ds_buf + key * 128 + ((((byte >> 4) ^ key) & 7) << 4) +
-                                       (byte & 15)) = da[kk][r];
+        for (int h = 0; h < 2; ++h) {  // fragment registers r = 2 h (key0) and 2 h + 1 (key0 + 8)
+          const uint32_t chunk = ds_row ^ ((2 * kk + h) << 4);
+          hopper::StoreShared32<0>(chunk, da[kk][2 * h]);
+          hopper::StoreShared32<8 * 128>(chunk, da[kk][2 * h + 1]);
         }
       hopper::FenceProxyAsync();
       hopper::NamedBarrierArrive(4 + 2 * wg + (it & 1), 256);
       hopper::WgmmaFence();
 #pragma unroll
       for (int kk = 0; kk < kBQ / 16; ++kk)
-        WgmmaRS<T, kDv>(dv, pa[kk], hopper::Descriptor(do_addr + kk * 2048, kBQ * 128), 1);
+        WgmmaRS<T, kDv>(dv, pa[kk], hopper::Descriptor(do_addr, kBQ * 128, kk * 2048), 1);
 #pragma unroll
       for (int kk = 0; kk < kBQ / 16; ++kk)
-        WgmmaRS<T, kD>(dk, da[kk], hopper::Descriptor(q_addr + kk * 2048, kBQ * 128), 1);
+        WgmmaRS<T, kD>(dk, da[kk], hopper::Descriptor(q_addr, kBQ * 128, kk * 2048), 1);
       hopper::WgmmaCommit();
       hopper::WgmmaWait<0>();
       hopper::FenceRegisters(dk), hopper::KeepRegisters(da);
@@ -655,6 +667,21 @@ __global__ void __launch_bounds__(384, 1)
       if (t == 0) hopper::BulkWaitAll();  // shared memory must outlive the last reads
     }
   } else {
+    // The 64-query instantiations (lean head dims 96 and 128 -- at 128 the
+    // deterministic option -- and general 64) keep the earlier forms of the
+    // warpgroup offsets, wgmma descriptors and row loads: with the forms
+    // above, ptxas schedules the head-dim-128 loop into a kernel 10% slower
+    // (S = 8192, ncu, H200, 2026-11-22: 3.23 -> 3.57 ms), while they make the
+    // head-dim-64 one (128 queries) 6% faster (4.07 -> 3.83 ms).
+    constexpr bool kPlain = kBQ == 64;
+    const uint32_t k_base = kPlain ? hopper::SmemAddr(sk) + (tid / 128 - 1) * 64 * 128 : k_addr;
+    const uint32_t v_base = kPlain ? hopper::SmemAddr(sv) + (tid / 128 - 1) * 64 * 128 : v_addr;
+    auto desc = [](uint32_t addr, uint32_t lbo, uint32_t off) {
+      return kPlain ? hopper::Descriptor(addr + off, lbo) : hopper::Descriptor(addr, lbo, off);
+    };
+    auto row = [](const float* rows, int e) {
+      return kPlain ? rows[8 * (e >> 2) + (e & 1)] : RowPair(rows, e);
+    };
     ScoreCtx c{};
     for (int it = 0; it < group * per_head; ++it) {
       const int64_t n = kvh * group + it / per_head;
@@ -675,14 +702,14 @@ __global__ void __launch_bounds__(384, 1)
       hopper::WgmmaFence();
   #pragma unroll
       for (int kk = 0; kk < kD / 16; ++kk)
-        WgmmaSS<T, kBQ>(st, hopper::Descriptor(k_addr + (kk / 4) * kBN * 128 + (kk % 4) * 32, 0),
-                        hopper::Descriptor(q_addr + (kk / 4) * kBQ * 128 + (kk % 4) * 32, 0), kk > 0);
+        WgmmaSS<T, kBQ>(st, desc(k_base, 0, (kk / 4) * kBN * 128 + (kk % 4) * 32),
+                        desc(q_addr, 0, (kk / 4) * kBQ * 128 + (kk % 4) * 32), kk > 0);
       hopper::WgmmaCommit();
       if constexpr (kNeedDp) {
   #pragma unroll
         for (int kk = 0; kk < kDv / 16; ++kk)
-          WgmmaSS<T, kBQ>(dpt, hopper::Descriptor(v_addr + (kk / 4) * kBN * 128 + (kk % 4) * 32, 0),
-                          hopper::Descriptor(do_addr + (kk / 4) * kBQ * 128 + (kk % 4) * 32, 0), kk > 0);
+          WgmmaSS<T, kBQ>(dpt, desc(v_base, 0, (kk / 4) * kBN * 128 + (kk % 4) * 32),
+                          desc(do_addr, 0, (kk / 4) * kBQ * 128 + (kk % 4) * 32), kk > 0);
         hopper::WgmmaCommit();
       }
       // P^T is computed while dP^T still runs. P^T and dS^T are packed into A
@@ -692,7 +719,7 @@ __global__ void __launch_bounds__(384, 1)
       hopper::FenceRegisters(st);
       const bool need_mask = TileNeedsMask(c, q0, q0 + kBQ - 1, wg_r0, wg_r1);
       Probabilities<kBQ, true, kGeneral>(st, c, row0, col0, need_mask,
-                                         [&](int e) { return lse_s[8 * (e >> 2) + (e & 1)]; });  // P^T
+                                         [&](int e) { return row(lse_s, e); });  // P^T
       uint32_t pa[kBQ / 16][4];
       if constexpr (kDoDV) {
   #pragma unroll
@@ -709,8 +736,8 @@ __global__ void __launch_bounds__(384, 1)
   #pragma unroll
         for (int e = 0; e < kBQ / 2; ++e) {
           const int off = 8 * (e >> 2) + (e & 1);
-          const float cap = SoftcapGrad<kGeneral>(c, st[e], lse_s[off], col0 + off, row0 + 8 * ((e >> 1) & 1));
-          dpt[e] = st[e] * fmaf(dpt[e], p.scale, -delta_s[off]) * cap;  // dS^T w.r.t. q.k
+          const float cap = SoftcapGrad<kGeneral>(c, st[e], row(lse_s, e), col0 + off, row0 + 8 * ((e >> 1) & 1));
+          dpt[e] = st[e] * fmaf(dpt[e], p.scale, -row(delta_s, e)) * cap;  // dS^T w.r.t. q.k
         }
   #pragma unroll
         for (int kk = 0; kk < kBQ / 16; ++kk)
@@ -721,12 +748,12 @@ __global__ void __launch_bounds__(384, 1)
       if constexpr (kDoDV) {
   #pragma unroll
         for (int kk = 0; kk < kBQ / 16; ++kk)
-          WgmmaRS<T, kDv>(dv, pa[kk], hopper::Descriptor(do_addr + kk * 2048, kBQ * 128), 1);
+          WgmmaRS<T, kDv>(dv, pa[kk], desc(do_addr, kBQ * 128, kk * 2048), 1);
       }
       if constexpr (kDoDK) {
   #pragma unroll
         for (int kk = 0; kk < kBQ / 16; ++kk)
-          WgmmaRS<T, kD>(dk, da[kk], hopper::Descriptor(q_addr + kk * 2048, kBQ * 128), 1);
+          WgmmaRS<T, kD>(dk, da[kk], desc(q_addr, kBQ * 128, kk * 2048), 1);
       }
       hopper::WgmmaCommit();
       hopper::WgmmaWait<0>();

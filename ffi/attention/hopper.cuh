@@ -50,6 +50,18 @@ __device__ __forceinline__ void BarrierWait(uint64_t* bar, uint32_t parity) {
       : "memory");
 }
 
+// x from lane 0: ptxas then treats it as warp-uniform, so that what derives
+// from it (the warpgroup's shared-memory offsets, hence the wgmma
+// descriptors) lives in uniform registers, with no per-wgmma R2UR moves.
+__device__ __forceinline__ int WarpUniform(int x) { return __shfl_sync(0xffffffff, x, 0); }
+
+// st.shared.b32 at addr + kOffset (a 32-bit shared address: the kernels
+// compute swizzled addresses with XORs that a generic pointer would hide).
+template <int kOffset>
+__device__ __forceinline__ void StoreShared32(uint32_t addr, uint32_t v) {
+  asm volatile("st.shared.b32 [%0+%2], %1;" ::"r"(addr), "r"(v), "n"(kOffset) : "memory");
+}
+
 // --- TMA -----------------------------------------------------------------------
 
 // Loads one 4-D box at coordinates (c0 innermost .. c3) into shared memory;
@@ -151,6 +163,23 @@ __device__ __forceinline__ uint64_t Descriptor(uint32_t smem_addr, uint32_t lbo_
   d |= static_cast<uint64_t>(1024 >> 4) << 32;
   d |= static_cast<uint64_t>(1) << 62;  // 128-byte swizzle
   return d;
+}
+
+// Descriptor(smem_addr + bytes, lbo_bytes) for `bytes` a multiple of 16, as
+// one add to the start field of the loop-invariant Descriptor(smem_addr, ...):
+// shared addresses stay below 256 KB, so the 14-bit field cannot carry.
+// (Rebuilt from the sum, each descriptor cost ~10 masks, shifts and moves
+// around every wgmma in the SASS.) Fewer instructions are not always a
+// faster schedule: with this form and WarpUniform, the dK/dV kernel got
+// 3-6% faster, but the dQ kernel 13% slower (head dim 64, ncu) and the
+// forward 3% (head dim 64, ncu; with WarpUniform alone, up to 5% at head
+// dim 256 in the benchmark), so those keep the rebuilt form (H200,
+// 2026-11-22).
+__device__ __forceinline__ uint64_t Descriptor(uint32_t smem_addr, uint32_t lbo_bytes,
+                                               uint32_t bytes) {
+  const uint64_t d = Descriptor(smem_addr, lbo_bytes);
+  const uint32_t lo = static_cast<uint32_t>(d) + (bytes >> 4);
+  return (d & 0xFFFFFFFF00000000ull) | lo;
 }
 
 // --- named barriers (ids 1..15; 0 is __syncthreads) ------------------------------
