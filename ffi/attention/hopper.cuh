@@ -15,6 +15,18 @@ __device__ __forceinline__ uint32_t SmemAddr(const void* p) {
   return static_cast<uint32_t>(__cvta_generic_to_shared(p));
 }
 
+// x from lane 0: ptxas then treats it as warp-uniform, so that what derives
+// from it (the warpgroup's shared-memory offsets, hence the wgmma
+// descriptors) lives in uniform registers, with no per-wgmma R2UR moves.
+__device__ __forceinline__ int WarpUniform(int x) { return __shfl_sync(0xffffffff, x, 0); }
+
+// st.shared.b32 at addr + kOffset (a 32-bit shared address: the kernels
+// compute swizzled addresses with XORs that a generic pointer would hide).
+template <int kOffset>
+__device__ __forceinline__ void StoreShared32(uint32_t addr, uint32_t v) {
+  asm volatile("st.shared.b32 [%0+%2], %1;" ::"r"(addr), "r"(v), "n"(kOffset) : "memory");
+}
+
 // --- mbarrier ------------------------------------------------------------------
 
 __device__ __forceinline__ void BarrierInit(uint64_t* bar, int count) {
@@ -48,18 +60,6 @@ __device__ __forceinline__ void BarrierWait(uint64_t* bar, uint32_t parity) {
       "}\n" ::"r"(SmemAddr(bar)),
       "r"(parity)
       : "memory");
-}
-
-// x from lane 0: ptxas then treats it as warp-uniform, so that what derives
-// from it (the warpgroup's shared-memory offsets, hence the wgmma
-// descriptors) lives in uniform registers, with no per-wgmma R2UR moves.
-__device__ __forceinline__ int WarpUniform(int x) { return __shfl_sync(0xffffffff, x, 0); }
-
-// st.shared.b32 at addr + kOffset (a 32-bit shared address: the kernels
-// compute swizzled addresses with XORs that a generic pointer would hide).
-template <int kOffset>
-__device__ __forceinline__ void StoreShared32(uint32_t addr, uint32_t v) {
-  asm volatile("st.shared.b32 [%0+%2], %1;" ::"r"(addr), "r"(v), "n"(kOffset) : "memory");
 }
 
 // --- TMA -----------------------------------------------------------------------
