@@ -27,26 +27,42 @@
 // other's GEMMs).
 #pragma once
 
+#include <type_traits>
+
 #include "ffi/attention/attention_common.cuh"
 #include "ffi/attention/hopper.cuh"
 #include "ffi/attention/wgmma.cuh"
+#include "ffi/common/device.cuh"
 
 namespace jax_dnn {
 namespace attention {
 
-template <typename T>
-__global__ void AttentionDeltaKernel(const T* __restrict__ o, const T* __restrict__ d_o,
-                                     float* __restrict__ delta, int64_t rows, int64_t t, int64_t n,
-                                     int64_t hv) {
-  const int64_t row = (int64_t(blockIdx.x) * blockDim.x + threadIdx.x) / 32;  // [B, T, N] order
-  const int lane = threadIdx.x % 32;
-  if (row >= rows) return;
+// delta = rowsum(dO * O), one [B, T, N] row per kLanes lanes, kVec elements
+// per access (8: 16-byte loads, when rows are 16-byte aligned; else 1).
+// Against the earlier form (a warp a row, 2-byte loads), ncu, H200,
+// B * T = 16384, N = 16, D = 128: see RESULTS.md (session 13).
+template <typename T, int kLanes, int kVec>
+__global__ void __launch_bounds__(256)
+    AttentionDeltaKernel(const T* __restrict__ o, const T* __restrict__ d_o,
+                         float* __restrict__ delta, int64_t rows, int64_t t, int64_t n, int64_t hv) {
+  static_assert(32 % kLanes == 0, "a row's lanes sit in one warp");
+  const int64_t g = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  const int64_t row = g / kLanes;
+  const int sub = static_cast<int>(g % kLanes);
   float acc = 0.f;
-  for (int64_t d = lane; d < hv; d += 32)
-    acc += static_cast<float>(o[row * hv + d]) * static_cast<float>(d_o[row * hv + d]);
+  if (row < rows) {
+    for (int64_t d = int64_t(sub) * kVec; d < hv; d += kLanes * kVec) {
+      float a[kVec], b[kVec];
+      LoadVec<T, kVec>(o + row * hv + d, a);
+      LoadVec<T, kVec>(d_o + row * hv + d, b);
 #pragma unroll
-  for (int off = 16; off > 0; off /= 2) acc += __shfl_xor_sync(0xffffffff, acc, off);
-  if (lane == 0) {
+      for (int i = 0; i < kVec; ++i) acc = fmaf(a[i], b[i], acc);
+    }
+  }
+  // Every lane takes part in the shuffles, rows past the end included.
+#pragma unroll
+  for (int off = kLanes / 2; off > 0; off /= 2) acc += __shfl_xor_sync(0xffffffff, acc, off);
+  if (row < rows && sub == 0) {
     const int64_t b = row / (t * n), i = (row / n) % t, h = row % n;
     delta[(b * n + h) * t + i] = acc;
   }
@@ -511,18 +527,24 @@ __global__ void __launch_bounds__(384, 1)
     // loop with the dQ steps under `if constexpr` compiled to the same spill
     // counts but ran 5.59 ms against 4.93 for this form: ncu, S = 8192,
     // D = 128, H100, A/B in one run. So the two stay apart.)
-    // The single pass. Per query tile `it` a warpgroup first computes dQ of
-    // the previous tile (once the other warpgroup's half of that dS is in
-    // shared memory), stages it and reduce-adds it; then S^T, dP^T, P^T,
-    // dS^T (also stored for the dQ wgmmas), dV and dK as in the split. The
+    // The single pass. Per query tile `it` a warpgroup first issues dQ of the
+    // previous tile (once the other warpgroup's half of that dS is in shared
+    // memory) and S^T back to back, stages and reduce-adds dQ while S^T
+    // runs, then issues dP^T; then P^T, dS^T (also stored for the dQ
+    // wgmmas), dV and dK as in the split. The
     // warpgroups hand dS over with arrive/sync pairs on named barriers
     // (4 + 2 * writer + parity), not a barrier both wait at, so that they
     // stay out of phase and one's elementwise work runs while the other's
     // GEMMs do (a barrier both wait at cost 5.51 ms against 3.40 for the
     // dK/dV kernel alone, S = 8192, D = 128, H100). A warpgroup writes dS(it + 2)
     // into a buffer only after the other's arrival with dS(it + 1), which that
-    // one makes after its dQ(it) wgmma is done. (dQ(it - 1) in flight beside
-    // S^T and dP^T would overlap more, but spills 212 bytes.)
+    // one makes after its dQ(it) wgmma is done. Issuing dQ(it - 1) and S^T
+    // together took the kernel from 4.92 to 4.42 ms (ncu, S = 8192, H200,
+    // 2026-11-23; S = 4096 2.56 -> 2.30 ms): before, the warpgroup waited for
+    // dQ, staged it and only then issued S^T, and the tensor cores had only
+    // the other warpgroup's work meanwhile. dP^T is issued after the staging
+    // so that dQ's 32 accumulators and dP^T's are never live together (with
+    // dQ, S^T and dP^T all in flight it spilled 212 bytes).
     constexpr int kHalf = kD / 2;
     const int64_t q_tiles = (sh.t + kBQ - 1) / kBQ;
     const uint32_t ds_base = hopper::SmemAddr(sds);
@@ -567,10 +589,13 @@ __global__ void __launch_bounds__(384, 1)
         hopper::BulkCommit();
       }
     };
-    // One query tile. (Peeling the first tile, which has no previous dQ, made
-    // ptxas spill 220 bytes; the branch costs nothing measurable.)
+    // One query tile; has_dq (std::true_type from the second tile on) says
+    // whether there is a previous tile's dQ to compute. It must be a
+    // compile-time constant: with a run-time `it > 0` around the dQ wgmmas
+    // and their wait, ptxas spilled 136 bytes and serialized the wgmmas
+    // (C7514), since the wait count then depends on the path taken.
     ScoreCtx c{};
-    auto step = [&](int it) {
+    auto step = [&](int it, auto has_dq) {
       const int64_t n = kvh * group + it / per_head;
       const int i = query_tile(it);
       if (it % per_head == 0) c = MakeScoreCtx(p.mask, sh, p.scale, p.softcap, b, n);
@@ -584,12 +609,11 @@ __global__ void __launch_bounds__(384, 1)
       float st[kBQ / 2], dpt[kBQ / 2];
       uint32_t pa[kBQ / 16][4], da[kBQ / 16][4];
 
-      if (it > 0) {
-        DqFrag dq;
-        issue_dq(dq, it - 1);
-        hopper::WgmmaWait<0>();
-        reduce_dq(dq, it - 1);
-      }
+      // dQ(it - 1) and S^T go to the tensor cores back to back; dQ is staged
+      // and reduce-added while S^T runs, and only then is dP^T issued (ptxas
+      // puts a warpgroup.arrive before it: C7519).
+      DqFrag dq;
+      if constexpr (decltype(has_dq)::value) issue_dq(dq, it - 1);
       hopper::BarrierWait(&full[s], (it / kStages) & 1);
       hopper::WgmmaFence();
 #pragma unroll
@@ -597,6 +621,10 @@ __global__ void __launch_bounds__(384, 1)
         WgmmaSS<T, kBQ>(st, hopper::Descriptor(k_addr, 0, (kk / 4) * kBN * 128 + (kk % 4) * 32),
                         hopper::Descriptor(q_addr, 0, (kk / 4) * kBQ * 128 + (kk % 4) * 32), kk > 0);
       hopper::WgmmaCommit();
+      if constexpr (decltype(has_dq)::value) {
+        hopper::WgmmaWait<1>();  // dQ(it - 1)
+        reduce_dq(dq, it - 1);
+      }
 #pragma unroll
       for (int kk = 0; kk < kDv / 16; ++kk)
         WgmmaSS<T, kBQ>(dpt, hopper::Descriptor(v_addr, 0, (kk / 4) * kBN * 128 + (kk % 4) * 32),
@@ -659,7 +687,8 @@ __global__ void __launch_bounds__(384, 1)
       hopper::BarrierArrive(&empty[s]);
     };
     if (n_iters > 0) {
-      for (int it = 0; it < n_iters; ++it) step(it);
+      step(0, std::false_type{});
+      for (int it = 1; it < n_iters; ++it) step(it, std::true_type{});
       DqFrag dq;
       issue_dq(dq, n_iters - 1);
       hopper::WgmmaWait<0>();

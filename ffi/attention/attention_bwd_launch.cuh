@@ -56,8 +56,19 @@ template <typename T, int kD, int kDv, bool kGeneral>
 cudaError_t LaunchBwdGeneral(const AttentionBwdParams& p, cudaStream_t stream) {
   const AttentionShape& s = p.shape;
   const int64_t rows = s.b * s.t * s.n;
-  AttentionDeltaKernel<T><<<static_cast<unsigned>((rows * 32 + 255) / 256), 256, 0, stream>>>(
-      static_cast<const T*>(p.o), static_cast<const T*>(p.d_o), p.delta, rows, s.t, s.n, s.hv);
+  {
+    const T* o = static_cast<const T*>(p.o);
+    const T* d_o = static_cast<const T*>(p.d_o);
+    auto blocks = [&](int lanes) { return static_cast<unsigned>((rows * lanes + 255) / 256); };
+    if (s.hv % 8 == 0 && IsAligned(o, 16) && IsAligned(d_o, 16)) {
+      if (s.hv <= 64)
+        AttentionDeltaKernel<T, 8, 8><<<blocks(8), 256, 0, stream>>>(o, d_o, p.delta, rows, s.t, s.n, s.hv);
+      else
+        AttentionDeltaKernel<T, 16, 8><<<blocks(16), 256, 0, stream>>>(o, d_o, p.delta, rows, s.t, s.n, s.hv);
+    } else {
+      AttentionDeltaKernel<T, 32, 1><<<blocks(32), 256, 0, stream>>>(o, d_o, p.delta, rows, s.t, s.n, s.hv);
+    }
+  }
   if (p.dbias != nullptr) {
     cudaError_t e = cudaMemsetAsync(p.dbias, 0, sizeof(float) * s.b * s.n * s.t * s.s, stream);
     if (e != cudaSuccess) return e;
