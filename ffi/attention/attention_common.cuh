@@ -86,6 +86,25 @@ __device__ __forceinline__ bool TileNeedsMask(const ScoreCtx& c, int64_t r0, int
          c.mask != nullptr;
 }
 
+// Key tiles j in [*lo, *hi) of `tile` keys hold no position of rows [r0, r1]
+// that TileNeedsMask would flag; every other tile may (an empty range: all
+// may). Computed once per row tile, so that the per-key-tile test is two
+// 32-bit compares instead of TileNeedsMask's 64-bit ones.
+__device__ __forceinline__ void UnmaskedKeyTiles(const ScoreCtx& c, int64_t r0, int64_t r1, int tile,
+                                                 int* lo, int* hi) {
+  *lo = *hi = 0;
+  if (r1 >= c.q_limit || c.q_seg != nullptr || c.mask != nullptr) return;
+  // A tile is unmasked when its last column c1 <= c1_max and its first
+  // column c0 >= c0_min.
+  int64_t c1_max = c.kv_limit - 1;
+  if (c.causal) c1_max = min(c1_max, r0);
+  if (c.wr >= 0) c1_max = min(c1_max, r0 + c.wr);
+  const int64_t c0_min = c.wl >= 0 ? r1 - c.wl : 0;
+  const int64_t h = c1_max + 1 <= 0 ? 0 : (c1_max + 1) / tile;       // j * tile + tile - 1 <= c1_max
+  const int64_t l = c0_min <= 0 ? 0 : (c0_min + tile - 1) / tile;   // j * tile >= c0_min
+  if (l < h) *lo = static_cast<int>(l), *hi = static_cast<int>(h);
+}
+
 // Tiles [*begin, *end) of `tile` keys that rows [r0, r1] can attend to.
 __device__ __forceinline__ void KeyTiles(const ScoreCtx& c, int64_t r0, int64_t r1, int tile,
                                          int* begin, int* end) {
