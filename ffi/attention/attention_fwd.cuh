@@ -221,8 +221,16 @@ __global__ void __launch_bounds__(384, 1)
     key_tiles(w, c, &j_begin, &j_end);
     const int64_t row0 = w.m0 + 64 * wg + 16 * warp + lane / 4;  // and row0 + 8
     const int64_t wg_r0 = w.m0 + 64 * wg, wg_r1 = wg_r0 + 63;
-    int mask_lo, mask_hi;  // key tiles [mask_lo, mask_hi) need no mask for these rows
-    UnmaskedKeyTiles(c, wg_r0, wg_r1, kBN, &mask_lo, &mask_hi);
+    // Which key tiles need the mask: the range [mask_lo, mask_hi) needs none
+    // (set up once per work tile) -- 1-1.4% faster than TileNeedsMask's
+    // 64-bit compares on every tile at D = 128 (ncu, H200, 2026-11-23:
+    // S = 2048 456.6 -> 451.4 us, 4096 854.7 -> 842.8, causal 8192
+    // 894.0 -> 881.9; D = 64 causal 2048 456.8 -> 450.5). ptxas schedules
+    // the D = 64, 176-key instantiation 4% slower with it (2.31 -> 2.41 ms,
+    // S = 8192), so that one keeps the per-tile test.
+    constexpr bool kRangeTest = !(kD <= 64 && kBN > 128);
+    int mask_lo = 0, mask_hi = 0;
+    if constexpr (kRangeTest) UnmaskedKeyTiles(c, wg_r0, wg_r1, kBN, &mask_lo, &mask_hi);
     float o[kDv / 2];
 #pragma unroll
     for (int e = 0; e < kDv / 2; ++e) o[e] = 0.f;
@@ -257,13 +265,6 @@ __global__ void __launch_bounds__(384, 1)
     auto softmax = [&](float (&sc)[kBN / 2], int it, float (&corr)[2]) {
       const int j = j_begin + it;
       const int64_t j0 = int64_t(j) * kBN;
-      // The range test (set up once per work tile) is 1-1.4% faster than
-      // TileNeedsMask's 64-bit compares at D = 128 (ncu, H200, 2026-11-23:
-      // S = 2048 456.6 -> 451.4 us, 4096 854.7 -> 842.8, causal 8192
-      // 894.0 -> 881.9; D = 64 causal 2048 456.8 -> 450.5), but ptxas
-      // schedules the D = 64, 176-key instantiation 4% slower with it
-      // (2.31 -> 2.41 ms, S = 8192), so that one keeps the per-tile test.
-      constexpr bool kRangeTest = !(kD <= 64 && kBN > 128);
       const bool need_mask = kRangeTest ? j < mask_lo || j >= mask_hi
                                         : TileNeedsMask(c, wg_r0, wg_r1, j0, j0 + kBN - 1);
       // The lean path leaves the scale to SoftmaxStep's FFMA (the launcher
