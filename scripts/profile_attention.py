@@ -1,7 +1,7 @@
 """Runs the attention forward and backward once at a benchmark shape (for ncu):
   ncu --clock-control none -k regex:Attention python3 scripts/profile_attention.py [S] [D] [split] [causal]
 ("split": the deterministic backward instead of the single pass; "causal":
-is_causal=True)."""
+is_causal=True; "fwd": the forward only)."""
 
 import sys
 
@@ -19,7 +19,9 @@ causal = "causal" in sys.argv[3:]
 fwd = jax.jit(lambda *a: jax_dnn.dot_product_attention(*a, is_causal=causal))
 grad = jax.jit(jax.grad(lambda *a: jnp.sum(jax_dnn.dot_product_attention(
     *a, is_causal=causal, deterministic_backward=split).astype(jnp.float32)), (0, 1, 2)))
+fwd_only = "fwd" in sys.argv[3:]
 for _ in range(2):
   jax.block_until_ready(fwd(q, k, v))
-  jax.block_until_ready(grad(q, k, v))
+  if not fwd_only:
+    jax.block_until_ready(grad(q, k, v))
 print("profile_attention: done")

@@ -77,6 +77,47 @@ def test_kernel_shapes(gpu, shape, causal):
   assert reused >= 0
 
 
+# Shapes with more work tiles (128 query rows of one head) than a 132-SM
+# H100/H200 has SMs, so the forward runs its persistent grid: causal pairs of
+# tiles (T = S), single tiles without a mask, GQA, D = 64/256, keys not a
+# multiple of the key tile, and the general path (soft-cap); the logsumexp
+# that return_residual gives is checked too.
+PERSISTENT_CASES = {
+    "causal_pairs": ((2, 2048, 2048, 12, 4, 128, 128), dict(is_causal=True)),
+    "full_gqa": ((2, 2048, 2048, 12, 4, 128, 128), {}),
+    "d64_causal": ((1, 2048, 2048, 18, 6, 64, 64), dict(is_causal=True)),
+    "d256_ragged_keys": ((2, 1024, 1000, 9, 3, 256, 256), {}),
+    "softcap_causal": ((2, 1024, 1024, 18, 18, 128, 128), dict(is_causal=True, logits_soft_cap=5.0)),
+}
+
+
+@pytest.mark.parametrize("case", list(PERSISTENT_CASES))
+def test_persistent_forward_and_lse(gpu, case):
+  (b, t, s, n, kh, h, hv), kw = PERSISTENT_CASES[case]
+  q, k, v = qkv(21, b, t, s, n, kh, h, jnp.bfloat16, hv=hv)
+  ours = functools.partial(jax_dnn.dot_product_attention, **kw)
+  valid = _valid(b, n, t, s, causal=kw.get("is_causal", False))
+  naive = functools.partial(naive_attention, valid=valid, softcap=kw.get("logits_soft_cap"))
+  check_fwd_bwd(gpu, ours, naive, (q, k, v), jnp.bfloat16, what=f"attention persistent {case}")
+  # The logsumexp the forward returns ([B, T, N]), against fp32 logits of the
+  # same bf16 inputs.
+  _, lse = jax.jit(functools.partial(ours, return_residual=True))(q, k, v)
+  assert lse.shape == (b, t, n), lse.shape
+
+  @jax.jit
+  def ref_lse(q, k):
+    k = jnp.repeat(k, n // kh, axis=2)
+    x = jnp.einsum("btnh,bsnh->btns", q.astype(jnp.float32), k.astype(jnp.float32),
+                   precision="highest") / np.sqrt(h)
+    if kw.get("logits_soft_cap"):
+      x = kw["logits_soft_cap"] * jnp.tanh(x / kw["logits_soft_cap"])
+    if kw.get("is_causal"):
+      x = jnp.where(jnp.arange(s)[None, :] <= jnp.arange(t)[:, None, None], x, -jnp.inf)
+    return jax.nn.logsumexp(x, axis=-1)
+
+  np.testing.assert_allclose(np.asarray(lse), np.asarray(ref_lse(q, k)), atol=2e-3, rtol=0)
+
+
 @pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
 def test_kernel_float16(gpu, causal):
   b, t, s, n, kh, h = 2, 190, 211, 4, 2, 128
