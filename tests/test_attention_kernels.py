@@ -107,13 +107,11 @@ def test_persistent_forward_and_lse(gpu, case):
   @jax.jit
   def ref_lse(q, k):
     k = jnp.repeat(k, n // kh, axis=2)
-    x = jnp.einsum("btnh,bsnh->btns", q.astype(jnp.float32), k.astype(jnp.float32),
+    x = jnp.einsum("btnh,bsnh->bnts", q.astype(jnp.float32), k.astype(jnp.float32),
                    precision="highest") / np.sqrt(h)
     if kw.get("logits_soft_cap"):
       x = kw["logits_soft_cap"] * jnp.tanh(x / kw["logits_soft_cap"])
-    if kw.get("is_causal"):
-      x = jnp.where(jnp.arange(s)[None, :] <= jnp.arange(t)[:, None, None], x, -jnp.inf)
-    return jax.nn.logsumexp(x, axis=-1)
+    return jax.nn.logsumexp(jnp.where(valid, x, -jnp.inf), axis=-1).transpose(0, 2, 1)
 
   np.testing.assert_allclose(np.asarray(lse), np.asarray(ref_lse(q, k)), atol=2e-3, rtol=0)
 
