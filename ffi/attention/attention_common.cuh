@@ -27,8 +27,19 @@ struct ScoreCtx {
   const float* bias;           // likewise
 };
 
+// The sequence lengths batch b attends within (q_lens / kv_lens, else T / S).
+__device__ __forceinline__ int64_t QueryLimit(const AttentionMask& m, const AttentionShape& sh, int64_t b) {
+  return m.q_lens ? min(sh.t, static_cast<int64_t>(m.q_lens[b])) : sh.t;
+}
+__device__ __forceinline__ int64_t KeyLimit(const AttentionMask& m, const AttentionShape& sh, int64_t b) {
+  return m.kv_lens ? min(sh.s, static_cast<int64_t>(m.kv_lens[b])) : sh.s;
+}
+
+// The context of (batch b, head n), with the limits given (QueryLimit,
+// KeyLimit: the forward's producer reads them once for its consumers).
 __device__ __forceinline__ ScoreCtx MakeScoreCtx(const AttentionMask& m, const AttentionShape& sh,
-                                                 float scale, float softcap, int64_t b, int64_t n) {
+                                                 float scale, float softcap, int64_t b, int64_t n,
+                                                 int64_t q_limit, int64_t kv_limit) {
   ScoreCtx c;
   c.scale = scale;
   c.scale_log2 = scale * kLog2e;
@@ -37,21 +48,29 @@ __device__ __forceinline__ ScoreCtx MakeScoreCtx(const AttentionMask& m, const A
   c.plain = softcap == 0.f && m.bias == nullptr;
   c.t = sh.t;
   c.s = sh.s;
-  c.q_limit = m.q_lens ? min(sh.t, static_cast<int64_t>(m.q_lens[b])) : sh.t;
-  c.kv_limit = m.kv_lens ? min(sh.s, static_cast<int64_t>(m.kv_lens[b])) : sh.s;
+  c.q_limit = q_limit;
+  c.kv_limit = kv_limit;
   c.causal = m.causal;
   c.wl = m.window_left;
   c.wr = m.window_right;
   c.q_seg = m.q_seg ? m.q_seg + b * sh.t : nullptr;
   c.kv_seg = m.kv_seg ? m.kv_seg + b * sh.s : nullptr;
-  // bias / mask are [G, N|1, T, S]; batch b uses group b / (B / G).
-  const int64_t mplane = (b / (sh.b / m.mask_groups)) * (m.mask_per_head ? sh.n : 1) +
-                         (m.mask_per_head ? n : 0);
-  const int64_t bplane = (b / (sh.b / m.bias_groups)) * (m.bias_per_head ? sh.n : 1) +
-                         (m.bias_per_head ? n : 0);
-  c.mask = m.mask ? m.mask + mplane * sh.t * sh.s : nullptr;
-  c.bias = m.bias ? m.bias + bplane * sh.t * sh.s : nullptr;
+  // bias / mask are [G, N|1, T, S]; batch b uses group b / (B / G). Only
+  // when present, and in 32 bits: the forward sets a context up for every
+  // work tile, and 64-bit divisions cost ~1000 cycles there.
+  auto plane = [&](int64_t groups, bool per_head) {
+    const int g = static_cast<int>(b) / (static_cast<int>(sh.b) / static_cast<int>(groups));
+    return (per_head ? g * sh.n + n : int64_t(g)) * sh.t * sh.s;
+  };
+  c.mask = nullptr;
+  c.bias = nullptr;
+  if (m.mask) c.mask = m.mask + plane(m.mask_groups, m.mask_per_head);
+  if (m.bias) c.bias = m.bias + plane(m.bias_groups, m.bias_per_head);
   return c;
+}
+__device__ __forceinline__ ScoreCtx MakeScoreCtx(const AttentionMask& m, const AttentionShape& sh,
+                                                 float scale, float softcap, int64_t b, int64_t n) {
+  return MakeScoreCtx(m, sh, scale, softcap, b, n, QueryLimit(m, sh, b), KeyLimit(m, sh, b));
 }
 
 // The masks decided by indices alone (no memory reads).

@@ -1,9 +1,11 @@
 // Flash attention forward for Hopper: o = softmax(logits) v and lse.
 //
 // One CTA computes 128 query rows of one (batch, head) in three warpgroups:
-//   warpgroup 0 (producer): one thread issues TMA loads -- the Q tile once,
-//     then K and V tiles through a 2-stage ring (full/empty mbarriers, K and
-//     V released separately: K as soon as its scores are done);
+//   warpgroup 0 (producer): one thread issues TMA loads -- each consumer's
+//     half of the Q tile, then K and V tiles through a 2-stage ring
+//     (full/empty mbarriers, K and V released separately: K as soon as its
+//     scores are done) -- and works out each work tile's indices for the
+//     consumers (FwdTileInfo);
 //   warpgroups 1, 2 (consumers): 64 rows each; per key tile j
 //     S_j = Q K_j^T (wgmma, both operands in shared memory, K-major),
 //     online softmax in registers (the S accumulator converts in place into
@@ -25,6 +27,12 @@
 #include "ffi/attention/hopper.cuh"
 #include "ffi/attention/wgmma.cuh"
 
+// Timeline probes: scripts/fwd_trace.cu defines this before including the
+// file, to record when each role reaches each step of each work tile.
+#ifndef JAX_DNN_FWD_PROBE
+#define JAX_DNN_FWD_PROBE(role, tile, event)
+#endif
+
 namespace jax_dnn {
 namespace attention {
 
@@ -37,7 +45,7 @@ struct FwdTiles {
   static constexpr int kBM = 128, kStages = 2;
   static constexpr int kQBytes = kBM * kD * 2, kKBytes = kBN * kD * 2, kVBytes = kBN * kDv * 2;
   static constexpr int kSmem = 1024 /*alignment slack*/ + kQBytes + kStages * (kKBytes + kVBytes) +
-                               8 * (2 + 4 * kStages);
+                               8 * (4 + 4 * kStages) + 3 * 48 /*FwdTileInfo ring*/;
 };
 
 // Named barriers of the consumers' ping-pong: consumer w waits on kPingPong + w.
@@ -77,21 +85,45 @@ __device__ __forceinline__ void SoftmaxStep(float (&s)[kBN / 2], float scale, fl
   }
 }
 
+// Transposes a 4x4 matrix held by the four lanes of a quad, lane q holding
+// row q in a[0..3]: afterwards lane q holds column q. Two exchange rounds; in
+// round m an element whose lane and position differ in bit m moves to the
+// partner lane (lane ^ m) and position (position ^ m).
+__device__ __forceinline__ void QuadTranspose(uint32_t* a, int q) {
+#pragma unroll
+  for (int m = 1; m <= 2; m *= 2) {
+    const bool hi = (q & m) != 0;
+#pragma unroll
+    for (int b = 0; b < 4; ++b) {
+      if (b & m) continue;  // pairs (b, b ^ m) with bit m of b clear
+      const uint32_t send = hi ? a[b] : a[b ^ m];
+      const uint32_t recv = __shfl_xor_sync(0xffffffff, send, m);
+      if (hi)
+        a[b] = recv;
+      else
+        a[b ^ m] = recv;
+    }
+  }
+}
+
 // Work tiles (128 query rows of one batch and head) come in units, query
 // tiles fastest so that the CTAs running at once share one head's K and V in
 // L2. A unit is one tile (the heaviest, under a causal mask, first) or, with
 // `pairs`, the two tiles p and m_tiles - 1 - p, whose causal work sums to the
 // same for every p: a persistent grid then stays balanced (a static schedule
 // of single tiles gave some CTAs all the heavy ones: 0.70x cuDNN at S = 16k).
+// 32-bit index math (the launcher checks that the units fit): 64-bit
+// divisions cost ~1000 cycles a work tile on the consumers' critical path.
 struct FwdWork {
-  int64_t m0, n, b;
+  int64_t m0;
+  int n, b;
 };
-__device__ __forceinline__ bool FwdWorkAt(int64_t u, int half, bool pairs, int64_t m_tiles,
-                                          int64_t heads, int bm, FwdWork* w) {
-  const int64_t per = pairs ? (m_tiles + 1) / 2 : m_tiles;  // units per head
-  const int64_t pi = u % per, rest = u / per;
-  const int64_t mt = half == 0 ? pi : m_tiles - 1 - pi;  // 0 = the heaviest tile
-  w->m0 = (m_tiles - 1 - mt) * bm;
+__device__ __forceinline__ bool FwdWorkAt(int u, int half, bool pairs, int m_tiles, int heads,
+                                          int bm, FwdWork* w) {
+  const int per = pairs ? (m_tiles + 1) / 2 : m_tiles;  // units per head
+  const int pi = u % per, rest = u / per;
+  const int mt = half == 0 ? pi : m_tiles - 1 - pi;  // 0 = the heaviest tile
+  w->m0 = int64_t(m_tiles - 1 - mt) * bm;
   w->n = rest % heads;
   w->b = rest / heads;
   return half == 0 || mt != pi;  // an odd count leaves the middle tile alone
@@ -101,12 +133,43 @@ __host__ __device__ __forceinline__ int64_t FwdUnits(int64_t m_tiles, int64_t he
   return (pairs ? (m_tiles + 1) / 2 : m_tiles) * heads * batch;
 }
 
+// What the producer tells the consumers of a work tile (in shared memory, a
+// ring of 3, written before the tile's Q load is armed: the consumers read it
+// after their wait for Q). Worked out by the producer, whose thread has time
+// to spare: on a consumer it cost ~1800 cycles a tile between two issue
+// points (32-bit divisions, the sequence lengths' loads).
+struct FwdTileInfo {
+  int m0, n, b, j_begin, n_tiles;
+  int q_limit, kv_limit;
+  int mask_lo[2], mask_hi[2];  // per consumer: key tiles [lo, hi) need no mask
+  int done;                    // no more tiles (nothing loaded)
+};
+static_assert(sizeof(FwdTileInfo) == 48, "FwdTiles::kSmem counts 48 bytes a FwdTileInfo");
+
+// The k-th work tile of a CTA's units blockIdx.x, blockIdx.x + gridDim.x, ...
+// (counting both tiles of a pair): false when k is past them; *skip when it is
+// the empty second half of an odd pair.
+__device__ __forceinline__ bool FwdTileAt(int k, bool pairs, int units, int m_tiles, int heads,
+                                          int bm, FwdWork* w, bool* skip) {
+  const int u = blockIdx.x + (pairs ? k / 2 : k) * gridDim.x;
+  if (u >= units) return false;
+  *skip = !FwdWorkAt(u, pairs ? k % 2 : 0, pairs, m_tiles, heads, bm, w);
+  return true;
+}
+
 // A CTA takes units blockIdx.x, blockIdx.x + gridDim.x, ... -- one with a grid
 // of every unit, several with a persistent grid (one CTA an SM). In the
-// persistent form the producer loads the next tile's K and Q while the
-// consumers finish this tile's last P V and write its output, and the
-// consumers' ping-pong runs on across tiles, so one consumer's epilogue hides
-// behind the other's GEMMs.
+// persistent form one work tile follows another with little pause of the
+// tensor cores. (Before session 15, ~5000 of ~170000 cycles a work tile went
+// between two tiles at D = 128, S = 8192; scripts/fwd_trace.cu measures it.)
+//   - Each consumer has its own 64-row half of the Q buffer, released as soon
+//     as its last scores are done. The producer prefetches the next tile's Q
+//     into L2 when it starts a tile, and hands the consumers each tile's
+//     indices in shared memory.
+//   - A consumer issues the next tile's first scores together with this
+//     tile's last P V (a key-tile step across the two tiles), then writes
+//     this tile's output with 16-byte stores.
+//   - The consumers' ping-pong runs on across tiles.
 template <typename T, int kD, int kDv, int kBN, bool kGeneral>
 __global__ void __launch_bounds__(384, 1)
     AttentionFwdKernel(const __grid_constant__ CUtensorMap tq, const __grid_constant__ CUtensorMap tk,
@@ -114,30 +177,44 @@ __global__ void __launch_bounds__(384, 1)
                        const bool pairs) {
   using Tiles = FwdTiles<kD, kDv, kBN>;
   constexpr int kBM = Tiles::kBM, kStages = Tiles::kStages;
+  constexpr uint32_t kQHalfBytes = Tiles::kQBytes / 2;
   extern __shared__ uint8_t smem_raw[];
   uint8_t* base = hopper::AlignSmem1024(smem_raw);
-  uint8_t* sq = base;
+  uint8_t* sq = base;  // [kD / 64 slabs][128 rows][64]; consumer w reads rows 64 w ..
   uint8_t* sk = sq + Tiles::kQBytes;
   uint8_t* sv = sk + kStages * Tiles::kKBytes;
-  uint64_t* q_full = reinterpret_cast<uint64_t*>(sv + kStages * Tiles::kVBytes);
-  uint64_t* q_empty = q_full + 1;
-  uint64_t* k_full = q_empty + 1;
+  uint64_t* q_full = reinterpret_cast<uint64_t*>(sv + kStages * Tiles::kVBytes);  // [2]: a half each
+  uint64_t* q_empty = q_full + 2;                                                 // [2]
+  uint64_t* k_full = q_empty + 2;
   uint64_t* v_full = k_full + kStages;
   uint64_t* k_empty = v_full + kStages;
   uint64_t* v_empty = k_empty + kStages;
+  FwdTileInfo* info = reinterpret_cast<FwdTileInfo*>(v_empty + kStages);  // [3]
 
   const AttentionShape& sh = p.shape;
-  const int64_t m_tiles = (sh.t + kBM - 1) / kBM;
-  const int64_t units = FwdUnits(m_tiles, sh.n, sh.b, pairs);
+  const int m_tiles = static_cast<int>((sh.t + kBM - 1) / kBM);
+  const int heads = static_cast<int>(sh.n);
+  const int units = static_cast<int>(FwdUnits(m_tiles, sh.n, sh.b, pairs));
   // Key tiles of work tile w: [j_begin, j_end).
   auto key_tiles = [&](const FwdWork& w, const ScoreCtx& c, int* j_begin, int* j_end) {
     KeyTiles(c, w.m0, min(w.m0 + kBM, sh.t) - 1, kBN, j_begin, j_end);
   };
 
+  // Which key tiles need the mask: the range [mask_lo, mask_hi) needs none
+  // (set up once per work tile) -- 1-1.4% faster than TileNeedsMask's 64-bit
+  // compares on every tile at D = 128 (ncu, H200, 2026-11-23: S = 2048
+  // 456.6 -> 451.4 us, 4096 854.7 -> 842.8, causal 8192 894.0 -> 881.9;
+  // D = 64 causal 2048 456.8 -> 450.5). ptxas schedules the D = 64, 176-key
+  // instantiation 4% slower with it (2.31 -> 2.41 ms, S = 8192), so that one
+  // keeps the per-tile test.
+  constexpr bool kRangeTest = !(kD <= 64 && kBN > 128);
+
   const int tid = threadIdx.x;
   if (tid == 0) {
-    hopper::BarrierInit(q_full, 1);
-    hopper::BarrierInit(q_empty, 256);
+    for (int h = 0; h < 2; ++h) {
+      hopper::BarrierInit(&q_full[h], 1);
+      hopper::BarrierInit(&q_empty[h], 128);
+    }
     for (int s = 0; s < kStages; ++s) {
       hopper::BarrierInit(&k_full[s], 1);
       hopper::BarrierInit(&v_full[s], 1);
@@ -156,22 +233,45 @@ __global__ void __launch_bounds__(384, 1)
       hopper::TmaPrefetchDescriptor(&tv);
       int g = 0;  // K/V ring position, continued across work tiles
       int tile = 0;
-      for (int k = 0;; ++k) {  // the k-th tile of this CTA's units
-        const int64_t u = blockIdx.x + int64_t(pairs ? k / 2 : k) * gridDim.x;
-        if (u >= units) break;
-        FwdWork w;
-        if (!FwdWorkAt(u, pairs ? k % 2 : 0, pairs, m_tiles, sh.n, kBM, &w)) continue;
-        const int64_t kvh = w.n / (sh.n / sh.kh);
+      bool skip;
+      FwdWork w;
+      for (int k = 0; FwdTileAt(k, pairs, units, m_tiles, heads, kBM, &w, &skip); ++k) {
+        if (skip) continue;
+        JAX_DNN_FWD_PROBE(0, tile, 0);
+        {  // The next tile's Q into L2: its load then waits on L2, not on HBM.
+          FwdWork wn;
+          for (int kn = k + 1; FwdTileAt(kn, pairs, units, m_tiles, heads, kBM, &wn, &skip); ++kn) {
+            if (skip) continue;
+            for (int d = 0; d < kD / 64; ++d)
+              for (int h = 0; h < 2; ++h) hopper::TmaPrefetchL2(&tq, d * 64, wn.n, wn.m0 + 64 * h, wn.b);
+            break;
+          }
+        }
+        const int kvh = w.n / static_cast<int>(sh.n / sh.kh);
         const ScoreCtx c = MakeScoreCtx(p.mask, sh, p.scale, p.softcap, w.b, w.n);
         int j_begin, j_end;
         key_tiles(w, c, &j_begin, &j_end);
-        // Q goes after the first K: its buffer frees only when the previous
+        FwdTileInfo* f = &info[tile % 3];
+        f->m0 = static_cast<int>(w.m0), f->n = w.n, f->b = w.b;
+        f->j_begin = j_begin, f->n_tiles = j_end - j_begin;
+        f->q_limit = static_cast<int>(c.q_limit), f->kv_limit = static_cast<int>(c.kv_limit);
+        f->done = 0;
+        for (int h = 0; h < 2; ++h) {
+          f->mask_lo[h] = f->mask_hi[h] = 0;
+          if constexpr (kRangeTest)
+            UnmaskedKeyTiles(c, w.m0 + 64 * h, w.m0 + 64 * h + 63, kBN, &f->mask_lo[h], &f->mask_hi[h]);
+        }
+        // Q goes after the first K: its halves free only when the previous
         // tile's last scores are done, and the first K need not wait for that.
         auto load_q = [&] {
-          if (tile > 0) hopper::BarrierWait(q_empty, (tile - 1) & 1);
-          hopper::BarrierExpectTx(q_full, Tiles::kQBytes);
-          for (int d = 0; d < kD / 64; ++d)
-            hopper::TmaLoad4d(sq + d * kBM * 128, &tq, q_full, d * 64, w.n, w.m0, w.b);
+          JAX_DNN_FWD_PROBE(0, tile, 1);
+          for (int h = 0; h < 2; ++h) {
+            if (tile > 0) hopper::BarrierWait(&q_empty[h], (tile - 1) & 1);
+            hopper::BarrierExpectTx(&q_full[h], kQHalfBytes);  // also releases the info
+            for (int d = 0; d < kD / 64; ++d)
+              hopper::TmaLoad4d(sq + d * kBM * 128 + h * 64 * 128, &tq, &q_full[h], d * 64, w.n,
+                                w.m0 + 64 * h, w.b);
+          }
         };
         if (j_begin == j_end) load_q();
         for (int j = j_begin; j < j_end; ++j, ++g) {
@@ -189,7 +289,14 @@ __global__ void __launch_bounds__(384, 1)
           for (int d = 0; d < kDv / 64; ++d)
             hopper::TmaLoad4d(v_dst + d * kBN * 128, &tv, &v_full[s], d * 64, kvh, j * kBN, w.b);
         }
+        JAX_DNN_FWD_PROBE(0, tile, 2);
         ++tile;
+      }
+      // No more tiles: a Q phase with nothing loaded and `done` set.
+      info[tile % 3].done = 1;
+      for (int h = 0; h < 2; ++h) {
+        if (tile > 0) hopper::BarrierWait(&q_empty[h], (tile - 1) & 1);
+        hopper::BarrierArrive(&q_full[h]);
       }
     }
     return;
@@ -197,153 +304,232 @@ __global__ void __launch_bounds__(384, 1)
 
   // --- consumers ---
   hopper::RegAlloc<240>();
-  const int wg = tid / 128 - 1, t = tid % 128, warp = t / 32, lane = t % 32;
+  const int wg = hopper::WarpUniform(tid / 128) - 1, t = tid % 128, warp = t / 32, lane = t % 32;
   const uint32_t q_addr = hopper::SmemAddr(sq) + wg * 64 * 128;
 
   // Ping-pong: each wgmma issue point waits for this consumer's turn and then
   // hands the turn to the other; consumer 0 goes first. Both consumers visit
-  // the same issue points (n_tiles + 1 for each work tile with keys), so the
-  // turns alternate strictly; consumer 1's last hand-over is taken by one
-  // more wait of consumer 0 after its last tile.
+  // the same work tiles and hence the same issue points, so the turns
+  // alternate strictly; consumer 1's last hand-over is taken by one more wait
+  // of consumer 0 after its last tile.
   auto my_turn = [&] { hopper::NamedBarrierSync(kPingPong + wg, 256); };
   auto pass_turn = [&] { hopper::NamedBarrierArrive(kPingPong + 1 - wg, 256); };
   if (wg == 1) hopper::NamedBarrierArrive(kPingPong, 256);
 
-  int g0 = 0;  // K/V ring position of this work tile's first key tile
-  int tile = 0;
-  for (int k = 0;; ++k) {  // the k-th tile of this CTA's units
-    const int64_t u = blockIdx.x + int64_t(pairs ? k / 2 : k) * gridDim.x;
-    if (u >= units) break;
+  // What a consumer keeps of one work tile.
+  struct Tile {
     FwdWork w;
-    if (!FwdWorkAt(u, pairs ? k % 2 : 0, pairs, m_tiles, sh.n, kBM, &w)) continue;
-    const ScoreCtx c = MakeScoreCtx(p.mask, sh, p.scale, p.softcap, w.b, w.n);
-    int j_begin, j_end;
-    key_tiles(w, c, &j_begin, &j_end);
-    const int64_t row0 = w.m0 + 64 * wg + 16 * warp + lane / 4;  // and row0 + 8
-    const int64_t wg_r0 = w.m0 + 64 * wg, wg_r1 = wg_r0 + 63;
-    // Which key tiles need the mask: the range [mask_lo, mask_hi) needs none
-    // (set up once per work tile) -- 1-1.4% faster than TileNeedsMask's
-    // 64-bit compares on every tile at D = 128 (ncu, H200, 2026-11-23:
-    // S = 2048 456.6 -> 451.4 us, 4096 854.7 -> 842.8, causal 8192
-    // 894.0 -> 881.9; D = 64 causal 2048 456.8 -> 450.5). ptxas schedules
-    // the D = 64, 176-key instantiation 4% slower with it (2.31 -> 2.41 ms,
-    // S = 8192), so that one keeps the per-tile test.
-    constexpr bool kRangeTest = !(kD <= 64 && kBN > 128);
-    int mask_lo = 0, mask_hi = 0;
-    if constexpr (kRangeTest) UnmaskedKeyTiles(c, wg_r0, wg_r1, kBN, &mask_lo, &mask_hi);
-    float o[kDv / 2];
+    ScoreCtx c;
+    int j_begin, n_tiles;
+    int mask_lo, mask_hi;  // key tiles [mask_lo, mask_hi) need no mask
+    int64_t row0;          // this thread's first row (and row0 + 8)
+  };
+  // Tile `tile`'s info, once its Q half has arrived (false: no more tiles).
+  auto read_tile = [&](int tile, Tile* tl) {
+    const FwdTileInfo& f = info[tile % 3];
+    if (f.done) return false;
+    tl->w.m0 = f.m0, tl->w.n = f.n, tl->w.b = f.b;
+    tl->j_begin = f.j_begin, tl->n_tiles = f.n_tiles;
+    tl->mask_lo = f.mask_lo[wg], tl->mask_hi = f.mask_hi[wg];
+    tl->c = MakeScoreCtx(p.mask, sh, p.scale, p.softcap, f.b, f.n, f.q_limit, f.kv_limit);
+    tl->row0 = int64_t(f.m0) + 64 * wg + 16 * warp + lane / 4;
+    return true;
+  };
+
+  float o[kDv / 2];
+  float m_run[2], l_run[2];
+  float sc[kBN / 2], corr[2];
+  uint32_t pa[kBN / 16][4];
+  auto reset = [&] {
 #pragma unroll
     for (int e = 0; e < kDv / 2; ++e) o[e] = 0.f;
-    float m_run[2] = {-INFINITY, -INFINITY}, l_run[2] = {0.f, 0.f};
-    const int n_tiles = j_end - j_begin;
+    m_run[0] = m_run[1] = -INFINITY;
+    l_run[0] = l_run[1] = 0.f;
+  };
 
-    // Key tile `it` of this work tile sits in ring slot (g0 + it) % kStages.
-    auto issue_scores = [&](float (&sc)[kBN / 2], int it) {
-      const int s = (g0 + it) % kStages;
-      const uint32_t k_addr = hopper::SmemAddr(sk + s * Tiles::kKBytes);
-      hopper::BarrierWait(&k_full[s], ((g0 + it) / kStages) & 1);
-      hopper::WgmmaFence();
+  // The scores of the key tile at ring position g.
+  auto issue_scores = [&](int g) {
+    const int s = g % kStages;
+    const uint32_t k_addr = hopper::SmemAddr(sk + s * Tiles::kKBytes);
+    hopper::BarrierWait(&k_full[s], (g / kStages) & 1);
+    hopper::WgmmaFence();
 #pragma unroll
-      for (int kk = 0; kk < kD / 16; ++kk) {
-        const uint32_t off = (kk % 4) * 32;  // 16 columns = 32 bytes inside the swizzle atom
-        WgmmaSS<T, kBN>(sc, hopper::Descriptor(q_addr + (kk / 4) * kBM * 128 + off, 0),
-                        hopper::Descriptor(k_addr + (kk / 4) * kBN * 128 + off, 0), kk > 0);
-      }
-      hopper::WgmmaCommit();
-    };
-    auto issue_pv = [&](const uint32_t (&pa)[kBN / 16][4], int it) {
-      const int s = (g0 + it) % kStages;
-      const uint32_t v_addr = hopper::SmemAddr(sv + s * Tiles::kVBytes);
-      hopper::BarrierWait(&v_full[s], ((g0 + it) / kStages) & 1);
-      hopper::WgmmaFence();
+    for (int kk = 0; kk < kD / 16; ++kk) {
+      const uint32_t off = (kk % 4) * 32;  // 16 columns = 32 bytes inside the swizzle atom
+      WgmmaSS<T, kBN>(sc, hopper::Descriptor(q_addr + (kk / 4) * kBM * 128 + off, 0),
+                      hopper::Descriptor(k_addr + (kk / 4) * kBN * 128 + off, 0), kk > 0);
+    }
+    hopper::WgmmaCommit();
+  };
+  // O += P V with the values at ring position g.
+  auto issue_pv = [&](int g) {
+    const int s = g % kStages;
+    const uint32_t v_addr = hopper::SmemAddr(sv + s * Tiles::kVBytes);
+    hopper::BarrierWait(&v_full[s], (g / kStages) & 1);
+    hopper::WgmmaFence();
 #pragma unroll
-      for (int kk = 0; kk < kBN / 16; ++kk)
-        WgmmaRS<T, kDv>(o, pa[kk], hopper::Descriptor(v_addr + kk * 2048, kBN * 128), 1);
-      hopper::WgmmaCommit();
-    };
-    // Logits of tile `it` (key tile j_begin + it), then the softmax step.
-    auto softmax = [&](float (&sc)[kBN / 2], int it, float (&corr)[2]) {
-      const int j = j_begin + it;
-      const int64_t j0 = int64_t(j) * kBN;
-      const bool need_mask = kRangeTest ? j < mask_lo || j >= mask_hi
-                                        : TileNeedsMask(c, wg_r0, wg_r1, j0, j0 + kBN - 1);
-      // The lean path leaves the scale to SoftmaxStep's FFMA (the launcher
-      // sends scale <= 0 to the general path).
-      Logits<kBN, false, kGeneral, false>(sc, c, row0, j0 + 2 * (lane % 4), need_mask);
-      SoftmaxStep<kBN>(sc, kGeneral ? 1.f : c.scale_log2, m_run, l_run, corr);
-    };
-    auto pack = [&](const float (&sc)[kBN / 2], uint32_t (&pa)[kBN / 16][4]) {
+    for (int kk = 0; kk < kBN / 16; ++kk)
+      WgmmaRS<T, kDv>(o, pa[kk], hopper::Descriptor(v_addr + kk * 2048, kBN * 128), 1);
+    hopper::WgmmaCommit();
+  };
+  // Logits of key tile j_begin + it of tile tl, then the softmax step.
+  auto softmax = [&](const Tile& tl, int it) {
+    const int j = tl.j_begin + it;
+    const int64_t j0 = int64_t(j) * kBN;
+    const int64_t wg_r0 = tl.w.m0 + 64 * wg;
+    const bool need_mask = kRangeTest ? j < tl.mask_lo || j >= tl.mask_hi
+                                      : TileNeedsMask(tl.c, wg_r0, wg_r0 + 63, j0, j0 + kBN - 1);
+    // The lean path leaves the scale to SoftmaxStep's FFMA (the launcher
+    // sends scale <= 0 to the general path).
+    Logits<kBN, false, kGeneral, false>(sc, tl.c, tl.row0, j0 + 2 * (lane % 4), need_mask);
+    SoftmaxStep<kBN>(sc, kGeneral ? 1.f : tl.c.scale_log2, m_run, l_run, corr);
+  };
+  auto pack = [&] {
 #pragma unroll
-      for (int kk = 0; kk < kBN / 16; ++kk)
+    for (int kk = 0; kk < kBN / 16; ++kk)
 #pragma unroll
-        for (int r = 0; r < 4; ++r) pa[kk][r] = hopper::PackPair<T>(sc[8 * kk + 2 * r], sc[8 * kk + 2 * r + 1]);
-    };
+      for (int r = 0; r < 4; ++r) pa[kk][r] = hopper::PackPair<T>(sc[8 * kk + 2 * r], sc[8 * kk + 2 * r + 1]);
+  };
+  // After the wait for the scores at ring position g, key tile `it` of tl:
+  // frees the K slot (and this consumer's Q half after its last scores) and
+  // runs the softmax.
+  auto scores_done = [&](const Tile& tl, int g, int it) {
+    hopper::FenceRegisters(sc);
+    hopper::BarrierArrive(&k_empty[g % kStages]);
+    if (it == tl.n_tiles - 1) hopper::BarrierArrive(&q_empty[wg]);
+    softmax(tl, it);
+  };
 
-    hopper::BarrierWait(q_full, tile & 1);
-    if (n_tiles > 0) {
-      float sc[kBN / 2], corr[2];
-      uint32_t pa[kBN / 16][4];
-      my_turn();
-      issue_scores(sc, 0);
-      pass_turn();
-      hopper::WgmmaWait<0>();
-      hopper::FenceRegisters(sc);
-      hopper::BarrierArrive(&k_empty[g0 % kStages]);
-      softmax(sc, 0, corr);  // o is still 0: no rescale
-      pack(sc, pa);
-      for (int it = 1; it < n_tiles; ++it) {
+  Tile cur;
+  int tile = 0;
+  hopper::BarrierWait(&q_full[wg], 0);
+  bool have = read_tile(0, &cur);
+  bool primed = false;  // cur's first scores already issued and through the softmax
+  int g0 = 0;           // K/V ring position of cur's first key tile
+  while (have) {
+    const int n_tiles = cur.n_tiles;
+    JAX_DNN_FWD_PROBE(1 + wg, tile, 0);
+    if (!primed) {
+      JAX_DNN_FWD_PROBE(1 + wg, tile, 1);
+      reset();
+      if (n_tiles > 0) {
         my_turn();
-        issue_scores(sc, it);
-        issue_pv(pa, it - 1);
+        issue_scores(g0);
         pass_turn();
-        hopper::WgmmaWait<1>();  // the scores; P V may still run
-        hopper::FenceRegisters(sc);
-        hopper::BarrierArrive(&k_empty[(g0 + it) % kStages]);
-        softmax(sc, it, corr);
-        hopper::FenceRegisters(sc);  // the exponentials before the wait (in the PTX)
         hopper::WgmmaWait<0>();
-        hopper::FenceRegisters(o);
-        hopper::KeepRegisters(pa);  // read by P V until here
-        hopper::BarrierArrive(&v_empty[(g0 + it - 1) % kStages]);
-#pragma unroll
-        for (int e = 0; e < kDv / 2; ++e) o[e] *= corr[(e >> 1) & 1];
-        pack(sc, pa);
+        scores_done(cur, g0, 0);  // o is still 0: no rescale
+        pack();
       }
-      hopper::BarrierArrive(q_empty);  // every Q K^T of this tile is done
+    }
+    JAX_DNN_FWD_PROBE(1 + wg, tile, 2);
+    for (int it = 1; it < n_tiles; ++it) {
       my_turn();
-      issue_pv(pa, n_tiles - 1);
+      issue_scores(g0 + it);
+      issue_pv(g0 + it - 1);
       pass_turn();
+      hopper::WgmmaWait<1>();  // the scores; P V may still run
+      scores_done(cur, g0 + it, it);
+      hopper::FenceRegisters(sc);  // the exponentials before the wait (in the PTX)
       hopper::WgmmaWait<0>();
       hopper::FenceRegisters(o);
-      hopper::KeepRegisters(pa);
-      hopper::BarrierArrive(&v_empty[(g0 + n_tiles - 1) % kStages]);
-    } else {
-      hopper::BarrierArrive(q_empty);
+      hopper::KeepRegisters(pa);  // read by P V until here
+      hopper::BarrierArrive(&v_empty[(g0 + it - 1) % kStages]);
+#pragma unroll
+      for (int e = 0; e < kDv / 2; ++e) o[e] *= corr[(e >> 1) & 1];
+      pack();
     }
-    g0 += n_tiles;
+    JAX_DNN_FWD_PROBE(1 + wg, tile, 3);
+    if (n_tiles == 0) hopper::BarrierArrive(&q_empty[wg]);  // no scores, no Q read
 
-    // Epilogue: o / l and lse; rows past T are not written.
+    // This tile's output scale and logsumexp (the sums and maxima are final).
+    float inv[2], lse[2];
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
       float l = l_run[h];
       l += __shfl_xor_sync(0xffffffff, l, 1);
       l += __shfl_xor_sync(0xffffffff, l, 2);
-      const float inv = l > 0.f ? 1.f / l : 0.f;
-      const int64_t row = row0 + 8 * h;
-      if (row < sh.t) {
-        T* orow = static_cast<T*>(p.o) + ((w.b * sh.t + row) * sh.n + w.n) * sh.hv;
+      inv[h] = l > 0.f ? 1.f / l : 0.f;
+      lse[h] = l > 0.f ? (m_run[h] + log2f(l)) * kLn2 : -INFINITY;
+    }
+
+    // Epilogue: o / l and lse; rows past T are not written. After a 4x4
+    // transpose inside each quad a thread holds 8 adjacent columns: a
+    // quarter of the store instructions of the accumulator layout's 2
+    // columns, each of which cost ~85 cycles (the L1 takes the 8 rows of a
+    // warp's store one line at a time): 2700 cycles a work tile at D = 128.
+    auto store_output = [&] {
 #pragma unroll
-        for (int e = 0; e < kDv / 8; ++e) {
-          const int col = 8 * e + 2 * (lane % 4);
-          if (col < sh.hv)
-            *reinterpret_cast<uint32_t*>(orow + col) =
-                hopper::PackPair<T>(o[4 * e + 2 * h] * inv, o[4 * e + 2 * h + 1] * inv);
+      for (int h = 0; h < 2; ++h) {
+        uint32_t x[kDv / 8];
+#pragma unroll
+        for (int e = 0; e < kDv / 8; ++e) x[e] = hopper::PackPair<T>(o[4 * e + 2 * h] * inv[h], o[4 * e + 2 * h + 1] * inv[h]);
+#pragma unroll
+        for (int g = 0; g < kDv / 32; ++g) QuadTranspose(x + 4 * g, lane % 4);
+        const int64_t row = cur.row0 + 8 * h;
+        if (row < sh.t) {
+          T* orow = static_cast<T*>(p.o) + ((cur.w.b * sh.t + row) * sh.n + cur.w.n) * sh.hv;
+#pragma unroll
+          for (int g = 0; g < kDv / 32; ++g) {
+            const int col = 8 * (4 * g + lane % 4);  // sh.hv is a multiple of 8
+            if (col < sh.hv)
+              *reinterpret_cast<uint4*>(orow + col) = make_uint4(x[4 * g], x[4 * g + 1], x[4 * g + 2], x[4 * g + 3]);
+          }
+          if (lane % 4 == 0) p.lse[(int64_t(cur.w.b) * sh.n + cur.w.n) * sh.t + row] = lse[h];
         }
-        if (lane % 4 == 0)
-          p.lse[(w.b * sh.n + w.n) * sh.t + row] = l > 0.f ? (m_run[h] + log2f(l)) * kLn2 : -INFINITY;
       }
+      JAX_DNN_FWD_PROBE(1 + wg, tile, 5);
+    };
+
+    // The next tile's Q half (and info), wanted now by the merged step.
+    hopper::BarrierWait(&q_full[wg], (tile + 1) & 1);
+    Tile nxt;
+    const bool have_next = read_tile(tile + 1, &nxt);
+    // The next tile's first scores go out with this tile's last P V, and the
+    // output is written while they run. Each path has its own epilogue so
+    // that every wgmma wait count is a constant where the paths join.
+    const bool merge = n_tiles > 0 && have_next && nxt.n_tiles > 0;
+    JAX_DNN_FWD_PROBE(1 + wg, tile, 6);
+    if (merge) {
+      // As a key-tile step: the scores first, then P V, the softmax of the
+      // scores while P V runs; the output rescale becomes the epilogue.
+      JAX_DNN_FWD_PROBE(1 + wg, tile, 7);
+      my_turn();
+      issue_scores(g0 + n_tiles);
+      issue_pv(g0 + n_tiles - 1);
+      pass_turn();
+      m_run[0] = m_run[1] = -INFINITY;
+      l_run[0] = l_run[1] = 0.f;
+      hopper::WgmmaWait<1>();  // the scores; P V may still run
+      scores_done(nxt, g0 + n_tiles, 0);
+      hopper::FenceRegisters(sc);
+      hopper::WgmmaWait<0>();
+      hopper::FenceRegisters(o);
+      hopper::KeepRegisters(pa);
+      hopper::BarrierArrive(&v_empty[(g0 + n_tiles - 1) % kStages]);
+      JAX_DNN_FWD_PROBE(1 + wg, tile, 4);
+      store_output();
+#pragma unroll
+      for (int e = 0; e < kDv / 2; ++e) o[e] = 0.f;
+      pack();
+      g0 += n_tiles;
+    } else {
+      if (n_tiles > 0) {
+        my_turn();
+        issue_pv(g0 + n_tiles - 1);
+        pass_turn();
+        hopper::WgmmaWait<0>();
+        hopper::FenceRegisters(o);
+        hopper::KeepRegisters(pa);
+        hopper::BarrierArrive(&v_empty[(g0 + n_tiles - 1) % kStages]);
+      }
+      JAX_DNN_FWD_PROBE(1 + wg, tile, 4);
+      store_output();
+      g0 += n_tiles;
     }
     ++tile;
+    cur = nxt;
+    have = have_next;
+    primed = merge;
   }
   if (wg == 0) my_turn();  // consumer 1's last hand-over (or its opening one)
 }

@@ -14,7 +14,7 @@ cudaError_t LaunchFwdTiles(const AttentionFwdParams& p, cudaStream_t stream) {
   using Tiles = FwdTiles<kD, kDv, kBN>;
   const AttentionShape& s = p.shape;
   CUtensorMap tq, tk, tv;
-  if (!MakeTensorMap(&tq, p.q, s.b, s.t, s.n, s.h, Tiles::kBM) ||
+  if (!MakeTensorMap(&tq, p.q, s.b, s.t, s.n, s.h, Tiles::kBM / 2) ||  // a consumer's half
       !MakeTensorMap(&tk, p.k, s.b, s.s, s.kh, s.h, kBN) ||
       !MakeTensorMap(&tv, p.v, s.b, s.s, s.kh, s.hv, kBN))
     return cudaErrorInvalidValue;
@@ -27,6 +27,7 @@ cudaError_t LaunchFwdTiles(const AttentionFwdParams& p, cudaStream_t stream) {
   const long long m_tiles = (s.t + Tiles::kBM - 1) / Tiles::kBM, sms = SmCount();
   const bool pairs = m_tiles * s.n * s.b > sms;
   const long long units = FwdUnits(m_tiles, s.n, s.b, pairs);
+  if (units > INT32_MAX / 2) return cudaErrorInvalidValue;  // the kernel's 32-bit tile indices
   const unsigned grid = static_cast<unsigned>(units < sms ? units : sms);
   kernel<<<grid, 384, Tiles::kSmem, stream>>>(tq, tk, tv, p, pairs);
   return cudaGetLastError();

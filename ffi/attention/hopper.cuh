@@ -77,6 +77,15 @@ __device__ __forceinline__ void TmaLoad4d(void* smem, const CUtensorMap* map, ui
       : "memory");
 }
 
+// Fetches one 4-D box into L2 only (no shared memory, no barrier), so that a
+// later TmaLoad4d of it waits on L2 rather than on HBM.
+__device__ __forceinline__ void TmaPrefetchL2(const CUtensorMap* map, int c0, int c1, int c2, int c3) {
+  asm volatile("cp.async.bulk.prefetch.tensor.4d.L2.global.tile [%0, {%1, %2, %3, %4}];" ::"l"(
+                   reinterpret_cast<uint64_t>(map)),
+               "r"(c0), "r"(c1), "r"(c2), "r"(c3)
+               : "memory");
+}
+
 // Adds `bytes` of fp32 from shared memory to global memory (element-wise, in
 // L2), asynchronously; both addresses 16-byte aligned, bytes a multiple of 16.
 // The source may be overwritten once BulkWaitRead says the read is done.
