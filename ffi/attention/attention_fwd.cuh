@@ -2,7 +2,7 @@
 //
 // One CTA computes 128 query rows of one (batch, head) in three warpgroups:
 //   warpgroup 0 (producer): one thread issues TMA loads -- each consumer's
-//     half of the Q tile (a ring of three halves), then K and V tiles through a 2-stage ring
+//     half of the Q tile, then K and V tiles through a 2-stage ring
 //     (full/empty mbarriers, K and V released separately: K as soon as its
 //     scores are done) -- and works out each work tile's indices for the
 //     consumers (FwdTileInfo);
@@ -44,11 +44,8 @@ template <int kD, int kDv, int kBN>
 struct FwdTiles {
   static constexpr int kBM = 128, kStages = 2;
   static constexpr int kQBytes = kBM * kD * 2, kKBytes = kBN * kD * 2, kVBytes = kBN * kDv * 2;
-  // Q lives in a ring of 3 halves (64 rows each; FwdQSlot): [kD / 64 slabs][3 halves][64][64].
-  static constexpr int kQHalfBytes = kQBytes / 2, kQSlab = 3 * 64 * 128;
-  static constexpr int kSmem = 1024 /*alignment slack*/ + 3 * kQHalfBytes + kStages * (kKBytes + kVBytes) +
-                               8 * (6 + 4 * kStages) + 3 * 48 /*FwdTileInfo ring*/;
-  static_assert(kSmem <= 227 * 1024, "shared memory per block");
+  static constexpr int kSmem = 1024 /*alignment slack*/ + kQBytes + kStages * (kKBytes + kVBytes) +
+                               8 * (4 + 4 * kStages) + 3 * 48 /*FwdTileInfo ring*/;
 };
 
 // Named barriers of the consumers' ping-pong: consumer w waits on kPingPong + w.
@@ -149,13 +146,6 @@ struct FwdTileInfo {
 };
 static_assert(sizeof(FwdTileInfo) == 48, "FwdTiles::kSmem counts 48 bytes a FwdTileInfo");
 
-// Q half u = 2 * tile + consumer (the tiles a CTA takes, counted) sits in
-// ring slot u % 3, its phase parity (u / 3) & 1. A third slot lets the
-// producer load consumer 0's half of the next tile a tile ahead; consumer 1's
-// goes where consumer 0's half of this tile was, as soon as it is free.
-__device__ __forceinline__ int FwdQSlot(int u) { return u % 3; }
-__device__ __forceinline__ uint32_t FwdQParity(int u) { return (u / 3) & 1; }
-
 // The k-th work tile of a CTA's units blockIdx.x, blockIdx.x + gridDim.x, ...
 // (counting both tiles of a pair): false when k is past them; *skip when it is
 // the empty second half of an odd pair.
@@ -172,11 +162,10 @@ __device__ __forceinline__ bool FwdTileAt(int k, bool pairs, int units, int m_ti
 // persistent form one work tile follows another with little pause of the
 // tensor cores. (Before session 15, ~5000 of ~170000 cycles a work tile went
 // between two tiles at D = 128, S = 8192; scripts/fwd_trace.cu measures it.)
-//   - Q sits in a ring of three 64-row halves (FwdQSlot), each released as
-//     soon as its consumer's last scores are done: consumer 0's half of the
-//     next tile loads a tile ahead, consumer 1's as soon as consumer 0 frees
-//     this tile's. The producer also prefetches the next tile's Q into L2,
-//     and hands the consumers each tile's indices in shared memory.
+//   - Each consumer has its own 64-row half of the Q buffer, released as soon
+//     as its last scores are done. The producer prefetches the next tile's Q
+//     into L2 when it starts a tile, and hands the consumers each tile's
+//     indices in shared memory.
 //   - A consumer issues the next tile's first scores together with this
 //     tile's last P V (a key-tile step across the two tiles), then writes
 //     this tile's output with 16-byte stores.
@@ -188,14 +177,15 @@ __global__ void __launch_bounds__(384, 1)
                        const bool pairs) {
   using Tiles = FwdTiles<kD, kDv, kBN>;
   constexpr int kBM = Tiles::kBM, kStages = Tiles::kStages;
+  constexpr uint32_t kQHalfBytes = Tiles::kQBytes / 2;
   extern __shared__ uint8_t smem_raw[];
   uint8_t* base = hopper::AlignSmem1024(smem_raw);
-  uint8_t* sq = base;  // the Q ring: [kD / 64 slabs][3 halves][64 rows][64]
-  uint8_t* sk = sq + 3 * Tiles::kQHalfBytes;
+  uint8_t* sq = base;  // [kD / 64 slabs][128 rows][64]; consumer w reads rows 64 w ..
+  uint8_t* sk = sq + Tiles::kQBytes;
   uint8_t* sv = sk + kStages * Tiles::kKBytes;
-  uint64_t* q_full = reinterpret_cast<uint64_t*>(sv + kStages * Tiles::kVBytes);  // [3]: the Q ring
-  uint64_t* q_empty = q_full + 3;                                                 // [3]
-  uint64_t* k_full = q_empty + 3;
+  uint64_t* q_full = reinterpret_cast<uint64_t*>(sv + kStages * Tiles::kVBytes);  // [2]: a half each
+  uint64_t* q_empty = q_full + 2;                                                 // [2]
+  uint64_t* k_full = q_empty + 2;
   uint64_t* v_full = k_full + kStages;
   uint64_t* k_empty = v_full + kStages;
   uint64_t* v_empty = k_empty + kStages;
@@ -221,7 +211,7 @@ __global__ void __launch_bounds__(384, 1)
 
   const int tid = threadIdx.x;
   if (tid == 0) {
-    for (int h = 0; h < 3; ++h) {
+    for (int h = 0; h < 2; ++h) {
       hopper::BarrierInit(&q_full[h], 1);
       hopper::BarrierInit(&q_empty[h], 128);
     }
@@ -241,24 +231,29 @@ __global__ void __launch_bounds__(384, 1)
       hopper::TmaPrefetchDescriptor(&tq);
       hopper::TmaPrefetchDescriptor(&tk);
       hopper::TmaPrefetchDescriptor(&tv);
-      int k = 0;  // the CTA's next work tile to look at
-      // The CTA's next work tile (false: none left).
-      auto next_work = [&](FwdWork* w) {
-        bool skip;
-        for (; FwdTileAt(k, pairs, units, m_tiles, heads, kBM, w, &skip); ++k)
-          if (!skip) {
-            ++k;
-            return true;
+      int g = 0;  // K/V ring position, continued across work tiles
+      int tile = 0;
+      bool skip;
+      FwdWork w;
+      for (int k = 0; FwdTileAt(k, pairs, units, m_tiles, heads, kBM, &w, &skip); ++k) {
+        if (skip) continue;
+        JAX_DNN_FWD_PROBE(0, tile, 0);
+        {  // The next tile's Q into L2: its load then waits on L2, not on HBM.
+          FwdWork wn;
+          for (int kn = k + 1; FwdTileAt(kn, pairs, units, m_tiles, heads, kBM, &wn, &skip); ++kn) {
+            if (skip) continue;
+            for (int d = 0; d < kD / 64; ++d)
+              for (int h = 0; h < 2; ++h) hopper::TmaPrefetchL2(&tq, d * 64, wn.n, wn.m0 + 64 * h, wn.b);
+            break;
           }
-        return false;
-      };
-      // Writes tile t's info (work w) for the consumers; its key tiles.
-      auto publish = [&](int t, const FwdWork& w, int* j_begin, int* j_end) {
+        }
+        const int kvh = w.n / static_cast<int>(sh.n / sh.kh);
         const ScoreCtx c = MakeScoreCtx(p.mask, sh, p.scale, p.softcap, w.b, w.n);
-        key_tiles(w, c, j_begin, j_end);
-        FwdTileInfo* f = &info[t % 3];
+        int j_begin, j_end;
+        key_tiles(w, c, &j_begin, &j_end);
+        FwdTileInfo* f = &info[tile % 3];
         f->m0 = static_cast<int>(w.m0), f->n = w.n, f->b = w.b;
-        f->j_begin = *j_begin, f->n_tiles = *j_end - *j_begin;
+        f->j_begin = j_begin, f->n_tiles = j_end - j_begin;
         f->q_limit = static_cast<int>(c.q_limit), f->kv_limit = static_cast<int>(c.kv_limit);
         f->done = 0;
         for (int h = 0; h < 2; ++h) {
@@ -266,48 +261,19 @@ __global__ void __launch_bounds__(384, 1)
           if constexpr (kRangeTest)
             UnmaskedKeyTiles(c, w.m0 + 64 * h, w.m0 + 64 * h + 63, kBN, &f->mask_lo[h], &f->mask_hi[h]);
         }
-      };
-      // Q half u (FwdQSlot) of work w, once the slot's last use is done;
-      // arming the barrier also releases the tile's info written before.
-      auto load_half = [&](int u, const FwdWork& w) {
-        const int s = FwdQSlot(u);
-        if (u >= 3) hopper::BarrierWait(&q_empty[s], FwdQParity(u - 3));
-        hopper::BarrierExpectTx(&q_full[s], Tiles::kQHalfBytes);
-        for (int d = 0; d < kD / 64; ++d)
-          hopper::TmaLoad4d(sq + d * Tiles::kQSlab + s * 64 * 128, &tq, &q_full[s], d * 64, w.n,
-                            w.m0 + 64 * (u % 2), w.b);
-      };
-      // No tile t: a phase of both its halves with nothing loaded, `done` set.
-      auto signal_done = [&](int t) {
-        info[t % 3].done = 1;
-        for (int u = 2 * t; u < 2 * t + 2; ++u) {
-          if (u >= 3) hopper::BarrierWait(&q_empty[FwdQSlot(u)], FwdQParity(u - 3));
-          hopper::BarrierArrive(&q_full[FwdQSlot(u)]);
-        }
-      };
-
-      int g = 0;  // K/V ring position, continued across work tiles
-      int tile = 0;
-      FwdWork w;
-      int j_begin = 0, j_end = 0;
-      bool have = next_work(&w);
-      if (have) {
-        publish(0, w, &j_begin, &j_end);
-        load_half(0, w);
-      } else {
-        signal_done(0);
-      }
-      while (have) {
-        JAX_DNN_FWD_PROBE(0, tile, 0);
-        FwdWork wn;
-        const bool have_next = next_work(&wn);
-        if (have_next)  // the next tile's Q into L2: its loads then wait on L2, not on HBM
-          for (int d = 0; d < kD / 64; ++d)
-            for (int h = 0; h < 2; ++h) hopper::TmaPrefetchL2(&tq, d * 64, wn.n, wn.m0 + 64 * h, wn.b);
-        const int kvh = w.n / static_cast<int>(sh.n / sh.kh);
-        // Consumer 1's half goes after the first K: its slot frees only when
-        // consumer 0 is done with the previous tile's scores.
-        if (j_begin == j_end) load_half(2 * tile + 1, w);
+        // Q goes after the first K: its halves free only when the previous
+        // tile's last scores are done, and the first K need not wait for that.
+        auto load_q = [&] {
+          JAX_DNN_FWD_PROBE(0, tile, 1);
+          for (int h = 0; h < 2; ++h) {
+            if (tile > 0) hopper::BarrierWait(&q_empty[h], (tile - 1) & 1);
+            hopper::BarrierExpectTx(&q_full[h], kQHalfBytes);  // also releases the info
+            for (int d = 0; d < kD / 64; ++d)
+              hopper::TmaLoad4d(sq + d * kBM * 128 + h * 64 * 128, &tq, &q_full[h], d * 64, w.n,
+                                w.m0 + 64 * h, w.b);
+          }
+        };
+        if (j_begin == j_end) load_q();
         for (int j = j_begin; j < j_end; ++j, ++g) {
           const int s = g % kStages;
           const uint32_t parity = ((g / kStages) - 1) & 1;
@@ -316,10 +282,7 @@ __global__ void __launch_bounds__(384, 1)
           hopper::BarrierExpectTx(&k_full[s], Tiles::kKBytes);
           for (int d = 0; d < kD / 64; ++d)
             hopper::TmaLoad4d(k_dst + d * kBN * 128, &tk, &k_full[s], d * 64, kvh, j * kBN, w.b);
-          if (j == j_begin) {
-            JAX_DNN_FWD_PROBE(0, tile, 1);
-            load_half(2 * tile + 1, w);
-          }
+          if (j == j_begin) load_q();
           if (g >= kStages) hopper::BarrierWait(&v_empty[s], parity);
           uint8_t* v_dst = sv + s * Tiles::kVBytes;
           hopper::BarrierExpectTx(&v_full[s], Tiles::kVBytes);
@@ -327,16 +290,13 @@ __global__ void __launch_bounds__(384, 1)
             hopper::TmaLoad4d(v_dst + d * kBN * 128, &tv, &v_full[s], d * 64, kvh, j * kBN, w.b);
         }
         JAX_DNN_FWD_PROBE(0, tile, 2);
-        // Consumer 0's half of the next tile, a tile ahead of its use.
-        if (have_next) {
-          publish(tile + 1, wn, &j_begin, &j_end);
-          load_half(2 * tile + 2, wn);
-        } else {
-          signal_done(tile + 1);
-        }
-        w = wn;
-        have = have_next;
         ++tile;
+      }
+      // No more tiles: a Q phase with nothing loaded and `done` set.
+      info[tile % 3].done = 1;
+      for (int h = 0; h < 2; ++h) {
+        if (tile > 0) hopper::BarrierWait(&q_empty[h], (tile - 1) & 1);
+        hopper::BarrierArrive(&q_full[h]);
       }
     }
     return;
@@ -345,6 +305,7 @@ __global__ void __launch_bounds__(384, 1)
   // --- consumers ---
   hopper::RegAlloc<240>();
   const int wg = hopper::WarpUniform(tid / 128) - 1, t = tid % 128, warp = t / 32, lane = t % 32;
+  const uint32_t q_addr = hopper::SmemAddr(sq) + wg * 64 * 128;
 
   // Ping-pong: each wgmma issue point waits for this consumer's turn and then
   // hands the turn to the other; consumer 0 goes first. Both consumers visit
@@ -362,7 +323,6 @@ __global__ void __launch_bounds__(384, 1)
     int j_begin, n_tiles;
     int mask_lo, mask_hi;  // key tiles [mask_lo, mask_hi) need no mask
     int64_t row0;          // this thread's first row (and row0 + 8)
-    int q_slot;            // this consumer's Q half
   };
   // Tile `tile`'s info, once its Q half has arrived (false: no more tiles).
   auto read_tile = [&](int tile, Tile* tl) {
@@ -373,7 +333,6 @@ __global__ void __launch_bounds__(384, 1)
     tl->mask_lo = f.mask_lo[wg], tl->mask_hi = f.mask_hi[wg];
     tl->c = MakeScoreCtx(p.mask, sh, p.scale, p.softcap, f.b, f.n, f.q_limit, f.kv_limit);
     tl->row0 = int64_t(f.m0) + 64 * wg + 16 * warp + lane / 4;
-    tl->q_slot = FwdQSlot(2 * tile + wg);
     return true;
   };
 
@@ -389,8 +348,7 @@ __global__ void __launch_bounds__(384, 1)
   };
 
   // The scores of the key tile at ring position g.
-  auto issue_scores = [&](int g, int q_slot) {
-    const uint32_t q_addr = hopper::SmemAddr(sq) + q_slot * 64 * 128;
+  auto issue_scores = [&](int g) {
     const int s = g % kStages;
     const uint32_t k_addr = hopper::SmemAddr(sk + s * Tiles::kKBytes);
     hopper::BarrierWait(&k_full[s], (g / kStages) & 1);
@@ -398,7 +356,7 @@ __global__ void __launch_bounds__(384, 1)
 #pragma unroll
     for (int kk = 0; kk < kD / 16; ++kk) {
       const uint32_t off = (kk % 4) * 32;  // 16 columns = 32 bytes inside the swizzle atom
-      WgmmaSS<T, kBN>(sc, hopper::Descriptor(q_addr + (kk / 4) * Tiles::kQSlab + off, 0),
+      WgmmaSS<T, kBN>(sc, hopper::Descriptor(q_addr + (kk / 4) * kBM * 128 + off, 0),
                       hopper::Descriptor(k_addr + (kk / 4) * kBN * 128 + off, 0), kk > 0);
     }
     hopper::WgmmaCommit();
@@ -438,13 +396,13 @@ __global__ void __launch_bounds__(384, 1)
   auto scores_done = [&](const Tile& tl, int g, int it) {
     hopper::FenceRegisters(sc);
     hopper::BarrierArrive(&k_empty[g % kStages]);
-    if (it == tl.n_tiles - 1) hopper::BarrierArrive(&q_empty[tl.q_slot]);
+    if (it == tl.n_tiles - 1) hopper::BarrierArrive(&q_empty[wg]);
     softmax(tl, it);
   };
 
   Tile cur;
   int tile = 0;
-  hopper::BarrierWait(&q_full[FwdQSlot(wg)], FwdQParity(wg));
+  hopper::BarrierWait(&q_full[wg], 0);
   bool have = read_tile(0, &cur);
   bool primed = false;  // cur's first scores already issued and through the softmax
   int g0 = 0;           // K/V ring position of cur's first key tile
@@ -456,7 +414,7 @@ __global__ void __launch_bounds__(384, 1)
       reset();
       if (n_tiles > 0) {
         my_turn();
-        issue_scores(g0, cur.q_slot);
+        issue_scores(g0);
         pass_turn();
         hopper::WgmmaWait<0>();
         scores_done(cur, g0, 0);  // o is still 0: no rescale
@@ -466,7 +424,7 @@ __global__ void __launch_bounds__(384, 1)
     JAX_DNN_FWD_PROBE(1 + wg, tile, 2);
     for (int it = 1; it < n_tiles; ++it) {
       my_turn();
-      issue_scores(g0 + it, cur.q_slot);
+      issue_scores(g0 + it);
       issue_pv(g0 + it - 1);
       pass_turn();
       hopper::WgmmaWait<1>();  // the scores; P V may still run
@@ -481,7 +439,7 @@ __global__ void __launch_bounds__(384, 1)
       pack();
     }
     JAX_DNN_FWD_PROBE(1 + wg, tile, 3);
-    if (n_tiles == 0) hopper::BarrierArrive(&q_empty[cur.q_slot]);  // no scores, no Q read
+    if (n_tiles == 0) hopper::BarrierArrive(&q_empty[wg]);  // no scores, no Q read
 
     // This tile's output scale and logsumexp (the sums and maxima are final).
     float inv[2], lse[2];
@@ -523,7 +481,7 @@ __global__ void __launch_bounds__(384, 1)
     };
 
     // The next tile's Q half (and info), wanted now by the merged step.
-    hopper::BarrierWait(&q_full[FwdQSlot(2 * tile + 2 + wg)], FwdQParity(2 * tile + 2 + wg));
+    hopper::BarrierWait(&q_full[wg], (tile + 1) & 1);
     Tile nxt;
     const bool have_next = read_tile(tile + 1, &nxt);
     // The next tile's first scores go out with this tile's last P V, and the
@@ -536,7 +494,7 @@ __global__ void __launch_bounds__(384, 1)
       // scores while P V runs; the output rescale becomes the epilogue.
       JAX_DNN_FWD_PROBE(1 + wg, tile, 7);
       my_turn();
-      issue_scores(g0 + n_tiles, nxt.q_slot);
+      issue_scores(g0 + n_tiles);
       issue_pv(g0 + n_tiles - 1);
       pass_turn();
       m_run[0] = m_run[1] = -INFINITY;
