@@ -390,6 +390,14 @@ __global__ void __launch_bounds__(384, 1)
 #pragma unroll
       for (int r = 0; r < 4; ++r) pa[kk][r] = hopper::PackPair<T>(sc[8 * kk + 2 * r], sc[8 * kk + 2 * r + 1]);
   };
+  // Waits for O += P V with the values at ring position g (the last wgmma in
+  // flight) and frees its V slot; P's registers stay untouched until here.
+  auto pv_done = [&](int g) {
+    hopper::WgmmaWait<0>();
+    hopper::FenceRegisters(o);
+    hopper::KeepRegisters(pa);
+    hopper::BarrierArrive(&v_empty[g % kStages]);
+  };
   // After the wait for the scores at ring position g, key tile `it` of tl:
   // frees the K slot (and this consumer's Q half after its last scores) and
   // runs the softmax.
@@ -430,10 +438,7 @@ __global__ void __launch_bounds__(384, 1)
       hopper::WgmmaWait<1>();  // the scores; P V may still run
       scores_done(cur, g0 + it, it);
       hopper::FenceRegisters(sc);  // the exponentials before the wait (in the PTX)
-      hopper::WgmmaWait<0>();
-      hopper::FenceRegisters(o);
-      hopper::KeepRegisters(pa);  // read by P V until here
-      hopper::BarrierArrive(&v_empty[(g0 + it - 1) % kStages]);
+      pv_done(g0 + it - 1);
 #pragma unroll
       for (int e = 0; e < kDv / 2; ++e) o[e] *= corr[(e >> 1) & 1];
       pack();
@@ -502,10 +507,7 @@ __global__ void __launch_bounds__(384, 1)
       hopper::WgmmaWait<1>();  // the scores; P V may still run
       scores_done(nxt, g0 + n_tiles, 0);
       hopper::FenceRegisters(sc);
-      hopper::WgmmaWait<0>();
-      hopper::FenceRegisters(o);
-      hopper::KeepRegisters(pa);
-      hopper::BarrierArrive(&v_empty[(g0 + n_tiles - 1) % kStages]);
+      pv_done(g0 + n_tiles - 1);
       JAX_DNN_FWD_PROBE(1 + wg, tile, 4);
       store_output();
 #pragma unroll
@@ -517,10 +519,7 @@ __global__ void __launch_bounds__(384, 1)
         my_turn();
         issue_pv(g0 + n_tiles - 1);
         pass_turn();
-        hopper::WgmmaWait<0>();
-        hopper::FenceRegisters(o);
-        hopper::KeepRegisters(pa);
-        hopper::BarrierArrive(&v_empty[(g0 + n_tiles - 1) % kStages]);
+        pv_done(g0 + n_tiles - 1);
       }
       JAX_DNN_FWD_PROBE(1 + wg, tile, 4);
       store_output();
