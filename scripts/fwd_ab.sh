@@ -12,14 +12,15 @@ VARIANTS=${VARIANTS:-base new}
 cd "$(dirname "$0")/.."
 mkdir -p build; F="-std=c++17 -O3 -gencode arch=compute_90a,code=sm_90a --expt-relaxed-constexpr -I. scripts/fwd_trace.cu ffi/attention/attention_tma.cu"
 for v in $VARIANTS; do
-  (cd ab_$v && nvcc $F -DFWD_TRACE_OFF -o ../build/$v 2>&1 | grep -i error) &
-  (cd ab_$v && nvcc $F -o ../build/${v}_tr 2>&1 | grep -i error) &
+  W=$(grep -q ws_elems ab_$v/ffi/attention/attention.h && echo -DJAX_DNN_FWD_HAS_WS)  # the split tail's workspace
+  (cd ab_$v && nvcc $F $W -DFWD_TRACE_OFF -o ../build/$v 2>&1 | grep -i error) &
+  (cd ab_$v && nvcc $F $W -o ../build/${v}_tr 2>&1 | grep -i error) &
 done; wait
 first=${VARIANTS%% *}
 for a in ${SHAPES:-8192_x_128 4096_x_128 2048_causal_128 8192_causal_128}; do
   a=${a//_/ }
   echo "== $a"; build/$first $a /tmp/$first.bin > /dev/null
-  for v in $VARIANTS; do [ $v = $first ] && continue; build/$v $a /tmp/$v.bin > /dev/null; cmp -s /tmp/$first.bin /tmp/$v.bin && echo "$v identical" || echo "$v DIFFERS"; done
+  for v in $VARIANTS; do [ $v = $first ] && continue; build/$v $a /tmp/$v.bin > /dev/null; cmp -s /tmp/$first.bin /tmp/$v.bin && echo "$v identical" || python3 scripts/fwd_ab_diff.py /tmp/$first.bin /tmp/$v.bin $v ${a##* }; done
   for i in 1 2 3 4 5; do for v in $VARIANTS; do echo "$v $(build/$v $a | head -1 | sed 's/.*: //')"; done; done | awk '{print $1, $2}' | python3 -c "
 import sys,statistics as st
 d={}

@@ -91,6 +91,12 @@ int main(int argc, char** argv) {
   p.scale = 1.f / std::sqrt(float(d));
   p.softcap = 0.f;
   p.q = q, p.k = k, p.v = v, p.o = o, p.lse = lse;
+  // The split tail's workspace (attention.h; unused by a
+  // tree from before it, whose AttentionFwdParams ends at lse).
+#ifdef JAX_DNN_FWD_HAS_WS
+  p.ws_elems = 2 * 132 * 128 * (d + 1);
+  CHECK(cudaMalloc(&p.ws, p.ws_elems * 4));
+#endif
   cudaStream_t stream;
   CHECK(cudaStreamCreate(&stream));
   auto launch = [&] {

@@ -82,23 +82,49 @@ def test_kernel_shapes(gpu, shape, causal):
 # tiles (T = S), single tiles without a mask, GQA, D = 64/256, keys not a
 # multiple of the key tile, and the general path (soft-cap); the logsumexp
 # that return_residual gives is checked too.
+def _split_mask():
+  """Random, one row fully masked, and rows whose first 512 keys are all
+  masked (whole key tiles that a row sees nothing of)."""
+  m = np.random.default_rng(5).random((1, 18, 1024, 1024)) < 0.7
+  m[:, :, 5, :] = False
+  m[:, :, 200:264, :512] = False
+  return m
+
+
 PERSISTENT_CASES = {
     "causal_pairs": ((2, 2048, 2048, 12, 4, 128, 128), dict(is_causal=True)),
     "full_gqa": ((2, 2048, 2048, 12, 4, 128, 128), {}),
     "d64_causal": ((1, 2048, 2048, 18, 6, 64, 64), dict(is_causal=True)),
     "d256_ragged_keys": ((2, 1024, 1000, 9, 3, 256, 256), {}),
     "softcap_causal": ((2, 1024, 1024, 18, 18, 128, 128), dict(is_causal=True, logits_soft_cap=5.0)),
+    # The general path without a causal mask (no split tail: plain schedule).
+    "softcap_full": ((2, 1024, 1024, 18, 18, 128, 128), dict(logits_soft_cap=5.0)),
+    "mask_rows": ((1, 1024, 1024, 18, 9, 64, 64), dict(mask=_split_mask())),
+    # The split tail (FwdSchedule: lean path, every tile sees the same keys,
+    # at least 32 key tiles). 133 tiles: one split tile, in 32 pieces of one
+    # key tile (most CTAs' ranges empty).
+    "split_one_tile": ((1, 2432, 4096, 7, 7, 128, 128), {}),
+    # 176-key tiles, rows and keys not multiples of the tiles (6000).
+    "split_176_ragged": ((1, 6000, 6000, 4, 2, 128, 128), {}),
+    # 12 split tiles of 32 key tiles over 132 CTAs, GQA.
+    "split_d64_gqa": ((1, 1024, 4096, 18, 9, 64, 64), {}),
+    "split_f16_d192_128": ((1, 1024, 2048, 18, 6, 192, 128), dict(dtype=jnp.float16)),
 }
 
 
 @pytest.mark.parametrize("case", list(PERSISTENT_CASES))
 def test_persistent_forward_and_lse(gpu, case):
   (b, t, s, n, kh, h, hv), kw = PERSISTENT_CASES[case]
-  q, k, v = qkv(21, b, t, s, n, kh, h, jnp.bfloat16, hv=hv)
+  kw = dict(kw)
+  dtype = kw.pop("dtype", jnp.bfloat16)
+  mask = kw.pop("mask", None)
+  q, k, v = qkv(21, b, t, s, n, kh, h, dtype, hv=hv)
+  if mask is not None:
+    kw["mask"] = jnp.asarray(mask)
   ours = functools.partial(jax_dnn.dot_product_attention, **kw)
-  valid = _valid(b, n, t, s, causal=kw.get("is_causal", False))
+  valid = _valid(b, n, t, s, causal=kw.get("is_causal", False), mask=mask)
   naive = functools.partial(naive_attention, valid=valid, softcap=kw.get("logits_soft_cap"))
-  check_fwd_bwd(gpu, ours, naive, (q, k, v), jnp.bfloat16, what=f"attention persistent {case}")
+  check_fwd_bwd(gpu, ours, naive, (q, k, v), dtype, what=f"attention persistent {case}")
   # The logsumexp the forward returns ([B, T, N]), against fp32 logits of the
   # same bf16 inputs.
   _, lse = jax.jit(functools.partial(ours, return_residual=True))(q, k, v)

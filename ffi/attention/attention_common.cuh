@@ -97,6 +97,12 @@ inline bool FwdNeedsGeneral(const AttentionMask& m, float softcap, float scale) 
   return NeedsGeneral(m, softcap) || !(scale > 0.f);
 }
 
+// Whether every query tile attends to the same key tiles (KeyTiles): no
+// causal mask, window or sequence lengths. The forward's split tail needs it.
+inline bool FwdUniformKeys(const AttentionMask& m) {
+  return !m.causal && m.window_left < 0 && m.window_right < 0 && !m.q_lens && !m.kv_lens;
+}
+
 // Whether any position of rows [r0, r1] x columns [c0, c1] may be masked.
 __device__ __forceinline__ bool TileNeedsMask(const ScoreCtx& c, int64_t r0, int64_t r1, int64_t c0,
                                               int64_t c1) {

@@ -108,7 +108,7 @@ ffi::Error DecodeMask(const char* op, const ffi::RemainingArgs& args, size_t fir
 ffi::Error AttentionFwdImpl(cudaStream_t stream, ffi::AnyBuffer q, ffi::AnyBuffer k,
                             ffi::AnyBuffer v, ffi::RemainingArgs rest,
                             ffi::Result<ffi::AnyBuffer> o, ffi::ResultBuffer<ffi::F32> lse,
-                            bool has_bias, bool has_mask, bool has_q_lens, bool has_kv_lens,
+                            ffi::ResultBuffer<ffi::F32> ws, bool has_bias, bool has_mask, bool has_q_lens, bool has_kv_lens,
                             bool has_seg, bool is_causal, int64_t window_left,
                             int64_t window_right, float scale, float softcap) {
   AttentionFwdParams p{};
@@ -127,6 +127,9 @@ ffi::Error AttentionFwdImpl(cudaStream_t stream, ffi::AnyBuffer q, ffi::AnyBuffe
   p.v = v.untyped_data();
   p.o = o->untyped_data();
   p.lse = lse->typed_data();
+  // The split tail's workspace; any size is safe (too small: no split).
+  p.ws_elems = static_cast<int64_t>(ws->element_count());
+  p.ws = p.ws_elems > 0 ? ws->typed_data() : nullptr;
   return LaunchStatus(LaunchAttentionFwd(p, stream), kFwd);
 }
 
@@ -200,6 +203,7 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(AttentionFwd, AttentionFwdImpl,
                                   .Arg<ffi::AnyBuffer>()
                                   .RemainingArgs()
                                   .Ret<ffi::AnyBuffer>()
+                                  .Ret<ffi::Buffer<ffi::F32>>()
                                   .Ret<ffi::Buffer<ffi::F32>>() JAX_DNN_ATTENTION_ATTRS);
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(AttentionBwd, AttentionBwdImpl,

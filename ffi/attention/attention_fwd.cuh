@@ -2,7 +2,7 @@
 //
 // One CTA computes 128 query rows of one (batch, head) in three warpgroups:
 //   warpgroup 0 (producer): one thread issues TMA loads -- each consumer's
-//     half of the Q tile, then K and V tiles through a 2-stage ring
+//     half of the Q tile (a ring of three halves), then K and V tiles through a 2-stage ring
 //     (full/empty mbarriers, K and V released separately: K as soon as its
 //     scores are done) -- and works out each work tile's indices for the
 //     consumers (FwdTileInfo);
@@ -22,6 +22,8 @@
 // Shared memory tiles are [64-column slab][rows][64] in TMA's 128-byte swizzle,
 // the layout hopper::Descriptor describes.
 #pragma once
+
+#include <climits>
 
 #include "ffi/attention/attention_common.cuh"
 #include "ffi/attention/hopper.cuh"
@@ -44,8 +46,11 @@ template <int kD, int kDv, int kBN>
 struct FwdTiles {
   static constexpr int kBM = 128, kStages = 2;
   static constexpr int kQBytes = kBM * kD * 2, kKBytes = kBN * kD * 2, kVBytes = kBN * kDv * 2;
-  static constexpr int kSmem = 1024 /*alignment slack*/ + kQBytes + kStages * (kKBytes + kVBytes) +
-                               8 * (4 + 4 * kStages) + 3 * 48 /*FwdTileInfo ring*/;
+  // Q lives in a ring of 3 halves (64 rows each; FwdQSlot): [kD / 64 slabs][3 halves][64][64].
+  static constexpr int kQHalfBytes = kQBytes / 2, kQSlab = 3 * 64 * 128;
+  static constexpr int kSmem = 1024 /*alignment slack*/ + 3 * kQHalfBytes + kStages * (kKBytes + kVBytes) +
+                               8 * (6 + 4 * kStages) + 3 * 52 /*FwdTileInfo ring*/;
+  static_assert(kSmem <= 227 * 1024, "shared memory per block");
 };
 
 // Named barriers of the consumers' ping-pong: consumer w waits on kPingPong + w.
@@ -117,6 +122,8 @@ __device__ __forceinline__ void QuadTranspose(uint32_t* a, int q) {
 struct FwdWork {
   int64_t m0;
   int n, b;
+  int j_lo = 0, j_hi = INT_MAX;  // a split piece's key tiles (else all of them)
+  int slot = -1;                 // a split piece's workspace slot (-1: writes o, lse)
 };
 __device__ __forceinline__ bool FwdWorkAt(int u, int half, bool pairs, int m_tiles, int heads,
                                           int bm, FwdWork* w) {
@@ -142,18 +149,70 @@ struct FwdTileInfo {
   int m0, n, b, j_begin, n_tiles;
   int q_limit, kv_limit;
   int mask_lo[2], mask_hi[2];  // per consumer: key tiles [lo, hi) need no mask
+  int slot;                    // FwdWork::slot
   int done;                    // no more tiles (nothing loaded)
 };
-static_assert(sizeof(FwdTileInfo) == 48, "FwdTiles::kSmem counts 48 bytes a FwdTileInfo");
+static_assert(sizeof(FwdTileInfo) == 52, "FwdTiles::kSmem counts 52 bytes a FwdTileInfo");
 
-// The k-th work tile of a CTA's units blockIdx.x, blockIdx.x + gridDim.x, ...
-// (counting both tiles of a pair): false when k is past them; *skip when it is
-// the empty second half of an odd pair.
-__device__ __forceinline__ bool FwdTileAt(int k, bool pairs, int units, int m_tiles, int heads,
+// Q half u = 2 * tile + consumer (the tiles a CTA takes, counted) sits in
+// ring slot u % 3, its phase parity (u / 3) & 1. A third slot lets the
+// producer load consumer 0's half of the next tile a tile ahead; consumer 1's
+// goes where consumer 0's half of this tile was, as soon as it is free.
+__device__ __forceinline__ int FwdQSlot(int u) { return u % 3; }
+__device__ __forceinline__ uint32_t FwdQParity(int u) { return (u / 3) & 1; }
+
+// How the work tiles are shared out over the CTAs (the launcher decides).
+// Without a split, a CTA takes units blockIdx.x, blockIdx.x + gridDim.x, ...
+// With a split tail (split_tiles > 0; units are single tiles, each of
+// key_tiles key tiles), it takes `rounds` such tiles, and then a contiguous
+// range of the last split_tiles tiles' key tiles (FwdSplit): a persistent
+// grid's last round would otherwise leave SMs idle (2048 work tiles on 132
+// SMs: 15.5 rounds, of which the 16th is half empty, ~3% of the forward).
+// A range covers at most two tiles in part ("pieces"); a piece that is not a
+// whole tile leaves its normalized o and its lse in workspace slot
+// 2 * blockIdx.x + (0 or 1), and AttentionFwdCombineKernel merges them.
+struct FwdSchedule {
+  int units;
+  bool pairs;
+  int rounds, split_tiles, key_tiles;
+  float* ws;  // [2 * gridDim.x slots][kBM * (kDv + 1)]: o [kBM][kDv], then lse [kBM]
+};
+
+// The split tail's key tiles, tile after tile, cut into `ctas` ranges:
+// CTA c takes [Lo(c), Lo(c + 1)). Fewer tiles than CTAs, so a range is at
+// most one tile long and meets at most two tiles. 32-bit (the launcher
+// checks tiles * key_tiles * ctas): 64-bit divisions made the producer
+// thread spill.
+struct FwdSplit {
+  int tiles, key_tiles, ctas;
+  __host__ __device__ __forceinline__ int Lo(int c) const {
+    return static_cast<int>(static_cast<unsigned>(tiles * key_tiles * c) / ctas);
+  }
+};
+
+// The k-th work tile of this CTA (counting both tiles of a pair): false when
+// k is past them; *skip when it is the empty second half of an odd pair.
+template <bool kSplit>
+__device__ __forceinline__ bool FwdTileAt(int k, const FwdSchedule& s, int m_tiles, int heads,
                                           int bm, FwdWork* w, bool* skip) {
-  const int u = blockIdx.x + (pairs ? k / 2 : k) * gridDim.x;
-  if (u >= units) return false;
-  *skip = !FwdWorkAt(u, pairs ? k % 2 : 0, pairs, m_tiles, heads, bm, w);
+  *skip = false;
+  if (!kSplit || k < s.rounds) {
+    const int u = blockIdx.x + (s.pairs ? k / 2 : k) * gridDim.x;
+    if (u >= s.units) return false;
+    *skip = !FwdWorkAt(u, s.pairs ? k % 2 : 0, s.pairs, m_tiles, heads, bm, w);
+    w->j_lo = 0, w->j_hi = INT_MAX, w->slot = -1;
+    return true;
+  }
+  const int i = k - s.rounds;  // the range's first or second piece
+  if (i > 1) return false;
+  const FwdSplit sp{s.split_tiles, s.key_tiles, static_cast<int>(gridDim.x)};
+  const int lo = sp.Lo(blockIdx.x), hi = sp.Lo(blockIdx.x + 1), n = s.key_tiles;
+  const int x = static_cast<int>(static_cast<unsigned>(lo) / n) + i, x0 = x * n;  // piece i's tile, its first key tile
+  const int jb = max(lo, x0) - x0, je = min(hi, x0 + n) - x0;
+  if (jb >= je) return false;
+  FwdWorkAt(s.rounds * gridDim.x + x, 0, false, m_tiles, heads, bm, w);
+  w->j_lo = jb, w->j_hi = je;
+  w->slot = jb == 0 && je == n ? -1 : 2 * static_cast<int>(blockIdx.x) + i;
   return true;
 }
 
@@ -162,30 +221,34 @@ __device__ __forceinline__ bool FwdTileAt(int k, bool pairs, int units, int m_ti
 // persistent form one work tile follows another with little pause of the
 // tensor cores. (Before session 15, ~5000 of ~170000 cycles a work tile went
 // between two tiles at D = 128, S = 8192; scripts/fwd_trace.cu measures it.)
-//   - Each consumer has its own 64-row half of the Q buffer, released as soon
-//     as its last scores are done. The producer prefetches the next tile's Q
-//     into L2 when it starts a tile, and hands the consumers each tile's
-//     indices in shared memory.
+//   - Q sits in a ring of three 64-row halves (FwdQSlot), each released as
+//     soon as its consumer's last scores are done: consumer 0's half of the
+//     next tile loads a tile ahead, consumer 1's as soon as consumer 0 frees
+//     this tile's. The producer also prefetches the next tile's Q into L2,
+//     and hands the consumers each tile's indices in shared memory.
 //   - A consumer issues the next tile's first scores together with this
 //     tile's last P V (a key-tile step across the two tiles), then writes
 //     this tile's output with 16-byte stores.
 //   - The consumers' ping-pong runs on across tiles.
-template <typename T, int kD, int kDv, int kBN, bool kGeneral>
+// kSplit: the schedule has a split tail (the launcher instantiates it only for
+// the lean logits path). Its own instantiation, since the pieces' epilogue
+// changes how ptxas schedules the whole consumer: 1-3% slower work tiles
+// with the split's code in the one kernel (fwd_trace, H200).
+template <typename T, int kD, int kDv, int kBN, bool kGeneral, bool kSplit>
 __global__ void __launch_bounds__(384, 1)
     AttentionFwdKernel(const __grid_constant__ CUtensorMap tq, const __grid_constant__ CUtensorMap tk,
                        const __grid_constant__ CUtensorMap tv, const AttentionFwdParams p,
-                       const bool pairs) {
+                       const FwdSchedule sched) {
   using Tiles = FwdTiles<kD, kDv, kBN>;
   constexpr int kBM = Tiles::kBM, kStages = Tiles::kStages;
-  constexpr uint32_t kQHalfBytes = Tiles::kQBytes / 2;
   extern __shared__ uint8_t smem_raw[];
   uint8_t* base = hopper::AlignSmem1024(smem_raw);
-  uint8_t* sq = base;  // [kD / 64 slabs][128 rows][64]; consumer w reads rows 64 w ..
-  uint8_t* sk = sq + Tiles::kQBytes;
+  uint8_t* sq = base;  // the Q ring: [kD / 64 slabs][3 halves][64 rows][64]
+  uint8_t* sk = sq + 3 * Tiles::kQHalfBytes;
   uint8_t* sv = sk + kStages * Tiles::kKBytes;
-  uint64_t* q_full = reinterpret_cast<uint64_t*>(sv + kStages * Tiles::kVBytes);  // [2]: a half each
-  uint64_t* q_empty = q_full + 2;                                                 // [2]
-  uint64_t* k_full = q_empty + 2;
+  uint64_t* q_full = reinterpret_cast<uint64_t*>(sv + kStages * Tiles::kVBytes);  // [3]: the Q ring
+  uint64_t* q_empty = q_full + 3;                                                 // [3]
+  uint64_t* k_full = q_empty + 3;
   uint64_t* v_full = k_full + kStages;
   uint64_t* k_empty = v_full + kStages;
   uint64_t* v_empty = k_empty + kStages;
@@ -194,7 +257,6 @@ __global__ void __launch_bounds__(384, 1)
   const AttentionShape& sh = p.shape;
   const int m_tiles = static_cast<int>((sh.t + kBM - 1) / kBM);
   const int heads = static_cast<int>(sh.n);
-  const int units = static_cast<int>(FwdUnits(m_tiles, sh.n, sh.b, pairs));
   // Key tiles of work tile w: [j_begin, j_end).
   auto key_tiles = [&](const FwdWork& w, const ScoreCtx& c, int* j_begin, int* j_end) {
     KeyTiles(c, w.m0, min(w.m0 + kBM, sh.t) - 1, kBN, j_begin, j_end);
@@ -211,7 +273,7 @@ __global__ void __launch_bounds__(384, 1)
 
   const int tid = threadIdx.x;
   if (tid == 0) {
-    for (int h = 0; h < 2; ++h) {
+    for (int h = 0; h < 3; ++h) {
       hopper::BarrierInit(&q_full[h], 1);
       hopper::BarrierInit(&q_empty[h], 128);
     }
@@ -231,49 +293,82 @@ __global__ void __launch_bounds__(384, 1)
       hopper::TmaPrefetchDescriptor(&tq);
       hopper::TmaPrefetchDescriptor(&tk);
       hopper::TmaPrefetchDescriptor(&tv);
-      int g = 0;  // K/V ring position, continued across work tiles
-      int tile = 0;
-      bool skip;
-      FwdWork w;
-      for (int k = 0; FwdTileAt(k, pairs, units, m_tiles, heads, kBM, &w, &skip); ++k) {
-        if (skip) continue;
-        JAX_DNN_FWD_PROBE(0, tile, 0);
-        {  // The next tile's Q into L2: its load then waits on L2, not on HBM.
-          FwdWork wn;
-          for (int kn = k + 1; FwdTileAt(kn, pairs, units, m_tiles, heads, kBM, &wn, &skip); ++kn) {
-            if (skip) continue;
-            for (int d = 0; d < kD / 64; ++d)
-              for (int h = 0; h < 2; ++h) hopper::TmaPrefetchL2(&tq, d * 64, wn.n, wn.m0 + 64 * h, wn.b);
-            break;
+      int k = 0;  // the CTA's next work tile to look at
+      // The CTA's next work tile (false: none left).
+      auto next_work = [&](FwdWork* w) {
+        bool skip;
+        for (; FwdTileAt<kSplit>(k, sched, m_tiles, heads, kBM, w, &skip); ++k)
+          if (!skip) {
+            ++k;
+            return true;
           }
-        }
-        const int kvh = w.n / static_cast<int>(sh.n / sh.kh);
+        return false;
+      };
+      // Writes tile t's info (work w) for the consumers. The producer reads
+      // its own loads back from there too, so that no work tile stays in
+      // registers across the key loop (at 24 registers a thread, it spilled).
+      // Written a tile ahead: slot t % 3 was tile t - 3's, whose readers
+      // have released their Q halves (load_half of tiles t - 2 and t - 1).
+      auto publish = [&](int t, const FwdWork& w) {
         const ScoreCtx c = MakeScoreCtx(p.mask, sh, p.scale, p.softcap, w.b, w.n);
         int j_begin, j_end;
         key_tiles(w, c, &j_begin, &j_end);
-        FwdTileInfo* f = &info[tile % 3];
+        j_begin = max(j_begin, w.j_lo), j_end = min(j_end, w.j_hi);
+        FwdTileInfo* f = &info[t % 3];
         f->m0 = static_cast<int>(w.m0), f->n = w.n, f->b = w.b;
-        f->j_begin = j_begin, f->n_tiles = j_end - j_begin;
+        f->j_begin = j_begin, f->n_tiles = max(j_end - j_begin, 0);
         f->q_limit = static_cast<int>(c.q_limit), f->kv_limit = static_cast<int>(c.kv_limit);
-        f->done = 0;
+        f->slot = w.slot, f->done = 0;
         for (int h = 0; h < 2; ++h) {
           f->mask_lo[h] = f->mask_hi[h] = 0;
           if constexpr (kRangeTest)
             UnmaskedKeyTiles(c, w.m0 + 64 * h, w.m0 + 64 * h + 63, kBN, &f->mask_lo[h], &f->mask_hi[h]);
         }
-        // Q goes after the first K: its halves free only when the previous
-        // tile's last scores are done, and the first K need not wait for that.
-        auto load_q = [&] {
-          JAX_DNN_FWD_PROBE(0, tile, 1);
-          for (int h = 0; h < 2; ++h) {
-            if (tile > 0) hopper::BarrierWait(&q_empty[h], (tile - 1) & 1);
-            hopper::BarrierExpectTx(&q_full[h], kQHalfBytes);  // also releases the info
-            for (int d = 0; d < kD / 64; ++d)
-              hopper::TmaLoad4d(sq + d * kBM * 128 + h * 64 * 128, &tq, &q_full[h], d * 64, w.n,
-                                w.m0 + 64 * h, w.b);
-          }
-        };
-        if (j_begin == j_end) load_q();
+      };
+      // Q half u (FwdQSlot) of tile t (u / 2), once the slot's last use is
+      // done; arming the barrier also releases the tile's info. With no tile
+      // t (`done`), a phase with nothing loaded.
+      auto load_half = [&](int u) {
+        const int s = FwdQSlot(u);
+        const FwdTileInfo& f = info[(u / 2) % 3];
+        if (u >= 3) hopper::BarrierWait(&q_empty[s], FwdQParity(u - 3));
+        if (f.done) {
+          hopper::BarrierArrive(&q_full[s]);
+          return;
+        }
+        hopper::BarrierExpectTx(&q_full[s], Tiles::kQHalfBytes);
+        for (int d = 0; d < kD / 64; ++d)
+          hopper::TmaLoad4d(sq + d * Tiles::kQSlab + s * 64 * 128, &tq, &q_full[s], d * 64, f.n,
+                            f.m0 + 64 * (u % 2), f.b);
+      };
+      // Tile t's info, or `done` when the CTA has no tile t.
+      auto publish_next = [&](int t) {
+        FwdWork w;
+        if (!next_work(&w)) {
+          info[t % 3].done = 1;
+          return false;
+        }
+        publish(t, w);
+        return true;
+      };
+
+      int g = 0;  // K/V ring position, continued across work tiles
+      bool have = publish_next(0);
+      load_half(0);
+      if (!have) load_half(1);
+      for (int tile = 0; have; ++tile) {
+        JAX_DNN_FWD_PROBE(0, tile, 0);
+        const bool have_next = publish_next(tile + 1);
+        const FwdTileInfo& f = info[tile % 3];
+        const FwdTileInfo& fn = info[(tile + 1) % 3];
+        if (have_next)  // the next tile's Q into L2: its loads then wait on L2, not on HBM
+          for (int d = 0; d < kD / 64; ++d)
+            for (int h = 0; h < 2; ++h) hopper::TmaPrefetchL2(&tq, d * 64, fn.n, fn.m0 + 64 * h, fn.b);
+        const int kvh = f.n / static_cast<int>(sh.n / sh.kh);
+        const int j_begin = f.j_begin, j_end = f.j_begin + f.n_tiles;
+        // Consumer 1's half goes after the first K: its slot frees only when
+        // consumer 0 is done with the previous tile's scores.
+        if (j_begin == j_end) load_half(2 * tile + 1);
         for (int j = j_begin; j < j_end; ++j, ++g) {
           const int s = g % kStages;
           const uint32_t parity = ((g / kStages) - 1) & 1;
@@ -281,22 +376,23 @@ __global__ void __launch_bounds__(384, 1)
           uint8_t* k_dst = sk + s * Tiles::kKBytes;
           hopper::BarrierExpectTx(&k_full[s], Tiles::kKBytes);
           for (int d = 0; d < kD / 64; ++d)
-            hopper::TmaLoad4d(k_dst + d * kBN * 128, &tk, &k_full[s], d * 64, kvh, j * kBN, w.b);
-          if (j == j_begin) load_q();
+            hopper::TmaLoad4d(k_dst + d * kBN * 128, &tk, &k_full[s], d * 64, kvh, j * kBN, f.b);
+          if (j == j_begin) {
+            JAX_DNN_FWD_PROBE(0, tile, 1);
+            load_half(2 * tile + 1);
+          }
           if (g >= kStages) hopper::BarrierWait(&v_empty[s], parity);
           uint8_t* v_dst = sv + s * Tiles::kVBytes;
           hopper::BarrierExpectTx(&v_full[s], Tiles::kVBytes);
           for (int d = 0; d < kDv / 64; ++d)
-            hopper::TmaLoad4d(v_dst + d * kBN * 128, &tv, &v_full[s], d * 64, kvh, j * kBN, w.b);
+            hopper::TmaLoad4d(v_dst + d * kBN * 128, &tv, &v_full[s], d * 64, kvh, j * kBN, f.b);
         }
         JAX_DNN_FWD_PROBE(0, tile, 2);
-        ++tile;
-      }
-      // No more tiles: a Q phase with nothing loaded and `done` set.
-      info[tile % 3].done = 1;
-      for (int h = 0; h < 2; ++h) {
-        if (tile > 0) hopper::BarrierWait(&q_empty[h], (tile - 1) & 1);
-        hopper::BarrierArrive(&q_full[h]);
+        // Consumer 0's half of the next tile (or its `done`), a tile ahead of
+        // its use.
+        load_half(2 * tile + 2);
+        if (!have_next) load_half(2 * tile + 3);  // consumer 1's `done`
+        have = have_next;
       }
     }
     return;
@@ -305,7 +401,6 @@ __global__ void __launch_bounds__(384, 1)
   // --- consumers ---
   hopper::RegAlloc<240>();
   const int wg = hopper::WarpUniform(tid / 128) - 1, t = tid % 128, warp = t / 32, lane = t % 32;
-  const uint32_t q_addr = hopper::SmemAddr(sq) + wg * 64 * 128;
 
   // Ping-pong: each wgmma issue point waits for this consumer's turn and then
   // hands the turn to the other; consumer 0 goes first. Both consumers visit
@@ -323,16 +418,19 @@ __global__ void __launch_bounds__(384, 1)
     int j_begin, n_tiles;
     int mask_lo, mask_hi;  // key tiles [mask_lo, mask_hi) need no mask
     int64_t row0;          // this thread's first row (and row0 + 8)
+    int q_slot;            // this consumer's Q half
   };
   // Tile `tile`'s info, once its Q half has arrived (false: no more tiles).
   auto read_tile = [&](int tile, Tile* tl) {
     const FwdTileInfo& f = info[tile % 3];
     if (f.done) return false;
     tl->w.m0 = f.m0, tl->w.n = f.n, tl->w.b = f.b;
+    if constexpr (kSplit) tl->w.slot = f.slot;
     tl->j_begin = f.j_begin, tl->n_tiles = f.n_tiles;
     tl->mask_lo = f.mask_lo[wg], tl->mask_hi = f.mask_hi[wg];
     tl->c = MakeScoreCtx(p.mask, sh, p.scale, p.softcap, f.b, f.n, f.q_limit, f.kv_limit);
     tl->row0 = int64_t(f.m0) + 64 * wg + 16 * warp + lane / 4;
+    tl->q_slot = FwdQSlot(2 * tile + wg);
     return true;
   };
 
@@ -348,7 +446,8 @@ __global__ void __launch_bounds__(384, 1)
   };
 
   // The scores of the key tile at ring position g.
-  auto issue_scores = [&](int g) {
+  auto issue_scores = [&](int g, int q_slot) {
+    const uint32_t q_addr = hopper::SmemAddr(sq) + q_slot * 64 * 128;
     const int s = g % kStages;
     const uint32_t k_addr = hopper::SmemAddr(sk + s * Tiles::kKBytes);
     hopper::BarrierWait(&k_full[s], (g / kStages) & 1);
@@ -356,7 +455,7 @@ __global__ void __launch_bounds__(384, 1)
 #pragma unroll
     for (int kk = 0; kk < kD / 16; ++kk) {
       const uint32_t off = (kk % 4) * 32;  // 16 columns = 32 bytes inside the swizzle atom
-      WgmmaSS<T, kBN>(sc, hopper::Descriptor(q_addr + (kk / 4) * kBM * 128 + off, 0),
+      WgmmaSS<T, kBN>(sc, hopper::Descriptor(q_addr + (kk / 4) * Tiles::kQSlab + off, 0),
                       hopper::Descriptor(k_addr + (kk / 4) * kBN * 128 + off, 0), kk > 0);
     }
     hopper::WgmmaCommit();
@@ -404,13 +503,25 @@ __global__ void __launch_bounds__(384, 1)
   auto scores_done = [&](const Tile& tl, int g, int it) {
     hopper::FenceRegisters(sc);
     hopper::BarrierArrive(&k_empty[g % kStages]);
-    if (it == tl.n_tiles - 1) hopper::BarrierArrive(&q_empty[wg]);
+    if (it == tl.n_tiles - 1) hopper::BarrierArrive(&q_empty[tl.q_slot]);
     softmax(tl, it);
+  };
+
+  // Waits until this consumer's Q half u (u = 2 * tile + wg) has landed. A
+  // slot serves both consumers in turn, and a parity wait also passes while
+  // the barrier is one phase short -- the other consumer's use u - 3 not yet
+  // loaded (it can lag by more than a tile when it skips key-less tiles).
+  // So first wait until use u - 3 was released: that parity of q_empty is
+  // unambiguous, since use u - 6 was this consumer's own and is released.
+  // (In the common case it is long released and the wait returns at once.)
+  auto wait_q = [&](int u) {
+    if (u >= 3) hopper::BarrierWait(&q_empty[FwdQSlot(u)], FwdQParity(u - 3));
+    hopper::BarrierWait(&q_full[FwdQSlot(u)], FwdQParity(u));
   };
 
   Tile cur;
   int tile = 0;
-  hopper::BarrierWait(&q_full[wg], 0);
+  wait_q(wg);
   bool have = read_tile(0, &cur);
   bool primed = false;  // cur's first scores already issued and through the softmax
   int g0 = 0;           // K/V ring position of cur's first key tile
@@ -422,7 +533,7 @@ __global__ void __launch_bounds__(384, 1)
       reset();
       if (n_tiles > 0) {
         my_turn();
-        issue_scores(g0);
+        issue_scores(g0, cur.q_slot);
         pass_turn();
         hopper::WgmmaWait<0>();
         scores_done(cur, g0, 0);  // o is still 0: no rescale
@@ -432,7 +543,7 @@ __global__ void __launch_bounds__(384, 1)
     JAX_DNN_FWD_PROBE(1 + wg, tile, 2);
     for (int it = 1; it < n_tiles; ++it) {
       my_turn();
-      issue_scores(g0 + it);
+      issue_scores(g0 + it, cur.q_slot);
       issue_pv(g0 + it - 1);
       pass_turn();
       hopper::WgmmaWait<1>();  // the scores; P V may still run
@@ -444,7 +555,7 @@ __global__ void __launch_bounds__(384, 1)
       pack();
     }
     JAX_DNN_FWD_PROBE(1 + wg, tile, 3);
-    if (n_tiles == 0) hopper::BarrierArrive(&q_empty[wg]);  // no scores, no Q read
+    if (n_tiles == 0) hopper::BarrierArrive(&q_empty[cur.q_slot]);  // no scores, no Q read
 
     // This tile's output scale and logsumexp (the sums and maxima are final).
     float inv[2], lse[2];
@@ -463,6 +574,20 @@ __global__ void __launch_bounds__(384, 1)
     // columns, each of which cost ~85 cycles (the L1 takes the 8 rows of a
     // warp's store one line at a time): 2700 cycles a work tile at D = 128.
     auto store_output = [&] {
+      if (kSplit && cur.w.slot >= 0) {  // a piece of a split tile: o / l and lse into its slot
+        float* ws = sched.ws + int64_t(cur.w.slot) * kBM * (kDv + 1);
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+          const int r = 64 * wg + 16 * warp + lane / 4 + 8 * h;  // row in the tile
+          if (cur.row0 + 8 * h >= sh.t) continue;
+#pragma unroll
+          for (int e = 0; e < kDv / 8; ++e)
+            *reinterpret_cast<float2*>(ws + r * kDv + 8 * e + 2 * (lane % 4)) =
+                make_float2(o[4 * e + 2 * h] * inv[h], o[4 * e + 2 * h + 1] * inv[h]);
+          if (lane % 4 == 0) ws[kBM * kDv + r] = lse[h];
+        }
+        return;
+      }
 #pragma unroll
       for (int h = 0; h < 2; ++h) {
         uint32_t x[kDv / 8];
@@ -486,7 +611,7 @@ __global__ void __launch_bounds__(384, 1)
     };
 
     // The next tile's Q half (and info), wanted now by the merged step.
-    hopper::BarrierWait(&q_full[wg], (tile + 1) & 1);
+    wait_q(2 * tile + 2 + wg);
     Tile nxt;
     const bool have_next = read_tile(tile + 1, &nxt);
     // The next tile's first scores go out with this tile's last P V, and the
@@ -499,7 +624,7 @@ __global__ void __launch_bounds__(384, 1)
       // scores while P V runs; the output rescale becomes the epilogue.
       JAX_DNN_FWD_PROBE(1 + wg, tile, 7);
       my_turn();
-      issue_scores(g0 + n_tiles);
+      issue_scores(g0 + n_tiles, nxt.q_slot);
       issue_pv(g0 + n_tiles - 1);
       pass_turn();
       m_run[0] = m_run[1] = -INFINITY;

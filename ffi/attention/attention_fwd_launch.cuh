@@ -3,6 +3,7 @@
 #pragma once
 
 #include "ffi/attention/attention_fwd.cuh"
+#include "ffi/attention/attention_fwd_combine.cuh"
 #include "ffi/attention/attention_tma.h"
 #include "ffi/common/device_info.h"
 
@@ -18,19 +19,53 @@ cudaError_t LaunchFwdTiles(const AttentionFwdParams& p, cudaStream_t stream) {
       !MakeTensorMap(&tk, p.k, s.b, s.s, s.kh, s.h, kBN) ||
       !MakeTensorMap(&tv, p.v, s.b, s.s, s.kh, s.hv, kBN))
     return cudaErrorInvalidValue;
-  auto kernel = AttentionFwdKernel<T, kD, kDv, kBN, kGeneral>;
-  cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Tiles::kSmem);
-  if (e != cudaSuccess) return e;
   // A grid of every tile when they fit on the device at once (one CTA an SM:
-  // shared memory and registers); otherwise a persistent grid of pairs of
-  // tiles (FwdWorkAt).
+  // shared memory and registers); otherwise a persistent grid (one CTA an
+  // SM): with a split tail (FwdSchedule) on the lean path where every tile
+  // has the same keys and the workspace is there, else over pairs of tiles
+  // (FwdWorkAt).
   const long long m_tiles = (s.t + Tiles::kBM - 1) / Tiles::kBM, sms = SmCount();
-  const bool pairs = m_tiles * s.n * s.b > sms;
-  const long long units = FwdUnits(m_tiles, s.n, s.b, pairs);
-  if (units > INT32_MAX / 2) return cudaErrorInvalidValue;  // the kernel's 32-bit tile indices
-  const unsigned grid = static_cast<unsigned>(units < sms ? units : sms);
-  kernel<<<grid, 384, Tiles::kSmem, stream>>>(tq, tk, tv, p, pairs);
-  return cudaGetLastError();
+  const long long tiles = m_tiles * s.n * s.b, key_tiles = (s.s + kBN - 1) / kBN;
+  if (tiles > INT32_MAX / 2) return cudaErrorInvalidValue;  // the kernel's 32-bit tile indices
+  FwdSchedule sched{};
+  // The split's fixed costs (a piece's pipeline start, the combine: 9 us at
+  // D = 128, 18 at 256) beat what it saves below 32 key tiles a work tile or
+  // at Hv = 256 (fwd_trace, H200: 1.5% slower at D = 128, S = 2048 and 0.5%
+  // at D = 256, S = 4096; 1.5-3.5% faster at D = 128, S >= 4096 and at
+  // D = 64, S = 8192).
+  const bool split = !kGeneral && kDv <= 128 && key_tiles >= 32 && tiles > sms && tiles % sms != 0 &&
+                     FwdUniformKeys(p.mask) &&
+                     p.ws != nullptr && p.ws_elems >= 2 * sms * Tiles::kBM * (kDv + 1) &&
+                     (tiles % sms) * key_tiles * sms < INT32_MAX &&  // FwdSplit's 32-bit ranges
+                     sms <= kFwdCombineMaxCtas;
+  if (split) {
+    sched.units = static_cast<int>(tiles);
+    sched.rounds = static_cast<int>(tiles / sms);
+    sched.split_tiles = static_cast<int>(tiles % sms);
+    sched.key_tiles = static_cast<int>(key_tiles);
+    sched.ws = p.ws;
+  } else {
+    sched.pairs = tiles > sms;
+    sched.units = static_cast<int>(FwdUnits(m_tiles, s.n, s.b, sched.pairs));
+  }
+  const unsigned grid = static_cast<unsigned>(sched.units < sms ? sched.units : sms);
+  auto launch = [&](auto kernel) {
+    cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Tiles::kSmem);
+    if (e != cudaSuccess) return e;
+    kernel<<<grid, 384, Tiles::kSmem, stream>>>(tq, tk, tv, p, sched);
+    return cudaGetLastError();
+  };
+  if constexpr (!kGeneral) {
+    if (split) {
+      cudaError_t e = launch(AttentionFwdKernel<T, kD, kDv, kBN, false, true>);
+      if (e != cudaSuccess) return e;
+      AttentionFwdCombineKernel<T, kDv>
+          <<<dim3(sched.split_tiles, Tiles::kBM / kFwdCombineRows), kFwdCombineRows * kDv / 8, 0, stream>>>(
+              p, sched, static_cast<int>(grid));
+      return cudaGetLastError();
+    }
+  }
+  return launch(AttentionFwdKernel<T, kD, kDv, kBN, kGeneral, false>);
 }
 
 template <typename T, int kD, int kDv>

@@ -95,7 +95,8 @@ def _fwd_reference(q, k, v, *operands, present, deterministic=False, **params):
   o = jnp.einsum("bnts,bsnh->btnh", p / jnp.where(l > 0, l, 1.0), vf)
   lse = jnp.where(l[..., 0] > 0, m_safe[..., 0] + jnp.log(jnp.where(l > 0, l, 1.0))[..., 0],
                   -jnp.inf)
-  return o.astype(q.dtype), lse
+  ws = jnp.zeros(_fwd_ws_shape(q, k, v, present=present, **params), jnp.float32)
+  return o.astype(q.dtype), lse, ws
 
 
 def _bwd_reference(do, q, k, v, o, lse, *operands, present, fused_dq, **params):
@@ -125,8 +126,35 @@ def _bwd_reference(do, q, k, v, o, lse, *operands, present, fused_dq, **params):
 
 
 def _fwd_abstract(q, k, v, *operands, present, **params):
+  """o, lse, and the split tail's workspace (_fwd_ws_shape)."""
   b, t, n, _ = q.shape
-  return (ShapedArray((b, t, n, v.shape[-1]), q.dtype), ShapedArray((b, n, t), jnp.float32))
+  return (ShapedArray((b, t, n, v.shape[-1]), q.dtype), ShapedArray((b, n, t), jnp.float32),
+          ShapedArray(_fwd_ws_shape(q, k, v, present=present, **params), jnp.float32))
+
+
+# The forward's split tail (ffi/attention/attention.h, AttentionFwdParams::ws):
+# on the lean logits path where every query tile sees the same keys, a
+# persistent grid's last round is shared out over the SMs by key tiles and
+# the pieces merged from this workspace: 2 slots of 128 x (Hv padded + 1)
+# floats for each of up to 132 SMs (17 MB at Hv = 128), only when there are
+# more work tiles than that. The launcher checks the size; a workspace it
+# does not take costs only memory.
+_FWD_SPLIT_CTAS = 132
+
+
+def _fwd_ws_shape(q, k, v, *, present, is_causal, window, **params):
+  """[floats] of the split tail's workspace ([0] where no split can happen).
+  Not per batch element: the batching rule passes it on unbatched."""
+  b, t, n, _ = q.shape
+  d, dv, s = _pad64(q.shape[-1]), _pad64(v.shape[-1]), k.shape[1]
+  key_tile = 64 if max(d, dv) > 128 else 128 if s <= 4096 else 176  # LaunchFwdDims
+  # LaunchFwdTiles: FwdUniformKeys, not FwdNeedsGeneral, 32 key tiles or more.
+  split = (not is_causal and window is None and params["softcap"] == 0.0 and params["scale"] > 0
+           and not {"q_lens", "kv_lens", "bias", "mask", "q_seg"} & set(present)
+           and dv <= 128 and -(-s // key_tile) >= 32)
+  if not (split and _kernel_supported(q, k, v) and b * n * -(-t // 128) > _FWD_SPLIT_CTAS):
+    return (0,)
+  return (2 * _FWD_SPLIT_CTAS * 128 * (_pad64(v.shape[-1]) + 1),)
 
 
 def _bwd_abstract(do, q, k, v, o, lse, *operands, present, fused_dq, **params):
@@ -209,13 +237,14 @@ def _ffi_params(params):
               scale=params["scale"], softcap=params["softcap"])
 
 
-def _batch_rule(prim, n_main, args, dims, *, keep_shared, **params):
+def _batch_rule(prim, n_main, args, dims, *, keep_shared, n_ws=0, **params):
   """Folds the vmapped axis into the attention batch B of every operand.
 
   The first n_main operands are [B, ...]; bias and mask are [G, ...] with G
   dividing B, so folding them keeps the b -> b // (B / G) correspondence.
   With keep_shared (forward), an unbatched G = 1 bias/mask stays as is; the
-  backward folds it, since dbias must be per example under vmap.
+  backward folds it, since dbias must be per example under vmap. The last
+  n_ws outputs are a workspace of no batch axis, passed on unbatched.
   """
   size = batch_size(args, dims)
   grouped = {n_main + i for i, name in enumerate(params["present"]) if name in ("bias", "mask")}
@@ -227,11 +256,13 @@ def _batch_rule(prim, n_main, args, dims, *, keep_shared, **params):
     a = move_to_front(a, d, size)
     folded.append(a.reshape((size * a.shape[1],) + a.shape[2:]))
   outs = prim.bind(*folded, **params)
-  return [o.reshape((size, o.shape[0] // size) + o.shape[1:]) for o in outs], [0] * len(outs)
+  main = outs[:len(outs) - n_ws]
+  return ([o.reshape((size, o.shape[0] // size) + o.shape[1:]) for o in main] + outs[len(main):],
+          [0] * len(main) + [NOT_MAPPED] * n_ws)
 
 
 def _fwd_batch(args, dims, **params):
-  return _batch_rule(attention_fwd_p, 3, args, dims, keep_shared=True, **params)
+  return _batch_rule(attention_fwd_p, 3, args, dims, keep_shared=True, n_ws=1, **params)
 
 
 def _bwd_batch(args, dims, **params):
@@ -263,12 +294,12 @@ attention_bwd_p = define_primitive(
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(0,))
 def _attention(params, q, k, v, *operands):
-  o, lse = attention_fwd_p.bind(q, k, v, *operands, **dict(params))
+  o, lse, _ = attention_fwd_p.bind(q, k, v, *operands, **dict(params))  # _: workspace
   return o, lse  # a tuple, as the fwd rule returns (bind gives a list)
 
 
 def _attention_fwd(params, q, k, v, *operands):
-  o, lse = attention_fwd_p.bind(q, k, v, *operands, **dict(params))
+  o, lse, _ = attention_fwd_p.bind(q, k, v, *operands, **dict(params))
   return (o, lse), (q, k, v, o, lse, operands)
 
 
