@@ -4,9 +4,11 @@
 # scripts/fwd_trace.cu; e.g. `mkdir -p ab_base/scripts && git archive HEAD ffi
 # | tar -x -C ab_base && cp scripts/fwd_trace.cu ab_base/scripts/`; ab_* is
 # not committed). Prints, per shape: whether each variant's output and
-# logsumexp equal the first's byte for byte, the median time a call of 5
-# alternating runs (clocks under this load move by 10% between runs, so only
-# alternation compares), and each variant's median cycles a work tile.
+# logsumexp equal the first's byte for byte (else how far apart:
+# fwd_ab_diff.py), the median time a call of 5 alternating runs (clocks
+# under this load move by 10% between runs, so only alternation compares),
+# and each variant's median cycles a work tile. A variant whose attention.h
+# has the split tail's workspace gets one (-DJAX_DNN_FWD_HAS_WS).
 #   VARIANTS="base new" SHAPES="8192_x_128 2048_causal_128" bash scripts/fwd_ab.sh
 VARIANTS=${VARIANTS:-base new}
 cd "$(dirname "$0")/.."
