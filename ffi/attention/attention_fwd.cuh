@@ -2,10 +2,10 @@
 //
 // One CTA computes 128 query rows of one (batch, head) in three warpgroups:
 //   warpgroup 0 (producer): one thread issues TMA loads -- each consumer's
-//     half of the Q tile (a ring of three halves), then K and V tiles through a 2-stage ring
-//     (full/empty mbarriers, K and V released separately: K as soon as its
-//     scores are done) -- and works out each work tile's indices for the
-//     consumers (FwdTileInfo);
+//     half of the Q tile (a ring of three halves), then K and V tiles
+//     through a 2-stage ring (full/empty mbarriers, K and V released
+//     separately: K as soon as its scores are done) -- and works out each
+//     work tile's indices for the consumers (FwdTileInfo);
 //   warpgroups 1, 2 (consumers): 64 rows each; per key tile j
 //     S_j = Q K_j^T (wgmma, both operands in shared memory, K-major),
 //     online softmax in registers (the S accumulator converts in place into
@@ -216,8 +216,9 @@ __device__ __forceinline__ bool FwdTileAt(int k, const FwdSchedule& s, int m_til
   return true;
 }
 
-// A CTA takes units blockIdx.x, blockIdx.x + gridDim.x, ... -- one with a grid
-// of every unit, several with a persistent grid (one CTA an SM). In the
+// A CTA takes its work tiles as FwdSchedule says -- one with a grid of every
+// tile, several with a persistent grid (one CTA an SM), the last round
+// possibly split along its keys (AttentionFwdCombineKernel merges). In the
 // persistent form one work tile follows another with little pause of the
 // tensor cores. (Before session 15, ~5000 of ~170000 cycles a work tile went
 // between two tiles at D = 128, S = 8192; scripts/fwd_trace.cu measures it.)
