@@ -41,7 +41,13 @@ struct AttentionFwdParams {
   const void *q, *k, *v;
   void* o;
   float* lse;
-  // Workspace of the split tail (nullptr: none; see below).
+  // Workspace of the split tail (nullptr: none): on the lean logits path
+  // where every work tile has the same keys (no causal mask, window,
+  // sequence lengths, bias, mask, segments or soft-cap), a persistent grid's
+  // last round is shared out over the SMs by key tiles and its pieces are
+  // merged from here. It takes 2 slots of 128 x (Hv padded + 1) floats for
+  // each SM; _src/attention.py sizes it for 132 SMs (H100/H200 SXM). A GPU
+  // with more SMs, or a smaller workspace, keeps the plain schedule.
   float* ws;
   int64_t ws_elems;
 };
@@ -65,14 +71,6 @@ struct AttentionBwdParams {
 // these parameters: head dims padding to 128/128, without bias, soft-cap,
 // mask or segments (the general logits path). Mirrored in _src/attention.py.
 bool AttentionFusedDqSupported(const AttentionBwdParams& p);
-
-// The forward's workspace (AttentionFwdParams::ws): a persistent grid's last
-// round is shared out over the SMs by key tiles on the lean logits path
-// where every work tile has the same keys (no causal mask, window, sequence
-// lengths, bias, mask, segments or soft-cap), its pieces merged from here.
-// It takes 2 slots of 128 x (Hv padded + 1) floats for each SM;
-// _src/attention.py sizes it for 132 SMs (H100/H200 SXM). A GPU with more
-// SMs, or a smaller workspace, keeps the plain schedule.
 int64_t AttentionDqAccElements(const AttentionShape& s);
 
 // The head dims the kernels take (each padded up to a multiple of 64, at most

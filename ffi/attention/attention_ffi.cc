@@ -108,9 +108,10 @@ ffi::Error DecodeMask(const char* op, const ffi::RemainingArgs& args, size_t fir
 ffi::Error AttentionFwdImpl(cudaStream_t stream, ffi::AnyBuffer q, ffi::AnyBuffer k,
                             ffi::AnyBuffer v, ffi::RemainingArgs rest,
                             ffi::Result<ffi::AnyBuffer> o, ffi::ResultBuffer<ffi::F32> lse,
-                            ffi::ResultBuffer<ffi::F32> ws, bool has_bias, bool has_mask, bool has_q_lens, bool has_kv_lens,
-                            bool has_seg, bool is_causal, int64_t window_left,
-                            int64_t window_right, float scale, float softcap) {
+                            ffi::ResultBuffer<ffi::F32> ws, bool has_bias, bool has_mask,
+                            bool has_q_lens, bool has_kv_lens, bool has_seg, bool is_causal,
+                            int64_t window_left, int64_t window_right, float scale,
+                            float softcap) {
   AttentionFwdParams p{};
   if (auto e = CheckQkv(kFwd, q, k, v, &p.shape, &p.dtype); e.failure()) return e;
   const Flags f{has_bias, has_mask, has_q_lens, has_kv_lens, has_seg, is_causal, window_left,

@@ -154,7 +154,7 @@ def _fwd_ws_shape(q, k, v, *, present, is_causal, window, **params):
            and dv <= 128 and -(-s // key_tile) >= 32)
   if not (split and _kernel_supported(q, k, v) and b * n * -(-t // 128) > _FWD_SPLIT_CTAS):
     return (0,)
-  return (2 * _FWD_SPLIT_CTAS * 128 * (_pad64(v.shape[-1]) + 1),)
+  return (2 * _FWD_SPLIT_CTAS * 128 * (dv + 1),)
 
 
 def _bwd_abstract(do, q, k, v, o, lse, *operands, present, fused_dq, **params):
