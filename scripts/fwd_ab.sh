@@ -21,13 +21,13 @@ done; wait
 first=${VARIANTS%% *}
 for a in ${SHAPES:-8192_x_128 4096_x_128 2048_causal_128 8192_causal_128}; do
   a=${a//_/ }
-  echo "== $a"; build/$first $a /tmp/$first.bin > /dev/null
-  for v in $VARIANTS; do [ $v = $first ] && continue; build/$v $a /tmp/$v.bin > /dev/null; cmp -s /tmp/$first.bin /tmp/$v.bin && echo "$v identical" || python3 scripts/fwd_ab_diff.py /tmp/$first.bin /tmp/$v.bin $v ${a##* }; done
-  for i in 1 2 3 4 5; do for v in $VARIANTS; do echo "$v $(build/$v $a | head -1 | sed 's/.*: //')"; done; done | awk '{print $1, $2}' | python3 -c "
+  echo "== $a"; timeout 60 build/$first $a /tmp/$first.bin > /dev/null || { echo "$first failed"; exit 1; }
+  for v in $VARIANTS; do [ $v = $first ] && continue; timeout 60 build/$v $a /tmp/$v.bin > /dev/null || { echo "$v failed"; exit 1; }; cmp -s /tmp/$first.bin /tmp/$v.bin && echo "$v identical" || python3 scripts/fwd_ab_diff.py /tmp/$first.bin /tmp/$v.bin $v ${a##* }; done
+  for i in 1 2 3 4 5; do for v in $VARIANTS; do echo "$v $(timeout 60 build/$v $a | head -1 | sed 's/.*: //')"; done; done | awk '{print $1, $2}' | python3 -c "
 import sys,statistics as st
 d={}
 for l in sys.stdin: v,t=l.split(); d.setdefault(v,[]).append(float(t))
 b=st.median(d['$first'])
 print('  median us: ' + ', '.join(f'{v} {st.median(t):.1f} ({min(t):.1f}-{max(t):.1f}) {st.median(t)/b:.3f}' for v,t in d.items()))"
-  for v in $VARIANTS; do echo "  $v: $(build/${v}_tr $a | grep 'per work tile' | sed 's/per work tile (median cycles): //')"; done
+  for v in $VARIANTS; do echo "  $v: $(timeout 60 build/${v}_tr $a | grep 'per work tile' | sed 's/per work tile (median cycles): //')"; done
 done

@@ -109,6 +109,13 @@ PERSISTENT_CASES = {
     # 12 split tiles of 32 key tiles over 132 CTAs, GQA.
     "split_d64_gqa": ((1, 1024, 4096, 18, 9, 64, 64), {}),
     "split_f16_d192_128": ((1, 1024, 2048, 18, 6, 192, 128), dict(dtype=jnp.float16)),
+    # Clusters of two CTAs sharing K/V loads (176-key tiles, no mask, an even
+    # number of query tiles). 5000 keys: the last key tile holds 72, so the
+    # second CTA's half of it (rows 88..175) lies wholly past the keys.
+    "cluster_oob_half": ((1, 2048, 5000, 12, 4, 128, 128), {}),
+    # With the split tail: 72 units of two tiles on 66 clusters.
+    "cluster_split_d64": ((1, 2304, 6000, 8, 8, 64, 64), {}),
+    "cluster_split_f16": ((1, 2304, 6000, 8, 2, 128, 128), dict(dtype=jnp.float16)),
 }
 
 

@@ -117,6 +117,8 @@ __device__ __forceinline__ void QuadTranspose(uint32_t* a, int q) {
 // `pairs`, the two tiles p and m_tiles - 1 - p, whose causal work sums to the
 // same for every p: a persistent grid then stays balanced (a static schedule
 // of single tiles gave some CTAs all the heavy ones: 0.70x cuDNN at S = 16k).
+// With clusters of `cl` CTAs (m_tiles a multiple of cl), a unit is cl
+// adjacent tiles, one for each CTA of a cluster (`rank`), which share K and V.
 // 32-bit index math (the launcher checks that the units fit): 64-bit
 // divisions cost ~1000 cycles a work tile on the consumers' critical path.
 struct FwdWork {
@@ -126,18 +128,18 @@ struct FwdWork {
   int slot = -1;                 // a split piece's workspace slot (-1: writes o, lse)
 };
 __device__ __forceinline__ bool FwdWorkAt(int u, int half, bool pairs, int m_tiles, int heads,
-                                          int bm, FwdWork* w) {
-  const int per = pairs ? (m_tiles + 1) / 2 : m_tiles;  // units per head
+                                          int bm, FwdWork* w, int cl = 1, int rank = 0) {
+  const int per = pairs ? (m_tiles + 1) / 2 : m_tiles / cl;  // units per head
   const int pi = u % per, rest = u / per;
-  const int mt = half == 0 ? pi : m_tiles - 1 - pi;  // 0 = the heaviest tile
+  const int mt = half == 0 ? pi * cl + rank : m_tiles - 1 - pi;  // 0 = the heaviest tile
   w->m0 = int64_t(m_tiles - 1 - mt) * bm;
   w->n = rest % heads;
   w->b = rest / heads;
   return half == 0 || mt != pi;  // an odd count leaves the middle tile alone
 }
 __host__ __device__ __forceinline__ int64_t FwdUnits(int64_t m_tiles, int64_t heads, int64_t batch,
-                                                     bool pairs) {
-  return (pairs ? (m_tiles + 1) / 2 : m_tiles) * heads * batch;
+                                                     bool pairs, int cl = 1) {
+  return (pairs ? (m_tiles + 1) / 2 : m_tiles / cl) * heads * batch;
 }
 
 // What the producer tells the consumers of a work tile (in shared memory, a
@@ -162,20 +164,22 @@ __device__ __forceinline__ int FwdQSlot(int u) { return u % 3; }
 __device__ __forceinline__ uint32_t FwdQParity(int u) { return (u / 3) & 1; }
 
 // How the work tiles are shared out over the CTAs (the launcher decides).
-// Without a split, a CTA takes units blockIdx.x, blockIdx.x + gridDim.x, ...
-// With a split tail (split_tiles > 0; units are single tiles, each of
-// key_tiles key tiles), it takes `rounds` such tiles, and then a contiguous
-// range of the last split_tiles tiles' key tiles (FwdSplit): a persistent
-// grid's last round would otherwise leave SMs idle (2048 work tiles on 132
-// SMs: 15.5 rounds, of which the 16th is half empty, ~3% of the forward).
-// A range covers at most two tiles in part ("pieces"); a piece that is not a
-// whole tile leaves its normalized o and its lse in workspace slot
-// 2 * blockIdx.x + (0 or 1), and AttentionFwdCombineKernel merges them.
+// Without a split, cluster c (a CTA, or `cluster` CTAs that share their K
+// and V loads) takes units c, c + clusters, ... With a split tail
+// (split_tiles > 0 units, each of key_tiles key tiles, not pairs), it takes
+// `rounds` such units, and then a contiguous range of the last split_tiles
+// units' key tiles (FwdSplit): a persistent grid's last round would
+// otherwise leave SMs idle (2048 work tiles on 132 SMs: 15.5 rounds, of
+// which the 16th is half empty, ~3% of the forward). A range covers at most
+// two units in part ("pieces"); a CTA's piece that is not a whole tile
+// leaves its normalized o and its lse in workspace slot 2 * blockIdx.x +
+// (0 or 1), and AttentionFwdCombineKernel merges them.
 struct FwdSchedule {
   int units;
   bool pairs;
   int rounds, split_tiles, key_tiles;
-  float* ws;  // [2 * gridDim.x slots][kBM * (kDv + 1)]: o [kBM][kDv], then lse [kBM]
+  int cluster;  // CTAs a cluster (1 or 2); the kernel's kCluster
+  float* ws;    // [2 * gridDim.x slots][kBM * (kDv + 1)]: o [kBM][kDv], then lse [kBM]
 };
 
 // The split tail's key tiles, tile after tile, cut into `ctas` ranges:
@@ -192,25 +196,28 @@ struct FwdSplit {
 
 // The k-th work tile of this CTA (counting both tiles of a pair): false when
 // k is past them; *skip when it is the empty second half of an odd pair.
-template <bool kSplit>
+// The CTAs of a cluster get the same units (their own tiles of them) and the
+// same key tiles.
+template <bool kSplit, int kCluster>
 __device__ __forceinline__ bool FwdTileAt(int k, const FwdSchedule& s, int m_tiles, int heads,
                                           int bm, FwdWork* w, bool* skip) {
+  const int cid = blockIdx.x / kCluster, clusters = gridDim.x / kCluster, rank = blockIdx.x % kCluster;
   *skip = false;
   if (!kSplit || k < s.rounds) {
-    const int u = blockIdx.x + (s.pairs ? k / 2 : k) * gridDim.x;
+    const int u = cid + (s.pairs ? k / 2 : k) * clusters;
     if (u >= s.units) return false;
-    *skip = !FwdWorkAt(u, s.pairs ? k % 2 : 0, s.pairs, m_tiles, heads, bm, w);
+    *skip = !FwdWorkAt(u, s.pairs ? k % 2 : 0, s.pairs, m_tiles, heads, bm, w, kCluster, rank);
     w->j_lo = 0, w->j_hi = INT_MAX, w->slot = -1;
     return true;
   }
   const int i = k - s.rounds;  // the range's first or second piece
   if (i > 1) return false;
-  const FwdSplit sp{s.split_tiles, s.key_tiles, static_cast<int>(gridDim.x)};
-  const int lo = sp.Lo(blockIdx.x), hi = sp.Lo(blockIdx.x + 1), n = s.key_tiles;
-  const int x = static_cast<int>(static_cast<unsigned>(lo) / n) + i, x0 = x * n;  // piece i's tile, its first key tile
+  const FwdSplit sp{s.split_tiles, s.key_tiles, clusters};
+  const int lo = sp.Lo(cid), hi = sp.Lo(cid + 1), n = s.key_tiles;
+  const int x = static_cast<int>(static_cast<unsigned>(lo) / n) + i, x0 = x * n;  // piece i's unit, its first key tile
   const int jb = max(lo, x0) - x0, je = min(hi, x0 + n) - x0;
   if (jb >= je) return false;
-  FwdWorkAt(s.rounds * gridDim.x + x, 0, false, m_tiles, heads, bm, w);
+  FwdWorkAt(s.rounds * clusters + x, 0, false, m_tiles, heads, bm, w, kCluster, rank);
   w->j_lo = jb, w->j_hi = je;
   w->slot = jb == 0 && je == n ? -1 : 2 * static_cast<int>(blockIdx.x) + i;
   return true;
@@ -235,7 +242,16 @@ __device__ __forceinline__ bool FwdTileAt(int k, const FwdSchedule& s, int m_til
 // the lean logits path). Its own instantiation, since the pieces' epilogue
 // changes how ptxas schedules the whole consumer: 1-3% slower work tiles
 // with the split's code in the one kernel (fwd_trace, H200).
-template <typename T, int kD, int kDv, int kBN, bool kGeneral, bool kSplit>
+// kCluster = 2: the grid is in clusters of two CTAs that take the two
+// halves of one unit (adjacent query tiles of a head, the same keys; the
+// lean path without a mask) and share their K and V: each CTA's producer
+// loads half the rows of a key tile into both CTAs' shared memory (TMA
+// multicast), and a stage is free once the consumers of both CTAs are done
+// with it. Half the K/V traffic out of L2, which under the H200's power cap
+// is what sets the clock: a forward that loaded only every other key tile
+// took the same cycles but 9-11% less time (fwd_trace, D = 128, S = 8192 and
+// 16384). FlashAttention-3 does the same for head dims >= 128.
+template <typename T, int kD, int kDv, int kBN, bool kGeneral, bool kSplit, int kCluster>
 __global__ void __launch_bounds__(384, 1)
     AttentionFwdKernel(const __grid_constant__ CUtensorMap tq, const __grid_constant__ CUtensorMap tk,
                        const __grid_constant__ CUtensorMap tv, const AttentionFwdParams p,
@@ -273,6 +289,9 @@ __global__ void __launch_bounds__(384, 1)
   constexpr bool kRangeTest = !(kD <= 64 && kBN > 128);
 
   const int tid = threadIdx.x;
+  // A K/V stage is released by every consumer thread; in a cluster, by each
+  // consumer warp of each CTA (one lane, after the warp-wide wgmma wait).
+  constexpr int kReleases = kCluster == 1 ? 256 : 8 * kCluster;
   if (tid == 0) {
     for (int h = 0; h < 3; ++h) {
       hopper::BarrierInit(&q_full[h], 1);
@@ -281,12 +300,16 @@ __global__ void __launch_bounds__(384, 1)
     for (int s = 0; s < kStages; ++s) {
       hopper::BarrierInit(&k_full[s], 1);
       hopper::BarrierInit(&v_full[s], 1);
-      hopper::BarrierInit(&k_empty[s], 256);
-      hopper::BarrierInit(&v_empty[s], 256);
+      hopper::BarrierInit(&k_empty[s], kReleases);
+      hopper::BarrierInit(&v_empty[s], kReleases);
     }
     hopper::FenceBarrierInit();
   }
-  __syncthreads();
+  // In a cluster the other CTA's loads and releases reach these barriers.
+  if constexpr (kCluster > 1)
+    hopper::ClusterSync();
+  else
+    __syncthreads();
 
   if (tid < 128) {  // producer
     hopper::RegDealloc<24>();
@@ -298,7 +321,7 @@ __global__ void __launch_bounds__(384, 1)
       // The CTA's next work tile (false: none left).
       auto next_work = [&](FwdWork* w) {
         bool skip;
-        for (; FwdTileAt<kSplit>(k, sched, m_tiles, heads, kBM, w, &skip); ++k)
+        for (; FwdTileAt<kSplit, kCluster>(k, sched, m_tiles, heads, kBM, w, &skip); ++k)
           if (!skip) {
             ++k;
             return true;
@@ -353,6 +376,21 @@ __global__ void __launch_bounds__(384, 1)
         return true;
       };
 
+      // One 64-column slab of a K or V tile (rows j0...). In a cluster, this
+      // CTA's share of its rows (the tensor maps' boxes are kBN / kCluster
+      // rows), into every CTA of the cluster.
+      const int rank = static_cast<int>(kCluster > 1 ? hopper::ClusterCtaRank() : 0);
+      auto load_kv = [&](uint8_t* dst, const CUtensorMap* map, uint64_t* bar, int col, int kvh, int j0,
+                         int b) {
+        if constexpr (kCluster == 1) {
+          hopper::TmaLoad4d(dst, map, bar, col, kvh, j0, b);
+        } else {
+          constexpr int kRows = kBN / kCluster;
+          hopper::TmaLoad4dMulticast(dst + rank * kRows * 128, map, bar, col, kvh, j0 + rank * kRows, b,
+                                     (1u << kCluster) - 1);
+        }
+      };
+
       int g = 0;  // K/V ring position, continued across work tiles
       bool have = publish_next(0);
       load_half(0);
@@ -375,9 +413,9 @@ __global__ void __launch_bounds__(384, 1)
           const uint32_t parity = ((g / kStages) - 1) & 1;
           if (g >= kStages) hopper::BarrierWait(&k_empty[s], parity);
           uint8_t* k_dst = sk + s * Tiles::kKBytes;
-          hopper::BarrierExpectTx(&k_full[s], Tiles::kKBytes);
+          hopper::BarrierExpectTx(&k_full[s], Tiles::kKBytes);  // in a cluster: both CTAs' rows
           for (int d = 0; d < kD / 64; ++d)
-            hopper::TmaLoad4d(k_dst + d * kBN * 128, &tk, &k_full[s], d * 64, kvh, j * kBN, f.b);
+            load_kv(k_dst + d * kBN * 128, &tk, &k_full[s], d * 64, kvh, j * kBN, f.b);
           if (j == j_begin) {
             JAX_DNN_FWD_PROBE(0, tile, 1);
             load_half(2 * tile + 1);
@@ -386,7 +424,7 @@ __global__ void __launch_bounds__(384, 1)
           uint8_t* v_dst = sv + s * Tiles::kVBytes;
           hopper::BarrierExpectTx(&v_full[s], Tiles::kVBytes);
           for (int d = 0; d < kDv / 64; ++d)
-            hopper::TmaLoad4d(v_dst + d * kBN * 128, &tv, &v_full[s], d * 64, kvh, j * kBN, f.b);
+            load_kv(v_dst + d * kBN * 128, &tv, &v_full[s], d * 64, kvh, j * kBN, f.b);
         }
         JAX_DNN_FWD_PROBE(0, tile, 2);
         // Consumer 0's half of the next tile (or its `done`), a tile ahead of
@@ -396,7 +434,7 @@ __global__ void __launch_bounds__(384, 1)
         have = have_next;
       }
     }
-    return;
+    return;  // an exited thread counts as arrived at the consumers' final ClusterSync
   }
 
   // --- consumers ---
@@ -492,18 +530,26 @@ __global__ void __launch_bounds__(384, 1)
   };
   // Waits for O += P V with the values at ring position g (the last wgmma in
   // flight) and frees its V slot; P's registers stay untouched until here.
+  // Releases a K or V stage (kReleases).
+  auto release = [&](uint64_t* bar) {
+    if constexpr (kCluster == 1) {
+      hopper::BarrierArrive(bar);
+    } else if (lane < kCluster) {
+      hopper::BarrierArriveCluster(bar, lane);  // lane c on CTA c
+    }
+  };
   auto pv_done = [&](int g) {
     hopper::WgmmaWait<0>();
     hopper::FenceRegisters(o);
     hopper::KeepRegisters(pa);
-    hopper::BarrierArrive(&v_empty[g % kStages]);
+    release(&v_empty[g % kStages]);
   };
   // After the wait for the scores at ring position g, key tile `it` of tl:
   // frees the K slot (and this consumer's Q half after its last scores) and
   // runs the softmax.
   auto scores_done = [&](const Tile& tl, int g, int it) {
     hopper::FenceRegisters(sc);
-    hopper::BarrierArrive(&k_empty[g % kStages]);
+    release(&k_empty[g % kStages]);
     if (it == tl.n_tiles - 1) hopper::BarrierArrive(&q_empty[tl.q_slot]);
     softmax(tl, it);
   };
@@ -657,6 +703,9 @@ __global__ void __launch_bounds__(384, 1)
     primed = merge;
   }
   if (wg == 0) my_turn();  // consumer 1's last hand-over (or its opening one)
+  // A CTA of a cluster stays until the other has made its last releases on
+  // this CTA's barriers (its loads into this CTA were waited for above).
+  if constexpr (kCluster > 1) hopper::ClusterSync();
 }
 
 }  // namespace attention

@@ -2,7 +2,8 @@
 // tile that CTAs left in the workspace. A piece holds its rows' o normalized
 // by its own sum and its lse; the tile's lse = log sum_i exp(lse_i) and
 // o = sum_i exp(lse_i - lse) o_i.
-// A CTA takes 16 rows of one split tile: it lists the tile's pieces and each
+// A CTA takes 16 rows of one split tile (blockIdx.x: unit x / cluster, the
+// tile of its CTA rank x % cluster): it lists the tile's pieces and each
 // row's weights in shared memory once, then a thread sums 8 columns of a row
 // over the pieces (16-byte loads, independent across pieces). A first form
 // with a warp a row, finding the pieces again for every column, took
@@ -22,23 +23,24 @@ template <typename T, int kDv>
 __global__ void __launch_bounds__(kFwdCombineRows * kDv / 8)
     AttentionFwdCombineKernel(const AttentionFwdParams p, const FwdSchedule s, const int ctas) {
   constexpr int kBM = FwdTiles<64, kDv, 64>::kBM, kSlot = kBM * (kDv + 1), kRows = kFwdCombineRows;
-  __shared__ int pieces[kFwdCombineMaxCtas + 1];  // workspace slot of CTA c0 + i, -1: none
+  __shared__ int pieces[kFwdCombineMaxCtas + 1];  // workspace slot of cluster c0 + i (this rank), -1: none
   __shared__ float weight[kFwdCombineMaxCtas + 1][kRows];
   __shared__ int c0s, counts, n_pieces;
   const AttentionShape& sh = p.shape;
-  const int x = blockIdx.x, r0 = blockIdx.y * kRows, tid = threadIdx.x;
-  const FwdSplit sp{s.split_tiles, s.key_tiles, ctas};
-  const int k0 = x * s.key_tiles, k1 = k0 + s.key_tiles;  // the tile's key tiles
+  const int cl = s.cluster, clusters = ctas / cl;
+  const int x = blockIdx.x / cl, rank = blockIdx.x % cl, r0 = blockIdx.y * kRows, tid = threadIdx.x;
+  const FwdSplit sp{s.split_tiles, s.key_tiles, clusters};
+  const int k0 = x * s.key_tiles, k1 = k0 + s.key_tiles;  // the unit's key tiles
   if (tid == 0) {
-    // CTAs [c0, c1) meet the tile: c0 the last whose range starts at or
+    // Clusters [c0, c1) meet the unit: c0 the last whose range starts at or
     // before k0, c1 the first that starts at or after k1 (Lo is nondecreasing).
-    int lo = 0, hi = ctas;
+    int lo = 0, hi = clusters;
     while (hi - lo > 1) {
       const int mid = (lo + hi) / 2;
       if (sp.Lo(mid) <= k0) lo = mid; else hi = mid;
     }
     const int c0 = lo;
-    lo = c0, hi = ctas;  // Lo(lo) < k1 <= Lo(hi)
+    lo = c0, hi = clusters;  // Lo(lo) < k1 <= Lo(hi)
     while (hi - lo > 1) {
       const int mid = (lo + hi) / 2;
       if (sp.Lo(mid) < k1) lo = mid; else hi = mid;
@@ -49,15 +51,15 @@ __global__ void __launch_bounds__(kFwdCombineRows * kDv / 8)
   const int c0 = c0s, count = counts;
   for (int i = tid; i < count; i += blockDim.x) {
     const int c = c0 + i, lo = sp.Lo(c);
-    const bool has = sp.Lo(c + 1) > lo;  // a CTA's range may be empty (fewer keys than CTAs)
-    pieces[i] = has ? 2 * c + (x - lo / s.key_tiles) : -1;  // FwdTileAt's slot
+    const bool has = sp.Lo(c + 1) > lo;  // a range may be empty (fewer keys than clusters)
+    pieces[i] = has ? 2 * (c * cl + rank) + (x - lo / s.key_tiles) : -1;  // FwdTileAt's slot
     if (has) atomicAdd(&n_pieces, 1);
   }
   __syncthreads();
   if (n_pieces < 2) return;  // one piece alone held the whole tile and wrote it (slot -1)
   FwdWork w;
-  FwdWorkAt(s.rounds * ctas + x, 0, false, static_cast<int>((sh.t + kBM - 1) / kBM),
-            static_cast<int>(sh.n), kBM, &w);
+  FwdWorkAt(s.rounds * clusters + x, 0, false, static_cast<int>((sh.t + kBM - 1) / kBM),
+            static_cast<int>(sh.n), kBM, &w, cl, rank);
   const float* ws = s.ws;
   const int64_t row_of_tid = w.m0 + r0 + tid;
   if (tid < kRows && row_of_tid < sh.t) {  // a row's lse and the pieces' weights

@@ -10,62 +10,126 @@
 namespace jax_dnn {
 namespace attention {
 
-template <typename T, int kD, int kDv, int kBN, bool kGeneral>
-cudaError_t LaunchFwdTiles(const AttentionFwdParams& p, cudaStream_t stream) {
+// Launches one instantiation of the forward kernel (in clusters of kCluster
+// CTAs), then the split tail's combine.
+template <typename T, int kD, int kDv, int kBN, bool kGeneral, bool kSplit, int kCluster>
+cudaError_t LaunchFwdKernel(const AttentionFwdParams& p, const FwdSchedule& sched, unsigned grid,
+                            cudaStream_t stream) {
   using Tiles = FwdTiles<kD, kDv, kBN>;
   const AttentionShape& s = p.shape;
   CUtensorMap tq, tk, tv;
   if (!MakeTensorMap(&tq, p.q, s.b, s.t, s.n, s.h, Tiles::kBM / 2) ||  // a consumer's half
-      !MakeTensorMap(&tk, p.k, s.b, s.s, s.kh, s.h, kBN) ||
-      !MakeTensorMap(&tv, p.v, s.b, s.s, s.kh, s.hv, kBN))
+      !MakeTensorMap(&tk, p.k, s.b, s.s, s.kh, s.h, kBN / kCluster) ||  // a CTA's share of a key tile
+      !MakeTensorMap(&tv, p.v, s.b, s.s, s.kh, s.hv, kBN / kCluster))
     return cudaErrorInvalidValue;
+  auto kernel = AttentionFwdKernel<T, kD, kDv, kBN, kGeneral, kSplit, kCluster>;
+  cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Tiles::kSmem);
+  if (e != cudaSuccess) return e;
+  cudaLaunchConfig_t config = {};
+  config.gridDim = dim3(grid);
+  config.blockDim = dim3(384);
+  config.dynamicSmemBytes = Tiles::kSmem;
+  config.stream = stream;
+  cudaLaunchAttribute cluster[1];
+  cluster[0].id = cudaLaunchAttributeClusterDimension;
+  cluster[0].val.clusterDim.x = kCluster;
+  cluster[0].val.clusterDim.y = cluster[0].val.clusterDim.z = 1;
+  config.attrs = cluster;
+  config.numAttrs = kCluster > 1 ? 1 : 0;  // the plain form launches as before: no clusters
+  e = cudaLaunchKernelEx(&config, kernel, tq, tk, tv, p, sched);
+  if (e != cudaSuccess || !kSplit) return e;
+  AttentionFwdCombineKernel<T, kDv>
+      <<<dim3(sched.split_tiles * kCluster, Tiles::kBM / kFwdCombineRows), kFwdCombineRows * kDv / 8, 0, stream>>>(
+          p, sched, static_cast<int>(grid));
+  return cudaGetLastError();
+}
+
+// Clusters of two CTAs that share their K/V loads (AttentionFwdKernel's
+// kCluster): for the lean path without a mask at 176-key tiles (S > 4096).
+// Those are where the forward is long enough for the power cap to set the
+// clock; elsewhere the extra instantiations would not pay for their build.
+template <int kBN, bool kGeneral>
+constexpr bool kFwdClusterBuilt = !kGeneral && kBN == 176;
+
+// How many clusters of two forward CTAs the device runs at once (once per
+// device and instantiation): the cluster form only runs where they fill
+// every SM.
+template <typename T, int kD, int kDv, int kBN>
+int FwdMaxClusters() {
+  constexpr int kMaxDevices = 64;
+  static int cache[kMaxDevices] = {};
+  int dev = 0;
+  if (cudaGetDevice(&dev) != cudaSuccess || dev < 0 || dev >= kMaxDevices) return 0;
+  if (cache[dev] == 0) {
+    auto kernel = AttentionFwdKernel<T, kD, kDv, kBN, false, false, 2>;  // the split form is alike
+    int n = 0;
+    cudaLaunchConfig_t config = {};
+    config.gridDim = dim3(2);
+    config.blockDim = dim3(384);
+    config.dynamicSmemBytes = FwdTiles<kD, kDv, kBN>::kSmem;
+    cudaLaunchAttribute cluster[1];
+    cluster[0].id = cudaLaunchAttributeClusterDimension;
+    cluster[0].val.clusterDim.x = 2;
+    cluster[0].val.clusterDim.y = cluster[0].val.clusterDim.z = 1;
+    config.attrs = cluster;
+    config.numAttrs = 1;
+    if (cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, config.dynamicSmemBytes) !=
+            cudaSuccess ||
+        cudaOccupancyMaxActiveClusters(&n, kernel, &config) != cudaSuccess)
+      n = 0, cudaGetLastError();  // no clusters: the plain form
+    cache[dev] = n > 0 ? n : -1;
+  }
+  return cache[dev] > 0 ? cache[dev] : 0;
+}
+
+template <typename T, int kD, int kDv, int kBN, bool kGeneral>
+cudaError_t LaunchFwdTiles(const AttentionFwdParams& p, cudaStream_t stream) {
+  using Tiles = FwdTiles<kD, kDv, kBN>;
+  const AttentionShape& s = p.shape;
   // A grid of every tile when they fit on the device at once (one CTA an SM:
   // shared memory and registers); otherwise a persistent grid (one CTA an
-  // SM): with a split tail (FwdSchedule) on the lean path where every tile
-  // has the same keys and the workspace is there, else over pairs of tiles
-  // (FwdWorkAt).
+  // SM): on the lean path where every tile has the same keys in clusters of
+  // two (m_tiles even) and with a split tail where the workspace is there
+  // (FwdSchedule), else over pairs of tiles (FwdWorkAt).
   const long long m_tiles = (s.t + Tiles::kBM - 1) / Tiles::kBM, sms = SmCount();
   const long long tiles = m_tiles * s.n * s.b, key_tiles = (s.s + kBN - 1) / kBN;
   if (tiles > INT32_MAX / 2) return cudaErrorInvalidValue;  // the kernel's 32-bit tile indices
-  FwdSchedule sched{};
+  const bool uniform = !kGeneral && FwdUniformKeys(p.mask);
+  int cl = 1;
+  if constexpr (kFwdClusterBuilt<kBN, kGeneral>)
+    if (uniform && m_tiles % 2 == 0 && tiles > sms && 2 * FwdMaxClusters<T, kD, kDv, kBN>() >= sms)
+      cl = 2;
+  const long long units = tiles / cl, slots = sms / cl;  // clusters the device runs at once
   // The split's fixed costs (a piece's pipeline start, the combine: 9 us at
   // D = 128, 18 at 256) beat what it saves below 32 key tiles a work tile or
   // at Hv = 256 (fwd_trace, H200: 1.5% slower at D = 128, S = 2048 and 0.5%
   // at D = 256, S = 4096; 1.5-3.5% faster at D = 128, S >= 4096 and at
   // D = 64, S = 8192).
-  const bool split = !kGeneral && kDv <= 128 && key_tiles >= 32 && tiles > sms && tiles % sms != 0 &&
-                     FwdUniformKeys(p.mask) &&
+  const bool split = uniform && kDv <= 128 && key_tiles >= 32 && units > slots && units % slots != 0 &&
                      p.ws != nullptr && p.ws_elems >= 2 * sms * Tiles::kBM * (kDv + 1) &&
-                     (tiles % sms) * key_tiles * sms < INT32_MAX &&  // FwdSplit's 32-bit ranges
-                     sms <= kFwdCombineMaxCtas;
+                     (units % slots) * key_tiles * slots < INT32_MAX &&  // FwdSplit's 32-bit ranges
+                     slots <= kFwdCombineMaxCtas;
+  FwdSchedule sched{};
+  sched.cluster = cl;
   if (split) {
-    sched.units = static_cast<int>(tiles);
-    sched.rounds = static_cast<int>(tiles / sms);
-    sched.split_tiles = static_cast<int>(tiles % sms);
+    sched.units = static_cast<int>(units);
+    sched.rounds = static_cast<int>(units / slots);
+    sched.split_tiles = static_cast<int>(units % slots);
     sched.key_tiles = static_cast<int>(key_tiles);
     sched.ws = p.ws;
   } else {
-    sched.pairs = tiles > sms;
-    sched.units = static_cast<int>(FwdUnits(m_tiles, s.n, s.b, sched.pairs));
+    sched.pairs = cl == 1 && tiles > sms;
+    sched.units = static_cast<int>(FwdUnits(m_tiles, s.n, s.b, sched.pairs, cl));
   }
-  const unsigned grid = static_cast<unsigned>(sched.units < sms ? sched.units : sms);
-  auto launch = [&](auto kernel) {
-    cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Tiles::kSmem);
-    if (e != cudaSuccess) return e;
-    kernel<<<grid, 384, Tiles::kSmem, stream>>>(tq, tk, tv, p, sched);
-    return cudaGetLastError();
-  };
+  const unsigned grid = static_cast<unsigned>((sched.units < slots ? sched.units : slots) * cl);
   if constexpr (!kGeneral) {
-    if (split) {
-      cudaError_t e = launch(AttentionFwdKernel<T, kD, kDv, kBN, false, true>);
-      if (e != cudaSuccess) return e;
-      AttentionFwdCombineKernel<T, kDv>
-          <<<dim3(sched.split_tiles, Tiles::kBM / kFwdCombineRows), kFwdCombineRows * kDv / 8, 0, stream>>>(
-              p, sched, static_cast<int>(grid));
-      return cudaGetLastError();
-    }
+    if constexpr (kFwdClusterBuilt<kBN, kGeneral>)
+      if (cl == 2)
+        return split ? LaunchFwdKernel<T, kD, kDv, kBN, false, true, 2>(p, sched, grid, stream)
+                     : LaunchFwdKernel<T, kD, kDv, kBN, false, false, 2>(p, sched, grid, stream);
+    if (split) return LaunchFwdKernel<T, kD, kDv, kBN, false, true, 1>(p, sched, grid, stream);
   }
-  return launch(AttentionFwdKernel<T, kD, kDv, kBN, kGeneral, false>);
+  return LaunchFwdKernel<T, kD, kDv, kBN, kGeneral, false, 1>(p, sched, grid, stream);
 }
 
 template <typename T, int kD, int kDv>

@@ -62,6 +62,36 @@ __device__ __forceinline__ void BarrierWait(uint64_t* bar, uint32_t parity) {
       : "memory");
 }
 
+// --- clusters -------------------------------------------------------------------
+
+// This CTA's rank in its cluster.
+__device__ __forceinline__ uint32_t ClusterCtaRank() {
+  uint32_t r;
+  asm volatile("mov.u32 %0, %%cluster_ctarank;" : "=r"(r));
+  return r;
+}
+
+// Every thread of every CTA in the cluster arrives, then waits for the others
+// (release / acquire at cluster scope: what a CTA wrote to its barriers and
+// shared memory before is visible to the others after). Not .aligned: the
+// threads of a warp may reach it apart.
+__device__ __forceinline__ void ClusterSync() {
+  asm volatile("barrier.cluster.arrive.release;\n\tbarrier.cluster.wait.acquire;" ::: "memory");
+}
+
+// Arrives on the barrier at `bar`'s offset in the shared memory of cluster
+// CTA `cta` (this one's included).
+__device__ __forceinline__ void BarrierArriveCluster(uint64_t* bar, uint32_t cta) {
+  asm volatile(
+      "{\n"
+      ".reg .b32 remote;\n"
+      "mapa.shared::cluster.u32 remote, %0, %1;\n"
+      "mbarrier.arrive.shared::cluster.b64 _, [remote];\n"
+      "}\n" ::"r"(SmemAddr(bar)),
+      "r"(cta)
+      : "memory");
+}
+
 // --- TMA -----------------------------------------------------------------------
 
 // Loads one 4-D box at coordinates (c0 innermost .. c3) into shared memory;
@@ -74,6 +104,18 @@ __device__ __forceinline__ void TmaLoad4d(void* smem, const CUtensorMap* map, ui
       " [%0], [%1, {%2, %3, %4, %5}], [%6];" ::"r"(SmemAddr(smem)),
       "l"(reinterpret_cast<uint64_t>(map)), "r"(c0), "r"(c1), "r"(c2), "r"(c3),
       "r"(SmemAddr(bar))
+      : "memory");
+}
+
+// TmaLoad4d into the shared memory of every cluster CTA in `cta_mask`, at
+// smem's offset, completing the bytes on the barrier at bar's offset in each.
+__device__ __forceinline__ void TmaLoad4dMulticast(void* smem, const CUtensorMap* map, uint64_t* bar,
+                                                   int c0, int c1, int c2, int c3, uint16_t cta_mask) {
+  asm volatile(
+      "cp.async.bulk.tensor.4d.shared::cluster.global.tile.mbarrier::complete_tx::bytes.multicast::cluster"
+      " [%0], [%1, {%2, %3, %4, %5}], [%6], %7;" ::"r"(SmemAddr(smem)),
+      "l"(reinterpret_cast<uint64_t>(map)), "r"(c0), "r"(c1), "r"(c2), "r"(c3),
+      "r"(SmemAddr(bar)), "h"(cta_mask)
       : "memory");
 }
 
