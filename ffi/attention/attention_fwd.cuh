@@ -4,7 +4,8 @@
 //   warpgroup 0 (producer): one thread issues TMA loads -- each consumer's
 //     half of the Q tile (a ring of three halves), then K and V tiles
 //     through a 2-stage ring (full/empty mbarriers, K and V released
-//     separately: K as soon as its scores are done) -- and works out each
+//     separately: K as soon as its scores are done; in a cluster of two
+//     CTAs, half the rows of each into both, kCluster) -- and works out each
 //     work tile's indices for the consumers (FwdTileInfo);
 //   warpgroups 1, 2 (consumers): 64 rows each; per key tile j
 //     S_j = Q K_j^T (wgmma, both operands in shared memory, K-major),
