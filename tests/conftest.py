@@ -5,6 +5,8 @@ visibly where no CUDA device is present)."""
 import jax
 import pytest
 
+from helpers import require_kernels
+
 
 def _gpu_device():
   try:
@@ -22,5 +24,6 @@ def device(request):
     dev = _gpu_device()
     if dev is None:
       pytest.skip("no CUDA device: the GPU (kernel) variant of this test needs one")
+    require_kernels()
   with jax.default_device(dev):
     yield dev

@@ -8,6 +8,7 @@ import contextlib
 import jax
 import jax.numpy as jnp
 import numpy as np
+import pytest
 
 DTYPES = [jnp.float32, jnp.bfloat16, jnp.float16]
 
@@ -126,3 +127,14 @@ def check_fwd_bwd(device, ours, naive, args, dtype, *, key=0, poison=True, what=
     assert g.dtype == args[i].dtype, (what, i, g.dtype, args[i].dtype)
     assert_rule(g, r, s, dtype, what=f"{what} grad of arg {i}")
   return reused
+
+
+def require_kernels():
+  """Fails (not skips) a GPU test when jax_dnn has no CUDA kernels: on a GPU
+  machine that is an import of the source tree (pytest run from the
+  repository root) or a build without CUDA, and every op would silently
+  run its reference. Run the GPU tests from tests/ after `pip install .`."""
+  import jax_dnn  # pylint: disable=g-import-not-at-top
+  if not jax_dnn.has_cuda_kernels():
+    pytest.fail(f"jax_dnn from {jax_dnn.__file__} has no CUDA kernels: install it "
+                "(pip install .) and run the GPU tests from tests/")

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 import jax_dnn
-from helpers import check_fwd_bwd, on_gpu
+from helpers import check_fwd_bwd, on_gpu, require_kernels
 from test_attention import naive_attention, qkv
 
 pytestmark = pytest.mark.gpu
@@ -23,6 +23,7 @@ def gpu():
     dev = jax.devices("gpu")[0]
   except RuntimeError:
     pytest.skip("no CUDA device: the attention kernel tests need one")
+  require_kernels()
   with jax.default_device(dev):
     yield dev
 
