@@ -83,7 +83,7 @@ def test_kernel_shapes(gpu, shape, causal):
 # tiles (T = S), single tiles without a mask, GQA, D = 64/256, keys not a
 # multiple of the key tile, and the general path (soft-cap); the logsumexp
 # that return_residual gives is checked too.
-def _split_mask():
+def _rows_mask():
   """Random, one row fully masked, and rows whose first 512 keys are all
   masked (whole key tiles that a row sees nothing of)."""
   m = np.random.default_rng(5).random((1, 18, 1024, 1024)) < 0.7
@@ -100,7 +100,7 @@ PERSISTENT_CASES = {
     "softcap_causal": ((2, 1024, 1024, 18, 18, 128, 128), dict(is_causal=True, logits_soft_cap=5.0)),
     # The general path without a causal mask (no split tail: plain schedule).
     "softcap_full": ((2, 1024, 1024, 18, 18, 128, 128), dict(logits_soft_cap=5.0)),
-    "mask_rows": ((1, 1024, 1024, 18, 9, 64, 64), dict(mask=_split_mask())),
+    "mask_rows": ((1, 1024, 1024, 18, 9, 64, 64), dict(mask=_rows_mask())),
     # The split tail (FwdSchedule: lean path, every tile sees the same keys,
     # at least 32 key tiles). 133 tiles: one split tile, in 32 pieces of one
     # key tile (most CTAs' ranges empty).
