@@ -1,9 +1,15 @@
 """Shared fixtures: every test that takes `device` runs once on the CPU (the
 reference path) and once on a CUDA GPU (our kernels; marker `gpu`, skipped
-visibly where no CUDA device is present)."""
+visibly where no CUDA device is present). JAX gets 8 CPU devices, for
+test_sharding.py."""
 
 import jax
-import pytest
+
+# test_sharding.py splits ops over a mesh of 8 host devices. Set before any
+# backend starts; elsewhere the default device stays the first one.
+jax.config.update("jax_num_cpu_devices", 8)
+
+import pytest  # pylint: disable=g-import-not-at-top,wrong-import-position
 
 from helpers import require_kernels
 

@@ -18,6 +18,7 @@ import jax
 import jax.numpy as jnp
 
 from jax_dnn._src import checks
+from jax_dnn._src import sharding
 from jax_dnn._src.primitive import (
     NOT_MAPPED,
     ShapedArray,
@@ -135,12 +136,42 @@ def _bias_bwd_abstract(dy, x, bias, *, activation):
           ShapedArray((g, _bias_parts(rows, g, w), 1, w), jnp.float32))
 
 
+# --- sharding rules: every dimension splits (elementwise); with a bias, its
+# columns split with x's and dbias is summed over the devices holding rows.
+
+
+def _act_sharding(operands, results, **params):
+  del results, params
+  b = sharding.RuleBuilder()
+  x = sharding.rows_then(b, operands[-1])
+  for _ in operands:
+    b.operand(*x)
+  b.result(*x)
+  return b.build()
+
+
+def _bias_sharding(operands, results, **params):
+  del params
+  b = sharding.RuleBuilder()
+  shape, (groups, width) = operands[-2], operands[-1]
+  x, g = sharding.grouped_rows(b, shape, groups, b.factor("w", width))
+  for _ in operands[:-1]:
+    b.operand(*x)
+  b.operand(g, "w")
+  b.result(*x)
+  if len(results) > 1:  # the backward: dbias, workspace
+    b.result(g, "w", sum_=True)
+    b.scratch_result(results[2])
+  return b.build()
+
+
 activation_fwd_p = define_primitive(
     "activation_fwd",
     abstract_eval=lambda x, *, activation: ShapedArray(x.shape, x.dtype),
     batching_rule=_act_fwd_batch,
     reference=_fwd_reference,
     multiple_results=False,
+    sharding=_act_sharding,
 )
 activation_bwd_p = define_primitive(
     "activation_bwd",
@@ -148,6 +179,7 @@ activation_bwd_p = define_primitive(
     batching_rule=_act_bwd_batch,
     reference=_bwd_reference,
     multiple_results=False,
+    sharding=_act_sharding,
 )
 bias_act_fwd_p = define_primitive(
     "bias_act_fwd",
@@ -155,6 +187,7 @@ bias_act_fwd_p = define_primitive(
     batching_rule=_bias_fwd_batch,
     reference=_fwd_reference,
     multiple_results=False,
+    sharding=_bias_sharding,
 )
 bias_act_bwd_p = define_primitive(
     "bias_act_bwd",
@@ -162,6 +195,7 @@ bias_act_bwd_p = define_primitive(
     batching_rule=_bias_bwd_batch,
     reference=_bwd_reference,
     multiple_results=True,
+    sharding=_bias_sharding,
 )
 
 

@@ -33,6 +33,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from jax_dnn._src import checks
+from jax_dnn._src import sharding
 from jax_dnn._src.primitive import NOT_MAPPED, ShapedArray, batch_size, define_primitive, move_to_front
 
 # Operand order after q, k, v; each present or absent (params record which).
@@ -269,6 +270,63 @@ def _bwd_batch(args, dims, **params):
   return _batch_rule(attention_bwd_p, 6, args, dims, keep_shared=False, **params)
 
 
+def _sharding(operands, results, *, present, **params):
+  """Batch and heads split (query heads with their kv heads: n // (N / K)
+  stays on the device of kv head n // (N / K)); sequences and head dims stay
+  whole (the causal, window and length masks count positions from 0)."""
+  del params
+  backward = len(results) == 6
+  q_shape, k_shape, v_shape = operands[1:4] if backward else operands[:3]
+  bsz, t, n, h = q_shape
+  s_len, kh = k_shape[1], k_shape[2]
+  b = sharding.RuleBuilder()
+  t_, s_ = b.own(t), b.own(s_len)
+  grouped = [operands[i] for i, name in enumerate(present, len(operands) - len(present))
+             if name in ("bias", "mask")]
+  # bias/mask [G, N|1, T, S] with G dividing B: B splits when G is 1 or B.
+  batch = b.factor("b", bsz, whole=any(x[0] not in (1, bsz) for x in grouped))
+  kv = b.factor("k", kh)
+  heads = kv if n == kh else (b.factor("k", kh), b.factor("g", n // kh))
+  if kh == 1 and n > 1:  # multi-query: query heads split, K and V go everywhere
+    heads, kv = b.factor("g", n), b.own(1, whole=False)
+  q = (batch, t_, heads, b.own(h))
+  o = (batch, t_, heads, b.own(v_shape[-1]))
+  k = (batch, s_, kv, b.own(h))
+  v = (batch, s_, kv, b.own(v_shape[-1]))
+  lse = (batch, heads, t_)
+  if backward:
+    for x in (o, q, k, v, o, lse):
+      b.operand(*x)
+  else:
+    for x in (q, k, v):
+      b.operand(*x)
+  for name, shape in zip(present, operands[len(operands) - len(present):]):
+    if name in ("bias", "mask"):
+      b.operand(batch if shape[0] == bsz else b.own(shape[0]),
+                heads if shape[1] == n else b.own(shape[1]), t_, s_)
+    elif name in ("q_lens", "kv_lens"):
+      b.operand(batch)
+    else:
+      b.operand(batch, t_ if name == "q_seg" else s_)
+  if backward:  # dq, dk, dv, dlogits, then delta and the dQ accumulator (workspace)
+    b.result(*q)
+    # Multi-query: each device holds some query heads, so its dk, dv are a
+    # part of the sum over heads (a no-op where kv heads split with them).
+    b.result(*k, sum_=True)
+    b.result(*v, sum_=True)
+    if "bias" in present:
+      b.result(batch, heads, t_, s_)
+    else:
+      b.scratch_result(results[3])
+    b.scratch_result(results[4])
+    b.scratch_result(results[5])
+  else:  # o, lse, the split tail's workspace
+    b.result(*o)
+    b.result(*lse)
+    b.scratch_result(results[2])
+  return b.build()
+
+
 attention_fwd_p = define_primitive(
     "attention_fwd",
     abstract_eval=_fwd_abstract,
@@ -277,6 +335,7 @@ attention_fwd_p = define_primitive(
     multiple_results=True,
     ffi_params=_ffi_params,
     supported=_fwd_supported,
+    sharding=_sharding,
 )
 attention_bwd_p = define_primitive(
     "attention_bwd",
@@ -286,6 +345,7 @@ attention_bwd_p = define_primitive(
     multiple_results=True,
     ffi_params=_bwd_ffi_params,
     supported=_bwd_supported,
+    sharding=_sharding,
 )
 
 

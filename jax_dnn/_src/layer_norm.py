@@ -25,6 +25,7 @@ import jax
 import jax.numpy as jnp
 
 from jax_dnn._src import checks
+from jax_dnn._src import sharding
 from jax_dnn._src.primitive import (
     NOT_MAPPED,
     ShapedArray,
@@ -143,6 +144,31 @@ def _bwd_batch(args, dims, *, epsilon, rms):
   return [dx, *dparams, ws], [0] * (len(dparams) + 1) + [NOT_MAPPED]
 
 
+def _sharding(operands, results, *, epsilon, rms):
+  """Rows split (see sharding.grouped_rows); the normalized width stays
+  whole; the parameter gradients are summed over the devices holding rows."""
+  del epsilon
+  b = sharding.RuleBuilder()
+  backward = len(results) > 1
+  groups, width = operands[2] if backward else operands[1]
+  x, g = sharding.grouped_rows(b, operands[1] if backward else operands[0], groups, b.own(width))
+  param = (g, x[-1])
+  if backward:  # dy, x, scale -> dx, dscale[, dbias], workspace
+    b.operand(*x)
+    b.operand(*x)
+    b.operand(*param)
+    b.result(*x)
+    for _ in range(1 if rms else 2):
+      b.result(*param, sum_=True)
+    b.scratch_result(results[-1])
+  else:  # x, scale[, bias] -> y
+    b.operand(*x)
+    for _ in operands[1:]:
+      b.operand(*param)
+    b.result(*x)
+  return b.build()
+
+
 def _define(name, rms):
   fwd = define_primitive(
       f"{name}_fwd",
@@ -150,6 +176,7 @@ def _define(name, rms):
       batching_rule=functools.partial(_fwd_batch, rms=rms),
       reference=functools.partial(_fwd_reference, rms=rms),
       multiple_results=False,
+      sharding=functools.partial(_sharding, rms=rms),
   )
   bwd = define_primitive(
       f"{name}_bwd",
@@ -157,6 +184,7 @@ def _define(name, rms):
       batching_rule=functools.partial(_bwd_batch, rms=rms),
       reference=functools.partial(_bwd_reference, rms=rms),
       multiple_results=True,
+      sharding=functools.partial(_sharding, rms=rms),
   )
   return fwd, bwd
 

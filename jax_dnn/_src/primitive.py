@@ -7,7 +7,12 @@
   * a CUDA lowering to the FFI target of the same name (our kernel), and
   * on every other platform (and on CUDA when the kernels are unavailable or
     JAX_DNN_IMPL=reference), a lowering of the pure-JAX reference through
-    `mlir.lower_fun`.
+    `mlir.lower_fun`, and
+  * a sharding rule (jax_dnn/_src/sharding.py): under jit with operands split
+    over several devices, each device runs the kernel on its shard. The
+    lowerings above then belong to a per-shard primitive
+    `jax_dnn_<name>_shard`, which the returned primitive's lowering calls
+    through `custom_partitioning` (inlined on one device).
 Primitive parameters become FFI attributes, converted to the fixed-width
 types the handlers decode (int -> int64, float -> float32, bool -> pred).
 """
@@ -26,6 +31,7 @@ from jax.interpreters import mlir
 import numpy as np
 
 from jax_dnn._src import extension
+from jax_dnn._src import sharding as sharding_lib
 
 # The batch dimension of an operand that vmap did not batch.
 NOT_MAPPED = None
@@ -55,6 +61,7 @@ def define_primitive(
     multiple_results: bool,
     ffi_params: Callable[[dict[str, Any]], dict[str, Any]] | None = None,
     supported: Callable[..., bool] | None = None,
+    sharding: Callable[..., sharding_lib.Rule],
 ) -> Primitive:
   """Defines primitive `jax_dnn_<name>`, lowered to the FFI target of that name.
 
@@ -62,6 +69,8 @@ def define_primitive(
   params); use it to drop params that only the reference needs.
   supported(avals_in, **params) says whether the kernel takes these operands
   (default: always); where it does not, CUDA lowers the reference too.
+  sharding(operand_shapes, result_shapes, **params) gives the op's
+  sharding_lib.Rule: which dimensions may be split over devices.
   """
   target = f"jax_dnn_{name}"
   prim = Primitive(target)
@@ -69,6 +78,21 @@ def define_primitive(
   prim.def_impl(functools.partial(dispatch.apply_primitive, prim))
   prim.def_abstract_eval(abstract_eval)
   batching.primitive_batchers[prim] = batching_rule
+
+  # One shard's call: what custom_partitioning runs on each device.
+  shard = Primitive(f"{target}_shard")
+  shard.multiple_results = multiple_results
+  shard.def_impl(functools.partial(dispatch.apply_primitive, shard))
+  shard.def_abstract_eval(abstract_eval)
+
+  def partitioned(*args, **params):
+    fn = sharding_lib.partitioned(shard, multiple_results, sharding, tuple(sorted(params.items())))
+    return fn(*args)
+
+  mlir.register_lowering(prim, mlir.lower_fun(partitioned, multiple_results=multiple_results))
+  # custom_partitioning reads the device assignment while lowering; JAX
+  # provides it only to programs whose primitives ask for it.
+  dispatch.prim_requires_devices_during_lowering.add(prim)
 
   reference_lowering = mlir.lower_fun(reference, multiple_results=multiple_results)
   kernel_lowering = jax.ffi.ffi_lowering(target)
@@ -79,8 +103,8 @@ def define_primitive(
     attrs = ffi_params(params) if ffi_params else params
     return kernel_lowering(ctx, *args, **{k: _ffi_attr(v) for k, v in attrs.items()})
 
-  mlir.register_lowering(prim, reference_lowering)
-  mlir.register_lowering(prim, cuda_lowering, platform="cuda")
+  mlir.register_lowering(shard, reference_lowering)
+  mlir.register_lowering(shard, cuda_lowering, platform="cuda")
   return prim
 
 

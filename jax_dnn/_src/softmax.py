@@ -15,6 +15,7 @@ import jax
 import jax.numpy as jnp
 
 from jax_dnn._src import checks
+from jax_dnn._src import sharding
 from jax_dnn._src.primitive import ShapedArray, batch_size, define_primitive, move_to_front, vjp_op
 
 
@@ -56,12 +57,25 @@ def _bwd_batch(args, dims, *, axis, log):
   return softmax_bwd_p.bind(dy, x, axis=axis + 1, log=log), 0
 
 
+def _sharding(operands, results, *, axis, log):
+  """Every dimension but the softmax axis splits."""
+  del results, log
+  b = sharding.RuleBuilder()
+  x = list(sharding.rows_then(b, operands[-1]))
+  x[axis] = b.own(operands[-1][axis])
+  for _ in operands:
+    b.operand(*x)
+  b.result(*x)
+  return b.build()
+
+
 softmax_fwd_p = define_primitive(
     "softmax_fwd",
     abstract_eval=lambda x, *, axis, log: ShapedArray(x.shape, x.dtype),
     batching_rule=_fwd_batch,
     reference=_softmax_fwd_reference,
     multiple_results=False,
+    sharding=_sharding,
 )
 
 softmax_bwd_p = define_primitive(
@@ -70,6 +84,7 @@ softmax_bwd_p = define_primitive(
     batching_rule=_bwd_batch,
     reference=_softmax_bwd_reference,
     multiple_results=False,
+    sharding=_sharding,
 )
 
 

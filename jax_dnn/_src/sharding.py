@@ -1,0 +1,282 @@
+"""How a primitive splits over a device mesh (jit with sharded operands).
+
+A custom call is opaque to XLA's partitioner: without a rule it gathers every
+operand onto every device and runs the whole op there, redundantly. Each
+jax_dnn primitive therefore describes, with a `Rule`, which dimensions of its
+operands and results may be split across devices (batch rows, heads, the
+columns of an elementwise op) and which each kernel needs whole (a softmax
+row, a normalized width, a sequence). `partitioned` wraps a primitive's
+bind in `jax.experimental.custom_partitioning` with that rule: the
+partitioner then runs the kernel on each device's shard, adds up partial
+parameter gradients with a psum, and moves data only where an operand
+arrives split along a dimension that must be whole.
+
+On one device the wrapper is inlined: the program is the plain kernel call.
+Works with both partitioners (Shardy, the default, through the rule string;
+GSPMD through `infer_sharding_from_operands`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import math
+from typing import Any, Union
+
+import jax
+from jax._src import sharding_impls
+from jax.experimental.custom_partitioning import custom_partitioning
+import jax.numpy as jnp
+from jax.sharding import NamedSharding, PartitionSpec
+
+# A dimension's factor: a name, or a compound (major, ..., minor) of names
+# whose sizes multiply to the dimension (query heads = kv heads x group).
+Factor = Union[str, tuple[str, ...]]
+
+
+@dataclasses.dataclass(frozen=True)
+class Rule:
+  """Which dimensions of a primitive's arrays may be split over devices.
+
+  operands, results: one factor per dimension of each array. Dimensions that
+    share a factor are split alike.
+  sizes: every factor's size.
+  whole: factors the kernel needs whole (never split).
+  sums: indices of results that are sums over rows (parameter gradients):
+    each shard computes a partial sum; they are added (psum) over the mesh
+    axes of every operand factor the result does not have.
+  scratch: indices of results that are workspace nobody reads: each shard
+    keeps its own, and the op returns zeros in their place.
+  """
+  operands: tuple[tuple[Factor, ...], ...]
+  results: tuple[tuple[Factor, ...], ...]
+  sizes: dict[str, int]
+  whole: frozenset[str] = frozenset()
+  sums: frozenset[int] = frozenset()
+  scratch: frozenset[int] = frozenset()
+
+  def names(self, factor: Factor) -> tuple[str, ...]:
+    return factor if isinstance(factor, tuple) else (factor,)
+
+  def split_name(self, factor: Factor) -> str | None:
+    """The name a dimension splits along: the compound's first name of size
+    > 1 (splitting a compound along a later name is a contiguous split only
+    when the names before it have size 1), unless it must stay whole."""
+    for name in self.names(factor):
+      if self.sizes[name] > 1:
+        return None if name in self.whole else name
+    return None
+
+
+class RuleBuilder:
+  """Assembles a Rule array by array; factor names made unique where needed."""
+
+  def __init__(self):
+    self.operands, self.results = [], []
+    self.sizes: dict[str, int] = {}
+    self.whole: set[str] = set()
+    self.sums: set[int] = set()
+    self.scratch: set[int] = set()
+    self._count = 0
+
+  def own(self, size: int, *, whole: bool = True) -> str:
+    """A factor of this dimension alone (whole by default)."""
+    self._count += 1
+    name = f"u{self._count}"
+    self.sizes[name] = size
+    if whole:
+      self.whole.add(name)
+    return name
+
+  def factor(self, name: str, size: int, *, whole: bool = False) -> str:
+    if self.sizes.setdefault(name, size) != size:
+      raise ValueError(f"sharding rule: factor {name} has sizes {self.sizes[name]} and {size}")
+    if whole:
+      self.whole.add(name)
+    return name
+
+  def operand(self, *factors: Factor):
+    self.operands.append(tuple(factors))
+
+  def result(self, *factors: Factor, sum_: bool = False):
+    if sum_:
+      self.sums.add(len(self.results))
+    self.results.append(tuple(factors))
+
+  def scratch_result(self, shape):
+    self.scratch.add(len(self.results))
+    self.results.append(tuple(self.own(s) for s in shape))
+
+  def build(self) -> Rule:
+    return Rule(tuple(self.operands), tuple(self.results), dict(self.sizes), frozenset(self.whole),
+                frozenset(self.sums), frozenset(self.scratch))
+
+
+def rows_then(builder: RuleBuilder, shape, last: Factor | None = None) -> tuple[Factor, ...]:
+  """Factors r0, r1, ... (splittable) for the leading dimensions of `shape`,
+  then `last` for its last dimension (None: every dimension is a row)."""
+  n = len(shape) if last is None else len(shape) - 1
+  rows = tuple(builder.factor(f"r{i}", s) for i, s in enumerate(shape[:n]))
+  return rows if last is None else rows + (last,)
+
+
+def grouped_rows(builder: RuleBuilder, shape, groups: int, last: Factor):
+  """Factors of x [..., W] whose rows use parameter group r // (rows / G)
+  (G > 1 where vmap batched the parameters), and the factor of G.
+
+  Rows split freely under one group. Under G groups they split only along
+  a first dimension of size G (vmap's axis, the parameters split alike, so
+  each shard's rows still find their groups); otherwise they stay whole.
+  """
+  if groups == 1:
+    return rows_then(builder, shape, last), builder.own(1)
+  if len(shape) >= 2 and shape[0] == groups:
+    x = rows_then(builder, shape, last)
+    return x, x[0]
+  x = tuple(builder.own(s) for s in shape[:-1]) + (last,)
+  return x, builder.own(groups)
+
+
+# --- the partitioner's callbacks ------------------------------------------------
+
+
+def _entries(mesh, sharding, ndim):
+  """The mesh axes splitting each dimension, or None where the sharding is
+  not one a PartitionSpec of this mesh expresses (mesh sub-axes, from a
+  reshape upstream): that operand then counts as unsplit, and the
+  partitioner reshards it to what `partition` asks for."""
+  if isinstance(sharding, NamedSharding):
+    spec = sharding.spec
+  else:
+    try:
+      spec = sharding_impls.parse_flatten_op_sharding(sharding._to_xla_hlo_sharding(ndim), mesh)[0]  # pylint: disable=protected-access
+    except Exception:  # pylint: disable=broad-except
+      return None
+  spec = tuple(spec) + (None,) * (ndim - len(spec))
+  return [() if e is None else (e,) if isinstance(e, str) else tuple(e) for e in spec]
+
+
+def _assign(rule: Rule, mesh, arg_shapes) -> dict[str, tuple[str, ...]]:
+  """Mesh axes of each factor: taken from the first operand dimension split
+  along it, where the axes are free and divide the factor's size."""
+  axes: dict[str, tuple[str, ...]] = {}
+  used: set[str] = set()
+  for factors, arg in zip(rule.operands, arg_shapes):
+    for factor, entry in zip(factors, _entries(mesh, arg.sharding, arg.ndim) or ()):
+      name = rule.split_name(factor)
+      if not entry or name is None or name in axes or used & set(entry):
+        continue
+      if rule.sizes[name] % math.prod(mesh.shape[a] for a in entry):
+        continue
+      axes[name] = entry
+      used |= set(entry)
+  return axes
+
+
+def _sharding(rule: Rule, mesh, axes, factors) -> NamedSharding:
+  spec = []
+  for factor in factors:
+    entry = axes.get(rule.split_name(factor), ())
+    spec.append(None if not entry else entry[0] if len(entry) == 1 else entry)
+  return NamedSharding(mesh, PartitionSpec(*spec))
+
+
+def _summed_axes(rule: Rule, axes, index) -> tuple[str, ...]:
+  """Mesh axes a sum result is added over: those of operand factors it lacks."""
+  have = {n for f in rule.results[index] for n in rule.names(f)}
+  out = []
+  for factors in rule.operands:
+    for f in factors:
+      name = rule.split_name(f)
+      if name in axes and name not in have:
+        out += [a for a in axes[name] if a not in out]
+  return tuple(out)
+
+
+def _as_tuple(x):
+  return tuple(x) if isinstance(x, (tuple, list)) else (x,)
+
+
+@functools.lru_cache(maxsize=None)
+def partitioned(prim, multiple_results: bool, rule_fn, params_items):
+  """prim.bind(*args, **params) as a custom_partitioning function.
+
+  rule_fn(operand_shapes, result_shapes, **params) -> Rule (shapes only: it
+  also runs on Shardy's types, which carry no JAX dtype)."""
+  params = dict(params_items)
+
+  def call(*args):
+    return prim.bind(*args, **params)
+
+  fn = custom_partitioning(call)
+
+  def rule_of(arg_shapes, results):
+    return rule_fn([tuple(a.shape) for a in arg_shapes], [tuple(r.shape) for r in results], **params)
+
+  def infer(mesh, arg_shapes, result_shape):  # GSPMD's propagation
+    rule = rule_of(arg_shapes, _as_tuple(result_shape))
+    axes = _assign(rule, mesh, arg_shapes)
+    out = [_sharding(rule, mesh, axes, f) for f in rule.results]
+    return out if multiple_results else out[0]
+
+  def partition(mesh, arg_shapes, result_shape):
+    results = _as_tuple(result_shape)
+    rule = rule_of(arg_shapes, results)
+    axes = _assign(rule, mesh, arg_shapes)
+    arg_sh = tuple(_sharding(rule, mesh, axes, f) for f in rule.operands)
+    res_sh = [_sharding(rule, mesh, axes, f) for f in rule.results]
+    sums = {i: _summed_axes(rule, axes, i) for i in rule.sums}
+    scratch = {i: (results[i].shape, results[i].dtype) for i in rule.scratch}
+
+    def lower(*args):
+      outs = list(_as_tuple(prim.bind(*args, **params)))
+      for i, names in sums.items():
+        if names:
+          outs[i] = jax.lax.psum(outs[i], names)
+      for i, (shape, dtype) in scratch.items():
+        outs[i] = jnp.zeros(shape, dtype)
+      return outs if multiple_results else outs[0]
+
+    return mesh, lower, res_sh if multiple_results else res_sh[0], arg_sh
+
+  def sdy_rule(mesh, operand_types, result_types):
+    del mesh
+    rule = rule_fn([tuple(t.shape) for t in operand_types], [tuple(t.shape) for t in result_types],
+                   **params)
+    return sdy_string(rule), sdy_factor_sizes(rule)
+
+  # decode_shardings=False: the operands' shardings arrive as they are and
+  # _entries reads them, so that one no PartitionSpec expresses cannot fail
+  # inside JAX before `partition` sees it.
+  fn.def_partition(partition, infer_sharding_from_operands=infer, sharding_rule=sdy_rule,
+                   decode_shardings=False)
+  return fn
+
+
+# --- Shardy's rule string ------------------------------------------------------------
+# A compound dimension is one factor here: Shardy would split it along mesh
+# sub-axes (2 of a 4-device axis for K = 2 kv heads, the rest for the
+# group), shardings that no PartitionSpec expresses. So Shardy only learns
+# which dimensions may split; `partition` ties query heads to kv heads.
+
+
+def _sdy_name(factor: Factor) -> str:
+  return "_".join(factor) if isinstance(factor, tuple) else factor
+
+
+def sdy_string(rule: Rule) -> str:
+  def arrays(xs):
+    return ", ".join(" ".join(_sdy_name(f) for f in fs) for fs in xs)
+  return f"{arrays(rule.operands)} -> {arrays(rule.results)}"
+
+
+def sdy_factor_sizes(rule: Rule) -> dict[str, Any]:
+  """The factors kept whole, in the order the rule names them (Shardy's)."""
+  dims = [f for fs in rule.operands + rule.results for f in fs]
+  whole = [_sdy_name(f) for f in dims if rule.split_name(f) is None and not _size1(rule, f)]
+  whole = list(dict.fromkeys(whole))
+  return {"need_replication_factors": tuple(whole)} if whole else {}
+
+
+def _size1(rule: Rule, factor: Factor) -> bool:
+  return all(rule.sizes[n] == 1 for n in rule.names(factor))

@@ -1,0 +1,283 @@
+"""Sharded operands under jit: each op runs on every device's shard (no
+gather) where the op allows it, adds partial parameter gradients over the
+devices, and stays correct where an operand arrives split along a dimension
+it needs whole.
+
+CPU: a mesh of 8 host devices (conftest), where the per-shard call is the
+reference; the CUDA lowering of a sharded program is checked to hand the op
+to the partitioner with its rule. GPU (marker gpu, >= 2 GPUs): the kernels,
+split over a mesh of GPUs, against the same program on one GPU.
+"""
+
+
+import jax
+import jax.numpy as jnp
+from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
+import numpy as np
+import pytest
+
+import jax_dnn
+from helpers import randn, require_kernels
+
+
+def _cpu_mesh():
+  devices = jax.devices("cpu")
+  assert len(devices) >= 8, f"conftest asks for 8 CPU devices; JAX has {len(devices)}"
+  return Mesh(np.array(devices[:8]).reshape(4, 2), ("data", "model"))
+
+
+def _gpu_mesh():
+  try:
+    gpus = jax.devices("gpu")
+  except RuntimeError:
+    gpus = []
+  if len(gpus) < 2:
+    pytest.skip(f"needs 2 or more CUDA devices (found {len(gpus)})")
+  require_kernels()
+  return Mesh(np.array(gpus[:2]).reshape(2, 1), ("data", "model"))
+
+
+@pytest.fixture(params=["cpu", pytest.param("gpu", marks=pytest.mark.gpu)])
+def mesh(request):
+  return _cpu_mesh() if request.param == "cpu" else _gpu_mesh()
+
+
+def _collectives(fn, args):
+  text = jax.jit(fn).lower(*args).compile().as_text()
+  return {op: text.count(f"{op}(") for op in ("all-gather", "all-reduce", "all-to-all",
+                                              "collective-permute")}
+
+
+def _check(mesh, fn, args, specs, *, gathers=0, tol=1e-5):
+  """fn on operands split per `specs` equals fn on one device; returns the
+  compiled program's collectives (`gathers` all-gathers and no all-to-all
+  or permute expected; None: not checked)."""
+  one = jax.devices(mesh.devices.flat[0].platform)[0]
+  with jax.default_device(one):
+    want = jax.jit(fn)(*args)
+  split = [jax.device_put(a, NamedSharding(mesh, s)) for a, s in zip(args, specs)]
+  got = jax.jit(fn)(*split)
+  for g, w in zip(jax.tree.leaves(got), jax.tree.leaves(want)):
+    np.testing.assert_allclose(np.asarray(g, np.float32), np.asarray(w, np.float32), rtol=tol, atol=tol)
+  coll = _collectives(fn, split)
+  if gathers is not None:
+    assert coll["all-gather"] == gathers, coll
+    assert coll["all-to-all"] == 0 and coll["collective-permute"] == 0, coll
+  return coll
+
+
+def _tol(mesh):
+  # GPU: bf16 kernels on the whole and on shards run the same tiles per row;
+  # the psum of parameter gradients changes their fp32 summation order.
+  return 1e-5 if mesh.devices.flat[0].platform == "cpu" else 2e-2
+
+
+# --- elementwise, softmax, norms ----------------------------------------------------
+
+
+def test_activation_splits_everywhere(mesh):
+  x = randn(0, (8, 4, 64), jnp.float32)
+  loss = lambda x: jnp.sum(jax_dnn.gelu(x) * jnp.cos(x))
+  spec = P("data", None, "model")
+  _check(mesh, jax.value_and_grad(loss), [x], [spec], tol=_tol(mesh))
+
+
+def test_bias_act_columns_and_rows(mesh):
+  """Tensor-parallel MLP layout: columns split with the bias; dbias is summed
+  over the devices holding rows."""
+  x, bias = randn(1, (8, 4, 64), jnp.float32), randn(2, (64,), jnp.float32)
+  fn = jax.grad(lambda x, b: jnp.sum(jax_dnn.bias_act(x, b, "silu") * x), argnums=(0, 1))
+  coll = _check(mesh, fn, [x, bias], [P("data", None, "model"), P("model")], tol=_tol(mesh))
+  assert coll["all-reduce"] >= 1, coll
+
+
+@pytest.mark.parametrize("log", [False, True])
+def test_softmax_rows_split_axis_whole(mesh, log):
+  op = jax_dnn.log_softmax if log else jax_dnn.softmax
+  x = randn(3, (8, 6, 32), jnp.float32)
+  loss = lambda x: jnp.sum(op(x, axis=1) * jnp.sin(x))
+  _check(mesh, jax.value_and_grad(loss), [x], [P("data", None, "model")], tol=_tol(mesh))
+
+
+def test_softmax_split_along_its_axis_is_gathered(mesh):
+  """Split along the softmax axis (the last): the op needs each row whole."""
+  x = randn(4, (8, 6, 32), jnp.float32)
+  _check(mesh, jax_dnn.softmax, [x], [P(None, None, "model")], gathers=1, tol=_tol(mesh))
+
+
+@pytest.mark.parametrize("name", ["layer_norm", "rms_norm"])
+def test_norm_rows_split_param_grads_summed(mesh, name):
+  op = getattr(jax_dnn, name)
+  x = randn(5, (8, 4, 96), jnp.float32)
+  scale = randn(6, (96,), jnp.float32, offset=1.0)
+  params = [scale] if name == "rms_norm" else [scale, randn(7, (96,), jnp.float32)]
+  loss = lambda x, *p: jnp.sum(op(x, *p) * jnp.cos(x))
+  fn = jax.grad(loss, argnums=tuple(range(1 + len(params))))
+  coll = _check(mesh, fn, [x, *params], [P("data", "model")] + [P()] * len(params), tol=_tol(mesh))
+  assert coll["all-reduce"] >= 1, coll
+
+
+def test_norm_width_split_is_gathered(mesh):
+  x = randn(8, (8, 4, 96), jnp.float32)
+  _check(mesh, jax_dnn.layer_norm, [x], [P("data", None, "model")], gathers=1, tol=_tol(mesh))
+
+
+def test_norm_vmapped_params_split_with_rows(mesh):
+  """vmap over (x, scale) makes G = 8 parameter groups; rows split along the
+  vmapped axis carry their groups with them."""
+  x = randn(9, (8, 4, 32), jnp.float32)
+  scale = randn(10, (8, 32), jnp.float32, offset=1.0)
+  fn = jax.grad(lambda x, s: jnp.sum(jax.vmap(jax_dnn.rms_norm)(x, s) ** 2), argnums=(0, 1))
+  _check(mesh, fn, [x, scale], [P("data"), P("data")], tol=_tol(mesh))
+
+
+# --- attention -----------------------------------------------------------------------
+
+B, T, S, N, H = 4, 16, 24, 8, 32
+
+
+def _qkv(kv_heads, dtype):
+  return (randn(20, (B, T, N, H), dtype), randn(21, (B, S, kv_heads, H), dtype),
+          randn(22, (B, S, kv_heads, H), dtype))
+
+
+def _attn_grad(**kw):
+  def loss(q, k, v, *extra):
+    kwargs = dict(kw)
+    if extra:
+      kwargs["bias"] = extra[0]
+    o = jax_dnn.dot_product_attention(q, k, v, **kwargs)
+    return jnp.sum(o.astype(jnp.float32) * jnp.sin(q.astype(jnp.float32)))
+  return loss
+
+
+def _attn_dtype(mesh):
+  return jnp.float32 if mesh.devices.flat[0].platform == "cpu" else jnp.bfloat16
+
+
+@pytest.mark.parametrize("kv_heads,specs", [
+    (N, [P("data", None, "model")] * 3),       # batch and heads
+    (2, [P(None, None, "model")] * 3),         # grouped: query heads go with their kv heads
+    (1, [P(None, None, "model"), P(), P()]),   # multi-query: dk, dv summed over head shards
+], ids=["mha", "gqa", "mqa"])
+def test_attention_batch_and_heads(mesh, kv_heads, specs):
+  args = _qkv(kv_heads, _attn_dtype(mesh))
+  fn = jax.value_and_grad(_attn_grad(is_causal=True), argnums=(0, 1, 2))
+  _check(mesh, fn, args, specs, tol=_tol(mesh))
+
+
+@pytest.mark.parametrize("bias_batch", [B, 1])
+def test_attention_bias_gradient(mesh, bias_batch):
+  q, k, v = _qkv(N, _attn_dtype(mesh))
+  bias = randn(23, (bias_batch, N, T, S), jnp.float32)
+  fn = jax.grad(_attn_grad(), argnums=(0, 1, 2, 3))
+  specs = [P("data", None, "model")] * 3 + [P("data" if bias_batch == B else None, "model")]
+  _check(mesh, fn, [q, k, v, bias], specs, tol=_tol(mesh))
+
+
+def test_attention_masks_lengths_segments(mesh):
+  q, k, v = _qkv(N, _attn_dtype(mesh))
+  mask = jax.random.bernoulli(jax.random.key(24), 0.8, (B, 1, T, S))
+  lens = jnp.array([3, 24, 10, 17], jnp.int32)
+  q_seg = jnp.repeat(jnp.arange(4)[None], B, 0).repeat(T // 4, 1)
+  kv_seg = jnp.repeat(jnp.arange(4)[None], B, 0).repeat(S // 4, 1)
+
+  def fn(q, k, v, mask, lens, q_seg, kv_seg):
+    o, lse = jax_dnn.dot_product_attention(q, k, v, mask=mask, key_value_seq_lengths=lens,
+                                           q_segment_ids=q_seg, kv_segment_ids=kv_seg,
+                                           local_window_size=(6, 2), return_residual=True)
+    return o, jnp.where(jnp.isfinite(lse), lse, 0.0)
+
+  heads = P("data", None, "model")
+  _check(mesh, fn, [q, k, v, mask, lens, q_seg, kv_seg],
+         [heads] * 3 + [P("data"), P("data"), P("data"), P("data")], tol=_tol(mesh))
+
+
+def test_attention_sequence_split_is_gathered(mesh):
+  """The masks count positions from each sequence's start: T and S stay whole."""
+  q, k, v = _qkv(N, _attn_dtype(mesh))
+  fn = lambda q, k, v: jax_dnn.dot_product_attention(q, k, v, is_causal=True)
+  _check(mesh, fn, [q, k, v], [P(None, "data")] * 3, gathers=3, tol=_tol(mesh))
+
+
+def test_attention_after_a_reshape_with_mesh_sub_axes(mesh):
+  """[B, T, N*H] split 4 ways along its last axis, reshaped to N = 2 heads:
+  the heads then carry part of a mesh axis, which no PartitionSpec names. The
+  op takes such operands whole."""
+  x = randn(25, (B, T, 2 * H), _attn_dtype(mesh))
+
+  def fn(x):
+    q = x.reshape(B, T, 2, H)
+    return jnp.sum(jax_dnn.dot_product_attention(q, q, q).astype(jnp.float32) ** 2)
+
+  spec = P(None, None, "data")
+  split = jax.device_put(x, NamedSharding(mesh, spec))
+  got = jax.jit(jax.value_and_grad(fn))(split)
+  want = jax.jit(jax.value_and_grad(fn))(x)
+  for g, w in zip(got, want):
+    np.testing.assert_allclose(np.asarray(g, np.float32), np.asarray(w, np.float32),
+                               rtol=_tol(mesh), atol=_tol(mesh))
+
+
+@pytest.mark.parametrize("spec,gathers", [
+    (P("model", "data"), 0),
+    # The batching rule folds the vmapped axis into B as its major part: a
+    # split of the inner B alone is then no contiguous split of the folded
+    # batch, and the partitioner gathers (correct, not parallel).
+    (P(None, "data", None, "model"), None),
+], ids=["vmapped_axis_split", "inner_batch_split"])
+def test_vmap_of_sharded_attention(mesh, spec, gathers):
+  q, k, v = (jnp.stack([a, a * 0.5]) for a in _qkv(N, _attn_dtype(mesh)))
+  fn = jax.vmap(lambda q, k, v: jax_dnn.dot_product_attention(q, k, v, is_causal=True))
+  _check(mesh, fn, [q, k, v], [spec] * 3, gathers=gathers, tol=_tol(mesh))
+
+
+# --- the CUDA lowering -------------------------------------------------------------------
+
+
+def _cuda_text(fn, *args):
+  return jax.jit(fn).trace(*args).lower(lowering_platforms=("cuda",)).as_text()
+
+
+def test_one_device_lowering_is_the_plain_kernel_call():
+  if not jax_dnn.has_cuda_kernels():
+    pytest.skip("jax_dnn was built without CUDA kernels: the CUDA lowering is the reference")
+  x = jnp.ones((4, 8), jnp.bfloat16)
+  text = _cuda_text(jax_dnn.softmax, x)
+  assert "custom_call @jax_dnn_softmax_fwd(" in text
+  assert "CustomSPMDPartitioning" not in text
+
+
+def test_sharded_lowering_hands_the_op_to_the_partitioner():
+  """On several devices the op goes to XLA's partitioner with its rule (the
+  kernel call is made per shard when XLA compiles for the GPUs)."""
+  mesh = _cpu_mesh()
+  q = jax.device_put(jnp.ones((4, 128, 8, 64), jnp.bfloat16),
+                     NamedSharding(mesh, P("data", None, "model")))
+  loss = lambda q: jax_dnn.dot_product_attention(q, q, q).astype(jnp.float32).sum()
+  text = _cuda_text(jax.grad(loss), q)
+  calls = [l for l in text.splitlines() if "custom_call @CustomSPMDPartitioning" in l]
+  assert len(calls) == 2, calls  # forward and backward
+  assert all("sdy.sharding_rule" in c for c in calls), calls
+  assert "jax_dnn_attention_fwd" not in text.replace("CustomSPMDPartitioning", "")
+
+
+def test_rules_split_what_they_should():
+  """The rules themselves: which factors may split."""
+  from jax_dnn._src import attention, layer_norm, softmax  # pylint: disable=g-import-not-at-top
+  from jax_dnn._src import sharding  # pylint: disable=g-import-not-at-top
+
+  def splittable(rule, array):
+    return [rule.split_name(f) is not None for f in array]
+
+  r = softmax._sharding([(4, 6, 8)], [(4, 6, 8)], axis=1, log=False)
+  assert splittable(r, r.operands[0]) == [True, False, True]
+  r = layer_norm._sharding([(4, 6, 8), (1, 8), (1, 8)], [(4, 6, 8)], epsilon=1e-6, rms=False)
+  assert splittable(r, r.operands[0]) == [True, True, False]
+  params = dict(present=(), scale=1.0, softcap=0.0, is_causal=False, window=None,
+                deterministic=False)
+  r = attention._sharding([(2, 16, 8, 64), (2, 24, 2, 64), (2, 24, 2, 32)],
+                          [(2, 16, 8, 32), (2, 8, 16), (0,)], **params)
+  assert splittable(r, r.operands[0]) == [True, False, True, False]
+  assert r.split_name(r.operands[0][2]) == r.split_name(r.operands[1][2]) == "k"
+  assert "need_replication_factors" in sharding.sdy_factor_sizes(r)
