@@ -232,6 +232,25 @@ def test_vmap_of_sharded_attention(mesh, spec, gathers):
   _check(mesh, fn, [q, k, v], [spec] * 3, gathers=gathers, tol=_tol(mesh))
 
 
+@pytest.mark.parametrize("shardy", [True, False], ids=["shardy", "gspmd"])
+def test_both_partitioners(shardy):
+  """Shardy (JAX's default) reads the rule string; GSPMD asks
+  infer_sharding_from_operands."""
+  mesh = _cpu_mesh()
+  before = jax.config.jax_use_shardy_partitioner
+  jax.config.update("jax_use_shardy_partitioner", shardy)
+  try:
+    q, k, v = _qkv(1, jnp.float32)
+    fn = jax.grad(_attn_grad(is_causal=True), argnums=(0, 1, 2))
+    coll = _check(mesh, fn, [q, k, v], [P("data", None, "model"), P("data"), P("data")])
+    assert coll["all-reduce"] >= 1, coll  # multi-query dk, dv
+    x, scale = randn(30, (8, 4, 32), jnp.float32), randn(31, (32,), jnp.float32)
+    fn = jax.grad(lambda x, s: jnp.sum(jax_dnn.rms_norm(x, s) * x), argnums=(0, 1))
+    _check(mesh, fn, [x, scale], [P("data", "model"), P()])
+  finally:
+    jax.config.update("jax_use_shardy_partitioner", before)
+
+
 # --- the CUDA lowering -------------------------------------------------------------------
 
 
@@ -280,4 +299,4 @@ def test_rules_split_what_they_should():
                           [(2, 16, 8, 32), (2, 8, 16), (0,)], **params)
   assert splittable(r, r.operands[0]) == [True, False, True, False]
   assert r.split_name(r.operands[0][2]) == r.split_name(r.operands[1][2]) == "k"
-  assert "need_replication_factors" in sharding.sdy_factor_sizes(r)
+  assert "need_replication_factors" in sharding.sdy_options(r)

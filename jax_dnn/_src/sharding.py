@@ -243,7 +243,7 @@ def partitioned(prim, multiple_results: bool, rule_fn, params_items):
     del mesh
     rule = rule_fn([tuple(t.shape) for t in operand_types], [tuple(t.shape) for t in result_types],
                    **params)
-    return sdy_string(rule), sdy_factor_sizes(rule)
+    return sdy_string(rule), sdy_options(rule)
 
   # decode_shardings=False: the operands' shardings arrive as they are and
   # _entries reads them, so that one no PartitionSpec expresses cannot fail
@@ -270,7 +270,7 @@ def sdy_string(rule: Rule) -> str:
   return f"{arrays(rule.operands)} -> {arrays(rule.results)}"
 
 
-def sdy_factor_sizes(rule: Rule) -> dict[str, Any]:
+def sdy_options(rule: Rule) -> dict[str, Any]:
   """The factors kept whole, in the order the rule names them (Shardy's)."""
   dims = [f for fs in rule.operands + rule.results for f in fs]
   whole = [_sdy_name(f) for f in dims if rule.split_name(f) is None and not _size1(rule, f)]
