@@ -5,12 +5,14 @@
 # are a short summary table.
 #
 #   bash scripts/gpu_check.sh [STAGES]
-# STAGES: comma-separated subset of build,tests,opstests,attntests,sanitize,
-# bench,quickbench,attnbench,quickattn (default: build,tests,sanitize,bench;
+# STAGES: comma-separated subset of build,tests,opstests,attntests,sharding,
+# sanitize,bench,quickbench,attnbench,quickattn (default: build,tests,sanitize,bench;
 # the attention benchmark, attnbench or its --quick form quickattn, runs only
 # when named). tests = opstests + attntests; build plus the whole suite runs
 # ~580 s on an H100, close to the device tool's 600 s per call, so split it
-# over two calls there (build,opstests then attntests).
+# over two calls there (build,opstests then attntests). sharding runs
+# tests/test_sharding.py alone (its GPU cases need 2 or more GPUs: run it
+# on a 2-GPU machine, e.g. `build,sharding`).
 # Stages after build reuse the install. SANITIZE_ONLY=ops skips attention in
 # the sanitizer stage, SANITIZE_ONLY=attention runs attention only.
 set -uo pipefail
@@ -41,12 +43,13 @@ run_tests() {  # $1: log name, rest: test files or directories
     | tee "$log" | grep -E "^(FAILED|ERROR)|passed|failed" | tail -40
   summary="$summary $(grep -E "passed|failed" "$log" | tail -1);"
 }
-if has tests || has opstests || has attntests; then summary=""; fi
+if has tests || has opstests || has attntests || has sharding; then summary=""; fi
 if has tests; then
   run_tests pytest_gpu .
 else
   has opstests && run_tests pytest_gpu_ops $(cd tests && ls test_*.py | grep -v attention)
   has attntests && run_tests pytest_gpu_attention $(cd tests && ls test_*attention*.py)
+  has sharding && run_tests pytest_gpu_sharding -rs test_sharding.py
 fi
 
 if has sanitize; then
