@@ -113,6 +113,37 @@ def test_return_residual_matches_jax_nn(device):
   np.testing.assert_allclose(lse, lse2, rtol=1e-5, atol=1e-5)
 
 
+def test_unbatched_inputs_match_jax_nn(device):
+  """[T, N, H] inputs (jax.nn's TNH form): a batch of one, the same outputs,
+  gradients and [T, N] residual as jax.nn; bias/mask [N|1, T, S]."""
+  q, k, v = (x[0] for x in qkv(11, 1, 6, 9, 4, 2, 32, jnp.float32))
+  bias = randn(12, (4, 6, 9), jnp.float32)
+  mask = jnp.asarray(np.random.default_rng(1).random((1, 6, 9)) < 0.7).at[..., 0].set(True)
+  kw = dict(is_causal=False, local_window_size=(3, 2), return_residual=True)
+  o, lse = jax_dnn.dot_product_attention(q, k, v, bias, mask, **kw)
+  o2, lse2 = jax.nn.dot_product_attention(q, k, v, bias, mask, **kw)
+  assert o.shape == (6, 4, 32) and lse.shape == (6, 4)
+  np.testing.assert_allclose(o, o2, rtol=1e-5, atol=1e-5)
+  np.testing.assert_allclose(lse, lse2, rtol=1e-5, atol=1e-5)
+  loss = lambda f: (lambda *a: jnp.sum(f(*a, bias, mask, is_causal=True) ** 2))
+  g = jax.grad(loss(jax_dnn.dot_product_attention), (0, 1, 2))(q, k, v)
+  g2 = jax.grad(loss(jax.nn.dot_product_attention), (0, 1, 2))(q, k, v)
+  jax.tree.map(lambda a, c: np.testing.assert_allclose(a, c, rtol=1e-4, atol=1e-5), g, g2)
+  seg = jnp.array([0, 0, 0, 1, 1, 1])
+  o = jax_dnn.dot_product_attention(q, q, q, q_segment_ids=seg, kv_segment_ids=seg)
+  want = naive_attention(q[None], q[None], q[None],
+                         valid=(seg[:, None] == seg[None, :])[None, None])[0]
+  np.testing.assert_allclose(o, want, rtol=1e-5, atol=1e-5)
+
+
+def test_concrete_array_scale():
+  q, k, v = qkv(13, 1, 4, 5, 2, 2, 16, jnp.float32)
+  np.testing.assert_allclose(jax_dnn.dot_product_attention(q, k, v, scale=jnp.float32(0.3)),
+                             jax_dnn.dot_product_attention(q, k, v, scale=0.3), rtol=1e-6)
+  with pytest.raises(TypeError, match="scale must be a Python float"):
+    jax.jit(lambda s: jax_dnn.dot_product_attention(q, k, v, scale=s))(0.3)
+
+
 def test_segments_softcap_and_value_head_dim(device):
   b, t, n, kh, h, hv = 2, 9, 4, 2, 32, 48
   q, k, v = qkv(4, b, t, t, n, kh, h, jnp.float32, hv=hv)
@@ -186,8 +217,10 @@ def test_bad_inputs():
     dpa(q, k[:, :, :1].repeat(3, axis=2), v[:, :, :1].repeat(3, axis=2))
   with pytest.raises(ValueError, match="key head dim 8 must equal query head dim 16"):
     dpa(q, k[..., :8], v)
-  with pytest.raises(ValueError, match="rank 4"):
+  with pytest.raises(ValueError, match="must have one rank"):
     dpa(q[0], k, v)
+  with pytest.raises(ValueError, match="rank 4 .* or 3"):
+    dpa(q[0, 0], k[0, 0], v[0, 0])
   with pytest.raises(ValueError, match="mask must broadcast"):
     dpa(q, k, v, mask=jnp.ones((1, 1, 4, 5), bool))
   with pytest.raises(TypeError, match="mask must be boolean"):

@@ -392,11 +392,11 @@ _attention.defvjp(_attention_fwd, _attention_bwd)
 _OP = "dot_product_attention"
 
 
-def _check_4d(name, x, *, bsize=None):
+def _check_rank(name, x):
   checks.check_float(_OP, name, x)
-  if x.ndim != 4:
-    raise ValueError(f"{_OP}: {name} must have rank 4 ([B, T|S, heads, head_dim]); got shape "
-                     f"{tuple(x.shape)}")
+  if x.ndim not in (3, 4):
+    raise ValueError(f"{_OP}: {name} must have rank 4 ([B, T|S, heads, head_dim]) or 3 (the "
+                     f"same without B); got shape {tuple(x.shape)}")
 
 
 def _check_logits_operand(name, x, b, n, t, s_len):
@@ -445,16 +445,18 @@ def dot_product_attention(query, key, value, bias=None, mask=None, *, scale=None
                           deterministic_backward=False):
   """Scaled dot-product attention, drop-in for jax.nn.dot_product_attention.
 
-  Same arguments, layout ([B, T, N, H]) and semantics as
-  jax.nn.dot_product_attention (see the module docstring for the one
-  difference: fully masked query rows give zeros). Beyond it:
-    q_segment_ids [B, T], kv_segment_ids [B, S]: packed sequences; a query
+  Same arguments, layout ([B, T, N, H], or [T, N, H] without the batch) and
+  semantics as jax.nn.dot_product_attention (see the module docstring for
+  the one difference: fully masked query rows give zeros). Beyond it:
+    q_segment_ids [B, T], kv_segment_ids [B, S] ([T], [S] for rank-3
+      inputs): packed sequences; a query
       attends only to keys with the same segment id.
     logits_soft_cap: c > 0 applies c * tanh(logits / c) to the scaled logits
       (before bias and masks).
     key/value may have fewer heads than query (K divides N) and value's head
       dim may differ from query/key's.
-    return_residual: also return the logsumexp [B, T, N] (fp32, no gradient).
+    return_residual: also return the logsumexp [B, T, N] ([T, N] for rank-3
+      inputs; fp32, no gradient).
     deterministic_backward: gradients bitwise reproducible from run to run.
       By default the kernels' backward adds dQ in fp32 from every key tile
       (one pass, five GEMMs per tile instead of seven) where it can (head
@@ -464,7 +466,20 @@ def dot_product_attention(query, key, value, bias=None, mask=None, *, scale=None
   `implementation` is accepted for compatibility: None or "jax_dnn".
   """
   for name, x in (("query", query), ("key", key), ("value", value)):
-    _check_4d(name, x)
+    _check_rank(name, x)
+  if not query.ndim == key.ndim == value.ndim:
+    raise ValueError(f"{_OP}: query, key and value must have one rank (4, or 3 without the "
+                     f"batch); got {query.ndim}, {key.ndim}, {value.ndim}")
+  if query.ndim == 3:  # [T, N, H], as jax.nn takes it: a batch of one
+    out = dot_product_attention(
+        query[None], key[None], value[None], bias, mask, scale=scale, is_causal=is_causal,
+        query_seq_lengths=query_seq_lengths, key_value_seq_lengths=key_value_seq_lengths,
+        local_window_size=local_window_size, implementation=implementation,
+        return_residual=return_residual,
+        q_segment_ids=None if q_segment_ids is None else jnp.asarray(q_segment_ids)[None],
+        kv_segment_ids=None if kv_segment_ids is None else jnp.asarray(kv_segment_ids)[None],
+        logits_soft_cap=logits_soft_cap, deterministic_backward=deterministic_backward)
+    return (out[0][0], out[1][0]) if return_residual else out[0]
   b, t, n, h = query.shape
   kb, s_len, kh, kd = key.shape
   if kb != b or value.shape[0] != b:
@@ -485,8 +500,11 @@ def dot_product_attention(query, key, value, bias=None, mask=None, *, scale=None
     raise ValueError(f"{_OP}: implementation must be None or 'jax_dnn'; got {implementation!r}")
   if scale is None:
     scale = 1.0 / math.sqrt(h)
+  if isinstance(scale, (jax.Array, np.ndarray)) and scale.shape == () and not isinstance(
+      scale, jax.core.Tracer):
+    scale = float(scale)  # a concrete scalar array; a traced one is refused below
   if not isinstance(scale, (int, float, np.floating, np.integer)) or isinstance(scale, bool):
-    raise TypeError(f"{_OP}: scale must be a Python float; got {scale!r}")
+    raise TypeError(f"{_OP}: scale must be a Python float (or a concrete scalar); got {scale!r}")
   if not isinstance(is_causal, bool):
     raise TypeError(f"{_OP}: is_causal must be a bool; got {is_causal!r}")
   if not isinstance(deterministic_backward, bool):
