@@ -10,6 +10,10 @@ split over a mesh of GPUs, against the same program on one GPU.
 """
 
 
+import os
+import subprocess
+import sys
+
 import jax
 import jax.numpy as jnp
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
@@ -259,6 +263,70 @@ def test_vmap_with_a_bias_of_fewer_batch_groups(mesh):
   fn = jax.vmap(jax.grad(_attn_grad(), argnums=(0, 3)))
   _check(mesh, fn, [q, k, v, bias], [P("model", "data")] * 3 + [P("model")], gathers=None,
          tol=_tol(mesh))
+
+
+# --- where the op is lowered as one call (XLA then gathers; correct) ---------------------
+
+
+_PARTLY_MANUAL = """
+import jax
+jax.config.update("jax_num_cpu_devices", 8)
+import jax.numpy as jnp, numpy as np
+from jax.sharding import Mesh, PartitionSpec as P
+import jax_dnn
+mesh = Mesh(np.array(jax.devices()).reshape(4, 2), ("data", "model"))
+x = jax.random.normal(jax.random.key(1), (8, 16))
+def inner(x):
+  x = jax.lax.with_sharding_constraint(x, P(None, "model"))
+  return jax_dnn.softmax(x, axis=0)
+f = jax.jit(jax.shard_map(inner, mesh=mesh, in_specs=P("data"), out_specs=P("data"),
+                          axis_names={"data"}))
+want = jnp.concatenate([jax.nn.softmax(c, axis=0) for c in jnp.split(x, 4)])
+if WITH_MESH:  # the legacy mesh context: custom_partitioning then sees the whole mesh
+  with mesh:
+    y = f(x)
+else:
+  y = f(x)
+np.testing.assert_allclose(y, want, rtol=1e-6, atol=1e-6)
+print("partly manual: ok")
+"""
+
+
+@pytest.mark.parametrize("shardy,with_mesh", [(True, False), (True, True), (False, False)],
+                         ids=["shardy", "shardy_with_mesh", "gspmd"])
+def test_inside_a_partly_manual_shard_map(shardy, with_mesh):
+  """Manual over "data", "model" left to the partitioner: the op, already
+  on per-device operands, is one call. (custom_partitioning there made XLA
+  abort the process, hence a subprocess.)"""
+  code = _PARTLY_MANUAL.replace("import jax\n", f"import jax\njax.config.update("
+                                f"'jax_use_shardy_partitioner', {shardy})\nWITH_MESH = {with_mesh}\n", 1)
+  env = dict(os.environ, JAX_PLATFORMS="cpu")
+  run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300,
+                       cwd=os.path.dirname(os.path.dirname(jax_dnn.__file__)), env=env, check=False)
+  assert run.returncode == 0 and "partly manual: ok" in run.stdout, run.stderr[-3000:]
+
+
+def test_export_of_a_sharded_program():
+  """jax.export cannot serialize custom_partitioning's callbacks."""
+  mesh = _cpu_mesh()
+  x = jax.device_put(randn(33, (8, 16), jnp.float32), NamedSharding(mesh, P("data")))
+  exported = jax.export.export(jax.jit(jax_dnn.softmax))(x)
+  np.testing.assert_allclose(exported.call(x), jax.nn.softmax(x), rtol=1e-6, atol=1e-6)
+
+
+def test_cache_key_without_the_partitioner_pointer():
+  """With jax_remove_custom_partitioning_ptr_from_cache_key, programs that
+  differ only in an op's parameter would share a cache entry: no
+  custom_partitioning then."""
+  mesh = _cpu_mesh()
+  x = jax.device_put(randn(34, (8, 16), jnp.float32), NamedSharding(mesh, P("data")))
+  fn = lambda: (lambda x: jax_dnn.layer_norm(x, epsilon=0.5))  # new each time: no cached lowering
+  assert "CustomSPMDPartitioning" in jax.jit(fn()).lower(x).as_text()
+  jax.config.update("jax_remove_custom_partitioning_ptr_from_cache_key", True)
+  try:
+    assert "CustomSPMDPartitioning" not in jax.jit(fn()).lower(x).as_text()
+  finally:
+    jax.config.update("jax_remove_custom_partitioning_ptr_from_cache_key", False)
 
 
 # --- the CUDA lowering -------------------------------------------------------------------

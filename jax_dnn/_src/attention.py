@@ -285,10 +285,13 @@ def _sharding(operands, results, *, present, **params):
              if name in ("bias", "mask")]
   # bias/mask [G, N|1, T, S] with G dividing B: B splits when G is 1 or B.
   batch = b.factor("b", bsz, whole=any(x[0] not in (1, bsz) for x in grouped))
-  kv = b.factor("k", kh)
-  heads = kv if n == kh else (b.factor("k", kh), b.factor("g", n // kh))
-  if kh == 1 and n > 1:  # multi-query: query heads split, K and V go everywhere
+  if n == kh:  # multi-head
+    heads = kv = b.factor("k", kh)
+  elif kh == 1:  # multi-query: query heads split, K and V go to every device
     heads, kv = b.factor("g", n), b.own(1, whole=False)
+  else:  # grouped: query head n stays on the device of kv head n // (N / K)
+    kv = b.factor("k", kh)
+    heads = (kv, b.factor("g", n // kh))
   q = (batch, t_, heads, b.own(h))
   o = (batch, t_, heads, b.own(v_shape[-1]))
   k = (batch, s_, kv, b.own(h))

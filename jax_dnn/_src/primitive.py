@@ -89,7 +89,18 @@ def define_primitive(
     fn = sharding_lib.partitioned(shard, multiple_results, sharding, tuple(sorted(params.items())))
     return fn(*args)
 
-  mlir.register_lowering(prim, mlir.lower_fun(partitioned, multiple_results=multiple_results))
+  partitioned_lowering = mlir.lower_fun(partitioned, multiple_results=multiple_results)
+  direct_lowering = mlir.lower_fun(shard.bind, multiple_results=multiple_results)
+
+  def lowering(ctx, *args, **params):
+    # Where custom_partitioning cannot go, the op is lowered as one call, as
+    # XLA's partitioner then treats any custom call (gathered, correct):
+    # see sharding_lib.use_custom_partitioning.
+    if sharding_lib.use_custom_partitioning(ctx):
+      return partitioned_lowering(ctx, *args, **params)
+    return direct_lowering(ctx, *args, **params)
+
+  mlir.register_lowering(prim, lowering)
   # custom_partitioning reads the device assignment while lowering; JAX
   # provides it only to programs whose primitives ask for it.
   dispatch.prim_requires_devices_during_lowering.add(prim)

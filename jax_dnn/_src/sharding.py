@@ -145,13 +145,13 @@ def _entries(mesh, sharding, ndim):
   not one a PartitionSpec of this mesh expresses (mesh sub-axes, from a
   reshape upstream): that operand then counts as unsplit, and the
   partitioner reshards it to what `partition` asks for."""
-  if isinstance(sharding, NamedSharding):
-    spec = sharding.spec
-  else:
-    try:
-      spec = sharding_impls.parse_flatten_op_sharding(sharding._to_xla_hlo_sharding(ndim), mesh)[0]  # pylint: disable=protected-access
-    except Exception:  # pylint: disable=broad-except
-      return None
+  if len(sharding.device_set) != mesh.size:  # not over this mesh's devices
+    return None
+  try:
+    hlo = sharding._to_xla_hlo_sharding(ndim)  # pylint: disable=protected-access
+    spec = sharding_impls.parse_flatten_op_sharding(hlo, mesh)[0]
+  except Exception:  # pylint: disable=broad-except
+    return None
   spec = tuple(spec) + (None,) * (ndim - len(spec))
   return [() if e is None else (e,) if isinstance(e, str) else tuple(e) for e in spec]
 
@@ -197,7 +197,28 @@ def _as_tuple(x):
   return tuple(x) if isinstance(x, (tuple, list)) else (x,)
 
 
-@functools.lru_cache(maxsize=None)
+def use_custom_partitioning(ctx) -> bool:
+  """Whether a lowering may go through custom_partitioning:
+    - not inside shard_map: a manual axis context has per-device operands
+      already (custom_partitioning inlines a wholly manual one itself, but a
+      partly manual one aborts XLA's partitioner);
+    - not for jax.export: custom_partitioning's Python callbacks cannot be
+      serialized;
+    - not with jax_remove_custom_partitioning_ptr_from_cache_key: the op's
+      parameters (epsilon, is_causal, ...) live only in those callbacks, so
+      two programs differing in one would share a compilation cache entry.
+  """
+  axis_context = ctx.module_context.axis_context
+  if isinstance(axis_context, sharding_impls.SPMDAxisContext) and axis_context.manual_axes:
+    return False
+  if ctx.module_context.lowering_parameters.for_export:
+    return False
+  return not jax.config.jax_remove_custom_partitioning_ptr_from_cache_key
+
+
+# Bounded: one entry per primitive and distinct parameters (scale, epsilon
+# are floats); a compiled program keeps its own callbacks alive.
+@functools.lru_cache(maxsize=1024)
 def partitioned(prim, multiple_results: bool, rule_fn, params_items):
   """prim.bind(*args, **params) as a custom_partitioning function.
 
@@ -231,8 +252,8 @@ def partitioned(prim, multiple_results: bool, rule_fn, params_items):
     def lower(*args):
       outs = list(_as_tuple(prim.bind(*args, **params)))
       for i, names in sums.items():
-        if names:
-          outs[i] = jax.lax.psum(outs[i], names)
+        if names:  # added in fp32 (bf16 dk, dv of multi-query attention)
+          outs[i] = jax.lax.psum(outs[i].astype(jnp.float32), names).astype(outs[i].dtype)
       for i, (shape, dtype) in scratch.items():
         outs[i] = jnp.zeros(shape, dtype)
       return outs if multiple_results else outs[0]
