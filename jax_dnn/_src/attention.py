@@ -279,12 +279,12 @@ def _sharding(operands, results, *, present, **params):
   q_shape, k_shape, v_shape = operands[1:4] if backward else operands[:3]
   bsz, t, n, h = q_shape
   s_len, kh = k_shape[1], k_shape[2]
+  extra = list(zip(present, operands[len(operands) - len(present):]))
   b = sharding.RuleBuilder()
   t_, s_ = b.own(t), b.own(s_len)
-  grouped = [operands[i] for i, name in enumerate(present, len(operands) - len(present))
-             if name in ("bias", "mask")]
   # bias/mask [G, N|1, T, S] with G dividing B: B splits when G is 1 or B.
-  batch = b.factor("b", bsz, whole=any(x[0] not in (1, bsz) for x in grouped))
+  batch = b.factor("b", bsz, whole=any(name in ("bias", "mask") and shape[0] not in (1, bsz)
+                                       for name, shape in extra))
   if n == kh:  # multi-head
     heads = kv = b.factor("k", kh)
   elif kh == 1:  # multi-query: query heads split, K and V go to every device
@@ -303,7 +303,7 @@ def _sharding(operands, results, *, present, **params):
   else:
     for x in (q, k, v):
       b.operand(*x)
-  for name, shape in zip(present, operands[len(operands) - len(present):]):
+  for name, shape in extra:
     if name in ("bias", "mask"):
       b.operand(batch if shape[0] == bsz else b.own(shape[0]),
                 heads if shape[1] == n else b.own(shape[1]), t_, s_)
@@ -473,16 +473,12 @@ def dot_product_attention(query, key, value, bias=None, mask=None, *, scale=None
   if not query.ndim == key.ndim == value.ndim:
     raise ValueError(f"{_OP}: query, key and value must have one rank (4, or 3 without the "
                      f"batch); got {query.ndim}, {key.ndim}, {value.ndim}")
-  if query.ndim == 3:  # [T, N, H], as jax.nn takes it: a batch of one
-    out = dot_product_attention(
-        query[None], key[None], value[None], bias, mask, scale=scale, is_causal=is_causal,
-        query_seq_lengths=query_seq_lengths, key_value_seq_lengths=key_value_seq_lengths,
-        local_window_size=local_window_size, implementation=implementation,
-        return_residual=return_residual,
-        q_segment_ids=None if q_segment_ids is None else jnp.asarray(q_segment_ids)[None],
-        kv_segment_ids=None if kv_segment_ids is None else jnp.asarray(kv_segment_ids)[None],
-        logits_soft_cap=logits_soft_cap, deterministic_backward=deterministic_backward)
-    return (out[0][0], out[1][0]) if return_residual else out[0]
+  unbatched = query.ndim == 3  # [T, N, H], as jax.nn takes it: a batch of one
+  if unbatched:
+    query, key, value = query[None], key[None], value[None]
+    if q_segment_ids is not None and kv_segment_ids is not None:
+      q_segment_ids = jnp.asarray(q_segment_ids)[None]
+      kv_segment_ids = jnp.asarray(kv_segment_ids)[None]
   b, t, n, h = query.shape
   kb, s_len, kh, kd = key.shape
   if kb != b or value.shape[0] != b:
@@ -544,6 +540,7 @@ def dot_product_attention(query, key, value, bias=None, mask=None, *, scale=None
                 window=_window(local_window_size), deterministic=deterministic_backward)
   o, lse = _attention(tuple(sorted(params.items())), query, key, value,
                       *[ops[name] for name in present])
-  if return_residual:
-    return o, jnp.transpose(jax.lax.stop_gradient(lse), (0, 2, 1))
-  return o
+  lse = jnp.transpose(jax.lax.stop_gradient(lse), (0, 2, 1))
+  if unbatched:
+    o, lse = o[0], lse[0]
+  return (o, lse) if return_residual else o

@@ -120,6 +120,19 @@ def rows_then(builder: RuleBuilder, shape, last: Factor | None = None) -> tuple[
   return rows if last is None else rows + (last,)
 
 
+def same_shape(shape, operands: int, whole_axis: int | None = None) -> Rule:
+  """`operands` arrays and one result, all of `shape`, split alike along
+  every dimension but `whole_axis` (elementwise ops, softmax)."""
+  builder = RuleBuilder()
+  x = list(rows_then(builder, shape))
+  if whole_axis is not None:
+    x[whole_axis] = builder.own(shape[whole_axis])
+  for _ in range(operands):
+    builder.operand(*x)
+  builder.result(*x)
+  return builder.build()
+
+
 def grouped_rows(builder: RuleBuilder, shape, groups: int, last: Factor):
   """Factors of x [..., W] whose rows use parameter group r // (rows / G)
   (G > 1 where vmap batched the parameters), and the factor of G.

@@ -60,13 +60,7 @@ def _bwd_batch(args, dims, *, axis, log):
 def _sharding(operands, results, *, axis, log):
   """Every dimension but the softmax axis splits."""
   del results, log
-  b = sharding.RuleBuilder()
-  x = list(sharding.rows_then(b, operands[-1]))
-  x[axis] = b.own(operands[-1][axis])
-  for _ in operands:
-    b.operand(*x)
-  b.result(*x)
-  return b.build()
+  return sharding.same_shape(operands[-1], len(operands), whole_axis=axis)
 
 
 softmax_fwd_p = define_primitive(
