@@ -15,10 +15,12 @@ __version__ = "0.1.0"
 
 _extension.registered_targets()  # register the CUDA handlers with JAX on import
 has_cuda_kernels = _extension.has_cuda_kernels
+export_disabled_checks = _extension.export_disabled_checks
 
 __all__ = [
     "bias_act",
     "dot_product_attention",
+    "export_disabled_checks",
     "gelu",
     "has_cuda_kernels",
     "layer_norm",

@@ -9,8 +9,9 @@
 # sanitize,bench,quickbench,attnbench,quickattn (default: build,tests,sanitize,bench;
 # the attention benchmark, attnbench or its --quick form quickattn, runs only
 # when named). tests = opstests + attntests; build plus the whole suite runs
-# ~580 s on an H100, close to the device tool's 600 s per call, so split it
-# over two calls there (build,opstests then attntests). sharding runs
+# ~580 s on an H100 in one process, close to the device tool's 600 s per
+# call: attntests runs test_attention_kernels.py as two processes side by
+# side (scripts/gpu_split.sh), and build,opstests then attntests fit two calls. sharding runs
 # tests/test_sharding.py alone (its GPU cases need 2 or more GPUs: run it
 # on a 2-GPU machine, e.g. `build,sharding`).
 # Stages after build reuse the install. SANITIZE_ONLY=ops skips attention in
@@ -48,7 +49,12 @@ if has tests; then
   run_tests pytest_gpu .
 else
   has opstests && run_tests pytest_gpu_ops $(cd tests && ls test_*.py | grep -v attention)
-  has attntests && run_tests pytest_gpu_attention $(cd tests && ls test_*attention*.py)
+  if has attntests; then
+    run_tests pytest_gpu_attention test_attention.py
+    # The kernel cases compile for minutes on the host: two processes side by side.
+    OUT=$OUT bash scripts/gpu_split.sh test_attention_kernels.py 2 | tee "$OUT/pytest_gpu_attention_kernels.log"
+    summary="$summary $(grep -E '^part' "$OUT/pytest_gpu_attention_kernels.log" | tr '\n' ';')"
+  fi
   has sharding && run_tests pytest_gpu_sharding -rs test_sharding.py
 fi
 

@@ -33,3 +33,14 @@ def device(request):
     require_kernels()
   with jax.default_device(dev):
     yield dev
+
+
+@pytest.fixture
+def gpu():
+  """The CUDA device, for GPU-only tests (mark them `gpu`)."""
+  dev = _gpu_device()
+  if dev is None:
+    pytest.skip("no CUDA device: this test runs our kernels and needs one")
+  require_kernels()
+  with jax.default_device(dev):
+    yield dev

@@ -11,21 +11,10 @@ import numpy as np
 import pytest
 
 import jax_dnn
-from helpers import check_fwd_bwd, on_gpu, require_kernels
+from helpers import check_fwd_bwd, on_gpu
 from test_attention import naive_attention, qkv
 
 pytestmark = pytest.mark.gpu
-
-
-@pytest.fixture
-def gpu():
-  try:
-    dev = jax.devices("gpu")[0]
-  except RuntimeError:
-    pytest.skip("no CUDA device: the attention kernel tests need one")
-  require_kernels()
-  with jax.default_device(dev):
-    yield dev
 
 
 def _valid(b, n, t, s, *, causal=False, window=None, q_lens=None, kv_lens=None, seg=None,

@@ -34,6 +34,17 @@ def registered_targets() -> frozenset[str]:
   return frozenset(names)
 
 
+def export_disabled_checks() -> list:
+  """What `jax.export` needs to serialize a program that calls our kernels.
+
+  jax.export refuses custom-call targets it has no compatibility guarantee
+  for, which ours are not in its list of. Passing these as
+  `disabled_checks=` accepts them; the exported program then needs jax_dnn
+  (the same version) imported where it is deserialized and run.
+  """
+  return [jax.export.DisabledSafetyCheck.custom_call(name) for name in sorted(registered_targets())]
+
+
 def use_kernel(target: str) -> bool:
   """Whether a CUDA lowering should call `target` rather than the reference.
 
