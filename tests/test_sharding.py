@@ -271,6 +271,140 @@ def test_vmap_with_a_bias_of_fewer_batch_groups(mesh):
          tol=_tol(mesh))
 
 
+# --- inside shard_map: each device calls the op on its block --------------------------
+
+
+def _shard_map_cases(dtype):
+  x, s, b = randn(40, (8, 4, 64), dtype), randn(41, (64,), jnp.float32, offset=1.0), randn(
+      42, (64,), jnp.float32)
+  rows = P("data", "model")
+  mha = P("data", None, "model")
+  q, k, v = _qkv(N, dtype)
+  qm, km, vm = _qkv(1, dtype)
+  yield "gelu", lambda x: jax_dnn.gelu(x), [x], [rows]
+  yield "bias_act", lambda x, b: jax_dnn.bias_act(x, b.astype(x.dtype), "silu"), [x, b], [rows, P()]
+  yield "softmax", lambda x: jax_dnn.log_softmax(x, axis=1), [x], [P("data", None, "model")]
+  yield "layer_norm", lambda x, s, b: jax_dnn.layer_norm(x, s, b), [x, s, b], [rows, P(), P()]
+  yield "rms_norm", lambda x, s: jax_dnn.rms_norm(x, s), [x, s], [rows, P()]
+  yield "attention", lambda q, k, v: jax_dnn.dot_product_attention(q, k, v, is_causal=True), [
+      q, k, v], [mha] * 3
+  # Multi-query: K/V the same on every device; their gradients are summed.
+  yield "attention_mqa", lambda q, k, v: jax_dnn.dot_product_attention(q, k, v), [qm, km, vm], [
+      mha, P("data"), P("data")]
+  bias = randn(43, (1, N, T, S), jnp.float32)
+  yield "attention_bias", lambda q, k, v, bias: jax_dnn.dot_product_attention(q, k, v, bias), [
+      q, k, v, bias], [mha] * 3 + [P(None, "model")]
+
+
+@pytest.mark.parametrize("vmapped", [False, True], ids=["plain", "vmap"])
+@pytest.mark.parametrize("case", ["gelu", "bias_act", "softmax", "layer_norm", "rms_norm",
+                                  "attention", "attention_mqa", "attention_bias"])
+def test_inside_shard_map_with_check_vma(mesh, case, vmapped):
+  """shard_map with JAX's default check_vma: results vary over the axes their
+  operands vary over, and gradients of operands the devices share (norm
+  scales, a bias, multi-query K/V) are summed over the devices by JAX (the
+  transpose of the cast that makes the operands agree)."""
+  name, fn, args, specs = next(c for c in _shard_map_cases(_attn_dtype(mesh)) if c[0] == case)
+  if vmapped:  # vmap inside the block, over a new leading axis of every operand
+    args = [jnp.stack([a, a * 0.5]) for a in args]
+    specs = [P(None, *spec) for spec in specs]
+    fn = jax.vmap(fn)
+  out_spec = specs[0]
+  loss = lambda f: (lambda *a: jnp.sum(jnp.sin(f(*a).astype(jnp.float32))))
+  mapped = jax.shard_map(fn, mesh=mesh, in_specs=tuple(specs), out_specs=out_spec)
+  argnums = tuple(i for i, a in enumerate(args) if jnp.issubdtype(a.dtype, jnp.floating))
+  got = jax.jit(jax.value_and_grad(loss(mapped), argnums=argnums))(*args)
+  one = jax.devices(mesh.devices.flat[0].platform)[0]
+  with jax.default_device(one):
+    want = jax.jit(jax.value_and_grad(loss(fn), argnums=argnums))(*args)
+  for g, w in zip(jax.tree.leaves(got), jax.tree.leaves(want)):
+    # The loss and summed gradients add per-device partials in another order.
+    np.testing.assert_allclose(np.asarray(g, np.float32), np.asarray(w, np.float32),
+                               rtol=max(_tol(mesh), 1e-4), atol=max(_tol(mesh), 1e-4), err_msg=name)
+
+
+def _full(spec, ndim):
+  return tuple(spec) + (None,) * (ndim - len(spec))
+
+
+_EXPLICIT_SPECS = {  # the result's sharding under explicit axes, per case of _shard_map_cases
+    "gelu": P("data", "model"), "bias_act": P("data", "model"),
+    "softmax": P("data", None, "model"), "layer_norm": P("data", "model"),
+    "rms_norm": P("data", "model"), "attention": P("data", None, "model"),
+    "attention_mqa": P("data", None, "model"), "attention_bias": P("data", None, "model")}
+
+
+@pytest.mark.parametrize("vmapped", [False, True], ids=["plain", "vmap"])
+@pytest.mark.parametrize("case", list(_EXPLICIT_SPECS))
+def test_explicit_mesh_axes(mesh, case, vmapped):
+  """Under explicit mesh axes (jax.make_mesh's default) every array's type
+  carries its sharding: each op's result is typed split as its rule splits
+  it (so what follows it stays split), and gradients are typed as their
+  primals."""
+  name, fn, args, specs = next(c for c in _shard_map_cases(_attn_dtype(mesh)) if c[0] == case)
+  want_spec = _EXPLICIT_SPECS[name]
+  if vmapped:
+    args = [jnp.stack([a, a * 0.5]) for a in args]
+    specs = [P(None, *spec) for spec in specs]
+    # Attention folds the vmapped axis into its batch: a split of the inner
+    # batch alone is gathered for the op (README, limits).
+    want_spec = P(None, None, *want_spec[1:]) if name.startswith("attention") else P(
+        None, *want_spec)
+    fn = jax.vmap(fn)
+  explicit = Mesh(mesh.devices, mesh.axis_names,
+                  axis_types=(jax.sharding.AxisType.Explicit,) * len(mesh.axis_names))
+  argnums = tuple(i for i, a in enumerate(args) if jnp.issubdtype(a.dtype, jnp.floating))
+  loss = lambda *a: jnp.sum(jnp.sin(fn(*a).astype(jnp.float32)))
+  one = jax.devices(mesh.devices.flat[0].platform)[0]
+  with jax.default_device(one):
+    want = jax.jit(jax.value_and_grad(loss, argnums=argnums))(*args)
+  with jax.set_mesh(explicit):
+    split = [jax.device_put(a, NamedSharding(explicit, sp)) for a, sp in zip(args, specs)]
+    out = jax.jit(lambda *a: fn(*a) * 2)(*split)  # the product is typed from the op's result
+    got = jax.jit(jax.value_and_grad(loss, argnums=argnums))(*split)
+  assert _full(out.sharding.spec, out.ndim) == _full(want_spec, out.ndim)
+  for g, i in zip(got[1], argnums):
+    assert _full(g.sharding.spec, g.ndim) == _full(split[i].sharding.spec, g.ndim), i
+  for g, w in zip(jax.tree.leaves(got), jax.tree.leaves(want)):
+    np.testing.assert_allclose(np.asarray(g, np.float32), np.asarray(w, np.float32),
+                               rtol=max(_tol(mesh), 1e-4), atol=max(_tol(mesh), 1e-4), err_msg=name)
+
+
+def test_explicit_mesh_vmap_of_an_inner_batch_split():
+  """vmap folds its axis into the batch as the major part; a split of the
+  inner batch alone is then gathered for the op, and the gradients return
+  typed as their primals."""
+  mesh = _cpu_mesh()
+  explicit = Mesh(mesh.devices, mesh.axis_names, axis_types=(jax.sharding.AxisType.Explicit,) * 2)
+  q, k, v = (jnp.stack([a, a * 0.5]) for a in _qkv(N, jnp.float32))
+  fn = jax.vmap(lambda q, k, v: jax_dnn.dot_product_attention(q, k, v, is_causal=True))
+  loss = lambda *a: jnp.sum(fn(*a) ** 2)
+  want = jax.jit(jax.value_and_grad(loss, argnums=(0, 1, 2)))(q, k, v)
+  spec = P(None, "data", None, "model")
+  with jax.set_mesh(explicit):
+    split = [jax.device_put(a, NamedSharding(explicit, spec)) for a in (q, k, v)]
+    got = jax.jit(jax.value_and_grad(loss, argnums=(0, 1, 2)))(*split)
+  for g in got[1]:
+    assert _full(g.sharding.spec, g.ndim) == _full(spec, g.ndim)
+  for g, w in zip(jax.tree.leaves(got), jax.tree.leaves(want)):
+    np.testing.assert_allclose(np.asarray(g), np.asarray(w), rtol=1e-4, atol=1e-4)
+
+
+def test_shard_map_operands_of_different_manual_types_raise():
+  """The primitives themselves take operands of one type (the public ops
+  cast them); binding one directly with mixed types is a clear error."""
+  from jax_dnn._src import softmax as softmax_lib  # pylint: disable=g-import-not-at-top
+  mesh = _cpu_mesh()
+  x = randn(44, (8, 16), jnp.float32)
+
+  def inner(x, dy):
+    return softmax_lib.softmax_bwd_p.bind(dy, x, axis=1, log=False)
+
+  f = jax.shard_map(inner, mesh=mesh, in_specs=(P("data"), P()), out_specs=P("data"))
+  with pytest.raises(ValueError, match="vary over different manual mesh axes"):
+    jax.jit(f).trace(x, x[:2])
+
+
 # --- where the op is lowered as one call (XLA then gathers; correct) ---------------------
 
 

@@ -26,6 +26,7 @@ from jax_dnn._src.primitive import (
     define_primitive,
     fold_groups,
     move_to_front,
+    split_leading,
     unbatched_shape,
     vjp_op,
 )
@@ -126,7 +127,7 @@ def _bias_bwd_batch(args, dims, *, activation):
   dx, dbias, _ = bias_act_bwd_p.bind(dy, x, bias, activation=activation)
   rows = math.prod(x.shape[1:-1])
   ws = jnp.zeros((groups, _bias_parts(rows, groups, width), 1, width), jnp.float32)
-  return [dx, dbias.reshape(size, groups, width), ws], [0, 0, NOT_MAPPED]
+  return [dx, split_leading(dbias, size), ws], [0, 0, NOT_MAPPED]
 
 
 def _bias_bwd_abstract(dy, x, bias, *, activation):

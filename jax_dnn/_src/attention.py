@@ -34,7 +34,9 @@ import numpy as np
 
 from jax_dnn._src import checks
 from jax_dnn._src import sharding
-from jax_dnn._src.primitive import NOT_MAPPED, ShapedArray, batch_size, define_primitive, move_to_front
+from jax_dnn._src.primitive import (NOT_MAPPED, ShapedArray, batch_size, define_primitive,
+                                    like_primal, merge_leading, move_to_front,
+                                    same_manual_axes, split_leading)
 
 # Operand order after q, k, v; each present or absent (params record which).
 _OPTIONAL = ("bias", "mask", "q_lens", "kv_lens", "q_seg", "kv_seg")
@@ -254,11 +256,10 @@ def _batch_rule(prim, n_main, args, dims, *, keep_shared, n_ws=0, **params):
     if keep_shared and i in grouped and d is NOT_MAPPED and a.shape[0] == 1:
       folded.append(a)
       continue
-    a = move_to_front(a, d, size)
-    folded.append(a.reshape((size * a.shape[1],) + a.shape[2:]))
+    folded.append(merge_leading(move_to_front(a, d, size)))
   outs = prim.bind(*folded, **params)
   main = outs[:len(outs) - n_ws]
-  return ([o.reshape((size, o.shape[0] // size) + o.shape[1:]) for o in main] + outs[len(main):],
+  return ([split_leading(o, size) for o in main] + outs[len(main):],
           [0] * len(main) + [NOT_MAPPED] * n_ws)
 
 
@@ -384,7 +385,7 @@ def _attention_bwd(params, res, cts):
       dops.append(jnp.zeros_like(x))
     else:  # integer / bool operands take float0 cotangents
       dops.append(np.zeros(x.shape, jax.dtypes.float0))
-  return (grads[0], grads[1], grads[2], *dops)
+  return tuple(like_primal(ct, a) for ct, a in zip((*grads[:3], *dops), (q, k, v, *operands)))
 
 
 _attention.defvjp(_attention_fwd, _attention_bwd)
@@ -538,8 +539,8 @@ def dot_product_attention(query, key, value, bias=None, mask=None, *, scale=None
   present = tuple(name for name in _OPTIONAL if name in ops)
   params = dict(present=present, scale=float(scale), softcap=softcap, is_causal=is_causal,
                 window=_window(local_window_size), deterministic=deterministic_backward)
-  o, lse = _attention(tuple(sorted(params.items())), query, key, value,
-                      *[ops[name] for name in present])
+  o, lse = _attention(tuple(sorted(params.items())),
+                      *same_manual_axes(query, key, value, *[ops[name] for name in present]))
   lse = jnp.transpose(jax.lax.stop_gradient(lse), (0, 2, 1))
   if unbatched:
     o, lse = o[0], lse[0]

@@ -33,6 +33,7 @@ from jax_dnn._src.primitive import (
     define_primitive,
     fold_groups,
     move_to_front,
+    split_leading,
     unbatched_shape,
     vjp_op,
 )
@@ -137,7 +138,7 @@ def _bwd_batch(args, dims, *, epsilon, rms):
   scale = fold_groups(scale, dims[2], size, shared_ok=False)
   prim = rms_norm_bwd_p if rms else layer_norm_bwd_p
   dx, *dparams, _ = prim.bind(dy, x, scale, epsilon=epsilon)
-  dparams = [d.reshape((size, groups, width)) for d in dparams]
+  dparams = [split_leading(d, size) for d in dparams]
   # The workspace is scratch nobody reads: hand back a placeholder of the
   # unbatched shape (XLA removes it).
   ws = jnp.zeros(_workspace_shape(math.prod(x.shape[1:-1]), groups, width, rms), jnp.float32)

@@ -8,6 +8,10 @@
   * on every other platform (and on CUDA when the kernels are unavailable or
     JAX_DNN_IMPL=reference), a lowering of the pure-JAX reference through
     `mlir.lower_fun`, and
+  * manual-axis types inside `shard_map` (check_vma): results vary over the
+    mesh axes their operands vary over (`same_manual_axes` first makes the
+    operands agree); under explicit mesh axes, results typed with the
+    sharding the op's rule gives them, and
   * a sharding rule (jax_dnn/_src/sharding.py): under jit with operands split
     over several devices, each device runs the kernel on its shard. The
     lowerings above then belong to a per-shard primitive
@@ -52,6 +56,66 @@ def _ffi_attr(value: Any) -> Any:
   return value
 
 
+def _varying(aval) -> frozenset:
+  mat = getattr(aval, "manual_axis_type", None)
+  return frozenset(mat.varying) if mat is not None else frozenset()
+
+
+def same_manual_axes(*args):
+  """args, each cast to vary over every manual mesh axis that any of them
+  varies over (inside shard_map with check_vma; elsewhere args unchanged).
+
+  Our primitives take operands of one type: an x that varies over "data"
+  with a scale that does not gives a result (and a dscale) that varies. The
+  cast is outside the custom VJP, so JAX transposes it into the psum that
+  the gradient of a parameter shared by every device needs.
+  """
+  union = frozenset().union(*(_varying(jax.typeof(a)) for a in args))
+  if not union:
+    return args
+  out = []
+  for a in args:
+    missing = union - _varying(jax.typeof(a))
+    out.append(jax.lax.pcast(a, tuple(sorted(missing, key=str)), to="varying") if missing else a)
+  return tuple(out)
+
+
+def _typed(abstract_eval, prim_name, rule_fn):
+  """abstract_eval whose results carry the types JAX tracks beyond shape and
+  dtype, where it tracks them:
+    - inside shard_map (check_vma): the operands' manual-axis type;
+    - under explicit mesh axes: the sharding the op's rule gives each result.
+  Elsewhere the results are abstract_eval's, unchanged."""
+
+  def rule(*avals, **params):
+    outs = abstract_eval(*avals, **params)
+    varying = [_varying(a) for a in avals]
+    meshes = [a.sharding.mesh for a in avals if not a.sharding.mesh.empty]
+    explicit = bool(meshes) and bool(getattr(meshes[0], "explicit_axes", ()))
+    if not any(varying) and not explicit:
+      return outs
+    if any(v != varying[0] for v in varying):
+      raise ValueError(f"{prim_name}: operands vary over different manual mesh axes "
+                       f"{[sorted(v, key=str) for v in varying]} (cast them with "
+                       "jax.lax.pcast(..., to='varying'))")
+    mat = avals[0].manual_axis_type
+    if mat.unreduced or mat.reduced:
+      raise ValueError(f"{prim_name}: unreduced or reduced operands are not supported; "
+                       "reduce them first")
+    multiple = isinstance(outs, (list, tuple))
+    out_list = list(outs) if multiple else [outs]
+    if explicit:
+      op_rule = rule_fn([a.shape for a in avals], [o.shape for o in out_list], **params)
+      specs = sharding_lib.typed_result_specs(op_rule, avals, meshes[0])
+    else:
+      specs = [jax.sharding.PartitionSpec()] * len(out_list)
+    typed = [o.update(sharding=jax.sharding.NamedSharding(meshes[0], spec), manual_axis_type=mat)
+             for o, spec in zip(out_list, specs)]
+    return typed if multiple else typed[0]
+
+  return rule
+
+
 def define_primitive(
     name: str,
     *,
@@ -76,6 +140,7 @@ def define_primitive(
   prim = Primitive(target)
   prim.multiple_results = multiple_results
   prim.def_impl(functools.partial(dispatch.apply_primitive, prim))
+  abstract_eval = _typed(abstract_eval, target, sharding)
   prim.def_abstract_eval(abstract_eval)
   batching.primitive_batchers[prim] = batching_rule
 
@@ -136,16 +201,18 @@ def vjp_op(fwd_p: Primitive, bwd_p: Primitive, bwd_argnums=None) -> Callable[...
 
   def fwd(params, *args):
     keep = args if bwd_argnums is None else tuple(args[i] for i in bwd_argnums)
-    return fwd_p.bind(*args, **dict(params)), (keep, len(args))
+    # All args ride along (only layer norm's bias is not in keep): their
+    # types decide the cotangents' shardings under explicit mesh axes.
+    return fwd_p.bind(*args, **dict(params)), (keep, args)
 
   def bwd(params, res, dy):
-    keep, nargs = res
+    keep, args = res
     outs = bwd_p.bind(dy.astype(keep[0].dtype), *keep, **dict(params))
     outs = outs if bwd_p.multiple_results else (outs,)
-    return tuple(outs[:nargs])
+    return tuple(like_primal(ct, a) for ct, a in zip(outs[:len(args)], args))
 
   op.defvjp(fwd, bwd)
-  return lambda *args, **params: op(tuple(sorted(params.items())), *args)
+  return lambda *args, **params: op(tuple(sorted(params.items())), *same_manual_axes(*args))
 
 
 # --- helpers shared by batching rules ---------------------------------------
@@ -177,8 +244,72 @@ def fold_groups(params, bdim, size, *, shared_ok: bool):
   """
   if bdim is NOT_MAPPED and shared_ok and params.shape[0] == 1:
     return params
-  p = move_to_front(params, bdim, size)
-  return p.reshape((size * p.shape[1], p.shape[2]))
+  return merge_leading(move_to_front(params, bdim, size))
+
+
+def _explicit_spec(x):
+  """x's PartitionSpec, one entry a dimension, under explicit mesh axes;
+  None elsewhere (where a reshape needs no sharding of its own)."""
+  aval = jax.typeof(x)
+  mesh = aval.sharding.mesh
+  if mesh.empty or not getattr(mesh, "explicit_axes", ()):
+    return None
+  spec = tuple(aval.sharding.spec)
+  return spec + (None,) * (aval.ndim - len(spec))
+
+
+def _names(entry) -> tuple:
+  return () if entry is None else (entry,) if isinstance(entry, str) else tuple(entry)
+
+
+def _entry(names):
+  return None if not names else names[0] if len(names) == 1 else tuple(names)
+
+
+def merge_leading(x):
+  """[m, n, ...] -> [m * n, ...]: vmap's axis folded into a batch as its
+  major part. Under explicit mesh axes the merged dimension is split by m's
+  mesh axes then n's; a split of n alone (no contiguous split of the merged
+  dimension) is gathered first."""
+  shape = (x.shape[0] * x.shape[1],) + tuple(x.shape[2:])
+  spec = _explicit_spec(x)
+  if spec is None:
+    return x.reshape(shape)
+  P = jax.sharding.PartitionSpec  # pylint: disable=invalid-name
+  if spec[0] is None and spec[1] is not None and x.shape[0] > 1:
+    x, spec = jax.sharding.reshard(x, P(None, None, *spec[2:])), (None, None) + spec[2:]
+  merged = _entry(_names(spec[0]) + _names(spec[1]))
+  return jax.lax.reshape(x, shape, out_sharding=P(merged, *spec[2:]))
+
+
+def split_leading(x, size):
+  """[size * n, ...] -> [size, n, ...], the inverse of merge_leading. Under
+  explicit mesh axes the mesh axes splitting the merged dimension go to
+  `size` as far as they divide it, the rest to n (gathered where they do
+  not divide it)."""
+  shape = (size, x.shape[0] // size) + tuple(x.shape[1:])
+  spec = _explicit_spec(x)
+  if spec is None:
+    return x.reshape(shape)
+  P = jax.sharding.PartitionSpec  # pylint: disable=invalid-name
+  mesh = jax.typeof(x).sharding.mesh
+  names = _names(spec[0])
+  k = 0
+  while k < len(names) and size % int(np.prod([mesh.shape[a] for a in names[:k + 1]])) == 0:
+    k += 1
+  if shape[1] % int(np.prod([mesh.shape[a] for a in names[k:]])):
+    x, names = jax.sharding.reshard(x, P(None, *spec[1:])), ()
+  return jax.lax.reshape(x, shape, out_sharding=P(_entry(names[:k]), _entry(names[k:]), *spec[1:]))
+
+
+def like_primal(ct, primal):
+  """A cotangent resharded to its primal's type under explicit mesh axes
+  (JAX requires the custom VJP's cotangents to have the primals' types;
+  the op's rule may split a gradient differently, e.g. dK as Q's batch)."""
+  want = _explicit_spec(primal)
+  if want is None or _explicit_spec(ct) == want:
+    return ct
+  return jax.sharding.reshard(ct, jax.sharding.PartitionSpec(*want))
 
 
 def unbatched_shape(x, bdim) -> tuple[int, ...]:

@@ -165,25 +165,47 @@ def _entries(mesh, sharding, ndim):
     spec = sharding_impls.parse_flatten_op_sharding(hlo, mesh)[0]
   except Exception:  # pylint: disable=broad-except
     return None
-  spec = tuple(spec) + (None,) * (ndim - len(spec))
-  return [() if e is None else (e,) if isinstance(e, str) else tuple(e) for e in spec]
+  return _spec_entries(spec, ndim)
 
 
 def _assign(rule: Rule, mesh, arg_shapes) -> dict[str, tuple[str, ...]]:
+  """Mesh axes of each factor, from the operands' shardings."""
+  return _assign_entries(rule, mesh.shape, [
+      _entries(mesh, arg.sharding, arg.ndim) or () for arg in arg_shapes])
+
+
+def _assign_entries(rule: Rule, mesh_shape, entries) -> dict[str, tuple[str, ...]]:
   """Mesh axes of each factor: taken from the first operand dimension split
-  along it, where the axes are free and divide the factor's size."""
+  along it, where the axes are free and divide the factor's size.
+  entries: for each operand, the mesh axes splitting each dimension."""
   axes: dict[str, tuple[str, ...]] = {}
   used: set[str] = set()
-  for factors, arg in zip(rule.operands, arg_shapes):
-    for factor, entry in zip(factors, _entries(mesh, arg.sharding, arg.ndim) or ()):
+  for factors, arg_entries in zip(rule.operands, entries):
+    for factor, entry in zip(factors, arg_entries):
       name = rule.split_name(factor)
       if not entry or name is None or name in axes or used & set(entry):
         continue
-      if rule.sizes[name] % math.prod(mesh.shape[a] for a in entry):
+      if rule.sizes[name] % math.prod(mesh_shape[a] for a in entry):
         continue
       axes[name] = entry
       used |= set(entry)
   return axes
+
+
+def _spec_entries(spec, ndim):
+  spec = tuple(spec) + (None,) * (ndim - len(spec))
+  return [() if e is None else (e,) if isinstance(e, str) else tuple(e) for e in spec]
+
+
+def typed_result_specs(rule: Rule, avals_in, mesh) -> list[PartitionSpec]:
+  """Under explicit mesh axes (jax.sharding.AxisType.Explicit) every array's
+  type carries its sharding: the results' PartitionSpecs, read from the
+  operands' by the rule, as `partition` splits them (a dimension the kernel
+  needs whole, or a parameter gradient summed over the devices, is
+  unsplit)."""
+  axes = _assign_entries(rule, mesh.shape, [
+      _spec_entries(a.sharding.spec, a.ndim) for a in avals_in])
+  return [_sharding(rule, mesh, axes, factors).spec for factors in rule.results]
 
 
 def _sharding(rule: Rule, mesh, axes, factors) -> NamedSharding:
