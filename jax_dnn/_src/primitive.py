@@ -80,18 +80,23 @@ def same_manual_axes(*args):
   return tuple(out)
 
 
-def _typed(abstract_eval, prim_name, rule_fn):
+def _typed(abstract_eval, prim_name, rule_fn, *, explicit_types: bool):
   """abstract_eval whose results carry the types JAX tracks beyond shape and
   dtype, where it tracks them:
     - inside shard_map (check_vma): the operands' manual-axis type;
     - under explicit mesh axes: the sharding the op's rule gives each result.
-  Elsewhere the results are abstract_eval's, unchanged."""
+  Elsewhere the results are abstract_eval's, unchanged. The per-shard
+  primitive takes no explicit types (explicit_types=False): custom_partitioning
+  traces it per device under the caller's mesh, and typed results there
+  would leave sharding annotations inside the partitioned program (on jax
+  0.11.2 XLA then failed: "No registered implementation for untyped custom
+  call to Sharding")."""
 
   def rule(*avals, **params):
     outs = abstract_eval(*avals, **params)
     varying = [_varying(a) for a in avals]
     meshes = [a.sharding.mesh for a in avals if not a.sharding.mesh.empty]
-    explicit = bool(meshes) and bool(getattr(meshes[0], "explicit_axes", ()))
+    explicit = explicit_types and bool(meshes) and bool(getattr(meshes[0], "explicit_axes", ()))
     if not any(varying) and not explicit:
       return outs
     if any(v != varying[0] for v in varying):
@@ -140,15 +145,14 @@ def define_primitive(
   prim = Primitive(target)
   prim.multiple_results = multiple_results
   prim.def_impl(functools.partial(dispatch.apply_primitive, prim))
-  abstract_eval = _typed(abstract_eval, target, sharding)
-  prim.def_abstract_eval(abstract_eval)
+  prim.def_abstract_eval(_typed(abstract_eval, target, sharding, explicit_types=True))
   batching.primitive_batchers[prim] = batching_rule
 
   # One shard's call: what custom_partitioning runs on each device.
   shard = Primitive(f"{target}_shard")
   shard.multiple_results = multiple_results
   shard.def_impl(functools.partial(dispatch.apply_primitive, shard))
-  shard.def_abstract_eval(abstract_eval)
+  shard.def_abstract_eval(_typed(abstract_eval, target, sharding, explicit_types=False))
 
   def partitioned(*args, **params):
     fn = sharding_lib.partitioned(shard, multiple_results, sharding, tuple(sorted(params.items())))
