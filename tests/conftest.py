@@ -22,15 +22,21 @@ def _gpu_device():
   return devices[0] if devices else None
 
 
+def _use_gpu(why):
+  """The CUDA device, after checking jax_dnn has its kernels; skips without one."""
+  dev = _gpu_device()
+  if dev is None:
+    pytest.skip(f"no CUDA device: {why}")
+  require_kernels()
+  return dev
+
+
 @pytest.fixture(params=["cpu", pytest.param("gpu", marks=pytest.mark.gpu)])
 def device(request):
   if request.param == "cpu":
     dev = jax.devices("cpu")[0]
   else:
-    dev = _gpu_device()
-    if dev is None:
-      pytest.skip("no CUDA device: the GPU (kernel) variant of this test needs one")
-    require_kernels()
+    dev = _use_gpu("the GPU (kernel) variant of this test needs one")
   with jax.default_device(dev):
     yield dev
 
@@ -38,9 +44,6 @@ def device(request):
 @pytest.fixture
 def gpu():
   """The CUDA device, for GPU-only tests (mark them `gpu`)."""
-  dev = _gpu_device()
-  if dev is None:
-    pytest.skip("no CUDA device: this test runs our kernels and needs one")
-  require_kernels()
+  dev = _use_gpu("this test runs our kernels and needs one")
   with jax.default_device(dev):
     yield dev

@@ -60,13 +60,17 @@ def _collectives(fn, args):
                                               "collective-permute")}
 
 
+def _on_one_device(mesh, fn, args):
+  """jit(fn)(*args) on one device of the mesh's platform."""
+  with jax.default_device(jax.devices(mesh.devices.flat[0].platform)[0]):
+    return jax.jit(fn)(*args)
+
+
 def _check(mesh, fn, args, specs, *, gathers=0, tol=1e-5):
   """fn on operands split per `specs` equals fn on one device; returns the
   compiled program's collectives (`gathers` all-gathers and no all-to-all
   or permute expected; None: not checked)."""
-  one = jax.devices(mesh.devices.flat[0].platform)[0]
-  with jax.default_device(one):
-    want = jax.jit(fn)(*args)
+  want = _on_one_device(mesh, fn, args)
   split = [jax.device_put(a, NamedSharding(mesh, s)) for a, s in zip(args, specs)]
   got = jax.jit(fn)(*split)
   for g, w in zip(jax.tree.leaves(got), jax.tree.leaves(want)):
@@ -296,6 +300,27 @@ def _shard_map_cases(dtype):
       q, k, v, bias], [mha] * 3 + [P(None, "model")]
 
 
+def _block_case(mesh, case, vmapped):
+  """A case of _shard_map_cases (vmapped: over a new leading axis of every
+  operand), its loss, and the argnums of its float operands."""
+  name, fn, args, specs = next(c for c in _shard_map_cases(_attn_dtype(mesh)) if c[0] == case)
+  if vmapped:
+    args = [jnp.stack([a, a * 0.5]) for a in args]
+    specs = [P(None, *spec) for spec in specs]
+    fn = jax.vmap(fn)
+  argnums = tuple(i for i, a in enumerate(args) if jnp.issubdtype(a.dtype, jnp.floating))
+  loss = lambda f: (lambda *a: jnp.sum(jnp.sin(f(*a).astype(jnp.float32))))
+  return name, fn, args, specs, argnums, loss
+
+
+def _assert_close(mesh, got, want, name):
+  # The loss and summed gradients add per-device partials in another order.
+  tol = max(_tol(mesh), 1e-4)
+  for g, w in zip(jax.tree.leaves(got), jax.tree.leaves(want)):
+    np.testing.assert_allclose(np.asarray(g, np.float32), np.asarray(w, np.float32),
+                               rtol=tol, atol=tol, err_msg=name)
+
+
 @pytest.mark.parametrize("vmapped", [False, True], ids=["plain", "vmap"])
 @pytest.mark.parametrize("case", ["gelu", "bias_act", "softmax", "layer_norm", "rms_norm",
                                   "attention", "attention_mqa", "attention_bias"])
@@ -304,23 +329,11 @@ def test_inside_shard_map_with_check_vma(mesh, case, vmapped):
   operands vary over, and gradients of operands the devices share (norm
   scales, a bias, multi-query K/V) are summed over the devices by JAX (the
   transpose of the cast that makes the operands agree)."""
-  name, fn, args, specs = next(c for c in _shard_map_cases(_attn_dtype(mesh)) if c[0] == case)
-  if vmapped:  # vmap inside the block, over a new leading axis of every operand
-    args = [jnp.stack([a, a * 0.5]) for a in args]
-    specs = [P(None, *spec) for spec in specs]
-    fn = jax.vmap(fn)
-  out_spec = specs[0]
-  loss = lambda f: (lambda *a: jnp.sum(jnp.sin(f(*a).astype(jnp.float32))))
-  mapped = jax.shard_map(fn, mesh=mesh, in_specs=tuple(specs), out_specs=out_spec)
-  argnums = tuple(i for i, a in enumerate(args) if jnp.issubdtype(a.dtype, jnp.floating))
+  name, fn, args, specs, argnums, loss = _block_case(mesh, case, vmapped)
+  mapped = jax.shard_map(fn, mesh=mesh, in_specs=tuple(specs), out_specs=specs[0])
   got = jax.jit(jax.value_and_grad(loss(mapped), argnums=argnums))(*args)
-  one = jax.devices(mesh.devices.flat[0].platform)[0]
-  with jax.default_device(one):
-    want = jax.jit(jax.value_and_grad(loss(fn), argnums=argnums))(*args)
-  for g, w in zip(jax.tree.leaves(got), jax.tree.leaves(want)):
-    # The loss and summed gradients add per-device partials in another order.
-    np.testing.assert_allclose(np.asarray(g, np.float32), np.asarray(w, np.float32),
-                               rtol=max(_tol(mesh), 1e-4), atol=max(_tol(mesh), 1e-4), err_msg=name)
+  want = _on_one_device(mesh, jax.value_and_grad(loss(fn), argnums=argnums), args)
+  _assert_close(mesh, got, want, name)
 
 
 def _full(spec, ndim):
@@ -341,53 +354,24 @@ def test_explicit_mesh_axes(mesh, case, vmapped):
   carries its sharding: each op's result is typed split as its rule splits
   it (so what follows it stays split), and gradients are typed as their
   primals."""
-  name, fn, args, specs = next(c for c in _shard_map_cases(_attn_dtype(mesh)) if c[0] == case)
+  name, fn, args, specs, argnums, loss = _block_case(mesh, case, vmapped)
   want_spec = _EXPLICIT_SPECS[name]
   if vmapped:
-    args = [jnp.stack([a, a * 0.5]) for a in args]
-    specs = [P(None, *spec) for spec in specs]
-    # Attention folds the vmapped axis into its batch: a split of the inner
-    # batch alone is gathered for the op (README, limits).
+    # Attention folds the vmapped axis into its batch as the major part: a
+    # split of the inner batch alone is gathered for the op (README, limits).
     want_spec = P(None, None, *want_spec[1:]) if name.startswith("attention") else P(
         None, *want_spec)
-    fn = jax.vmap(fn)
   explicit = Mesh(mesh.devices, mesh.axis_names,
                   axis_types=(jax.sharding.AxisType.Explicit,) * len(mesh.axis_names))
-  argnums = tuple(i for i, a in enumerate(args) if jnp.issubdtype(a.dtype, jnp.floating))
-  loss = lambda *a: jnp.sum(jnp.sin(fn(*a).astype(jnp.float32)))
-  one = jax.devices(mesh.devices.flat[0].platform)[0]
-  with jax.default_device(one):
-    want = jax.jit(jax.value_and_grad(loss, argnums=argnums))(*args)
+  want = _on_one_device(mesh, jax.value_and_grad(loss(fn), argnums=argnums), args)
   with jax.set_mesh(explicit):
     split = [jax.device_put(a, NamedSharding(explicit, sp)) for a, sp in zip(args, specs)]
     out = jax.jit(lambda *a: fn(*a) * 2)(*split)  # the product is typed from the op's result
-    got = jax.jit(jax.value_and_grad(loss, argnums=argnums))(*split)
+    got = jax.jit(jax.value_and_grad(loss(fn), argnums=argnums))(*split)
   assert _full(out.sharding.spec, out.ndim) == _full(want_spec, out.ndim)
   for g, i in zip(got[1], argnums):
     assert _full(g.sharding.spec, g.ndim) == _full(split[i].sharding.spec, g.ndim), i
-  for g, w in zip(jax.tree.leaves(got), jax.tree.leaves(want)):
-    np.testing.assert_allclose(np.asarray(g, np.float32), np.asarray(w, np.float32),
-                               rtol=max(_tol(mesh), 1e-4), atol=max(_tol(mesh), 1e-4), err_msg=name)
-
-
-def test_explicit_mesh_vmap_of_an_inner_batch_split():
-  """vmap folds its axis into the batch as the major part; a split of the
-  inner batch alone is then gathered for the op, and the gradients return
-  typed as their primals."""
-  mesh = _cpu_mesh()
-  explicit = Mesh(mesh.devices, mesh.axis_names, axis_types=(jax.sharding.AxisType.Explicit,) * 2)
-  q, k, v = (jnp.stack([a, a * 0.5]) for a in _qkv(N, jnp.float32))
-  fn = jax.vmap(lambda q, k, v: jax_dnn.dot_product_attention(q, k, v, is_causal=True))
-  loss = lambda *a: jnp.sum(fn(*a) ** 2)
-  want = jax.jit(jax.value_and_grad(loss, argnums=(0, 1, 2)))(q, k, v)
-  spec = P(None, "data", None, "model")
-  with jax.set_mesh(explicit):
-    split = [jax.device_put(a, NamedSharding(explicit, spec)) for a in (q, k, v)]
-    got = jax.jit(jax.value_and_grad(loss, argnums=(0, 1, 2)))(*split)
-  for g in got[1]:
-    assert _full(g.sharding.spec, g.ndim) == _full(spec, g.ndim)
-  for g, w in zip(jax.tree.leaves(got), jax.tree.leaves(want)):
-    np.testing.assert_allclose(np.asarray(g), np.asarray(w), rtol=1e-4, atol=1e-4)
+  _assert_close(mesh, got, want, name)
 
 
 def test_shard_map_operands_of_different_manual_types_raise():

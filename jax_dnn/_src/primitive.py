@@ -70,14 +70,12 @@ def same_manual_axes(*args):
   cast is outside the custom VJP, so JAX transposes it into the psum that
   the gradient of a parameter shared by every device needs.
   """
-  union = frozenset().union(*(_varying(jax.typeof(a)) for a in args))
+  varying = [_varying(jax.typeof(a)) for a in args]
+  union = frozenset().union(*varying)
   if not union:
     return args
-  out = []
-  for a in args:
-    missing = union - _varying(jax.typeof(a))
-    out.append(jax.lax.pcast(a, tuple(sorted(missing, key=str)), to="varying") if missing else a)
-  return tuple(out)
+  return tuple(jax.lax.pcast(a, tuple(sorted(union - v, key=str)), to="varying") if union - v
+               else a for a, v in zip(args, varying))
 
 
 def _typed(abstract_eval, prim_name, rule_fn, *, explicit_types: bool):
@@ -95,8 +93,8 @@ def _typed(abstract_eval, prim_name, rule_fn, *, explicit_types: bool):
   def rule(*avals, **params):
     outs = abstract_eval(*avals, **params)
     varying = [_varying(a) for a in avals]
-    meshes = [a.sharding.mesh for a in avals if not a.sharding.mesh.empty]
-    explicit = explicit_types and bool(meshes) and bool(getattr(meshes[0], "explicit_axes", ()))
+    mesh = next((a.sharding.mesh for a in avals if not a.sharding.mesh.empty), None)
+    explicit = explicit_types and mesh is not None and sharding_lib.is_explicit(mesh)
     if not any(varying) and not explicit:
       return outs
     if any(v != varying[0] for v in varying):
@@ -111,10 +109,10 @@ def _typed(abstract_eval, prim_name, rule_fn, *, explicit_types: bool):
     out_list = list(outs) if multiple else [outs]
     if explicit:
       op_rule = rule_fn([a.shape for a in avals], [o.shape for o in out_list], **params)
-      specs = sharding_lib.typed_result_specs(op_rule, avals, meshes[0])
+      specs = sharding_lib.typed_result_specs(op_rule, avals, mesh)
     else:
       specs = [jax.sharding.PartitionSpec()] * len(out_list)
-    typed = [o.update(sharding=jax.sharding.NamedSharding(meshes[0], spec), manual_axis_type=mat)
+    typed = [o.update(sharding=jax.sharding.NamedSharding(mesh, spec), manual_axis_type=mat)
              for o, spec in zip(out_list, specs)]
     return typed if multiple else typed[0]
 
@@ -255,19 +253,10 @@ def _explicit_spec(x):
   """x's PartitionSpec, one entry a dimension, under explicit mesh axes;
   None elsewhere (where a reshape needs no sharding of its own)."""
   aval = jax.typeof(x)
-  mesh = aval.sharding.mesh
-  if mesh.empty or not getattr(mesh, "explicit_axes", ()):
+  if not sharding_lib.is_explicit(aval.sharding.mesh):
     return None
   spec = tuple(aval.sharding.spec)
   return spec + (None,) * (aval.ndim - len(spec))
-
-
-def _names(entry) -> tuple:
-  return () if entry is None else (entry,) if isinstance(entry, str) else tuple(entry)
-
-
-def _entry(names):
-  return None if not names else names[0] if len(names) == 1 else tuple(names)
 
 
 def merge_leading(x):
@@ -282,7 +271,8 @@ def merge_leading(x):
   P = jax.sharding.PartitionSpec  # pylint: disable=invalid-name
   if spec[0] is None and spec[1] is not None and x.shape[0] > 1:
     x, spec = jax.sharding.reshard(x, P(None, None, *spec[2:])), (None, None) + spec[2:]
-  merged = _entry(_names(spec[0]) + _names(spec[1]))
+  names = sharding_lib.axis_names(spec[0]) + sharding_lib.axis_names(spec[1])
+  merged = sharding_lib.spec_entry(names)
   return jax.lax.reshape(x, shape, out_sharding=P(merged, *spec[2:]))
 
 
@@ -297,13 +287,14 @@ def split_leading(x, size):
     return x.reshape(shape)
   P = jax.sharding.PartitionSpec  # pylint: disable=invalid-name
   mesh = jax.typeof(x).sharding.mesh
-  names = _names(spec[0])
+  names = sharding_lib.axis_names(spec[0])
   k = 0
   while k < len(names) and size % int(np.prod([mesh.shape[a] for a in names[:k + 1]])) == 0:
     k += 1
   if shape[1] % int(np.prod([mesh.shape[a] for a in names[k:]])):
     x, names = jax.sharding.reshard(x, P(None, *spec[1:])), ()
-  return jax.lax.reshape(x, shape, out_sharding=P(_entry(names[:k]), _entry(names[k:]), *spec[1:]))
+  return jax.lax.reshape(x, shape, out_sharding=P(sharding_lib.spec_entry(names[:k]),
+                                                  sharding_lib.spec_entry(names[k:]), *spec[1:]))
 
 
 def like_primal(ct, primal):

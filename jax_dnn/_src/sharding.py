@@ -192,9 +192,24 @@ def _assign_entries(rule: Rule, mesh_shape, entries) -> dict[str, tuple[str, ...
   return axes
 
 
+def axis_names(entry) -> tuple[str, ...]:
+  """A PartitionSpec entry as the tuple of mesh axes it names."""
+  return () if entry is None else (entry,) if isinstance(entry, str) else tuple(entry)
+
+
+def spec_entry(names):
+  """Mesh axes as a PartitionSpec entry (None, one name, or a tuple)."""
+  return None if not names else names[0] if len(names) == 1 else tuple(names)
+
+
+def is_explicit(mesh) -> bool:
+  """Whether arrays on `mesh` carry their sharding in their types."""
+  return not mesh.empty and bool(getattr(mesh, "explicit_axes", ()))
+
+
 def _spec_entries(spec, ndim):
   spec = tuple(spec) + (None,) * (ndim - len(spec))
-  return [() if e is None else (e,) if isinstance(e, str) else tuple(e) for e in spec]
+  return [axis_names(e) for e in spec]
 
 
 def typed_result_specs(rule: Rule, avals_in, mesh) -> list[PartitionSpec]:
@@ -209,10 +224,7 @@ def typed_result_specs(rule: Rule, avals_in, mesh) -> list[PartitionSpec]:
 
 
 def _sharding(rule: Rule, mesh, axes, factors) -> NamedSharding:
-  spec = []
-  for factor in factors:
-    entry = axes.get(rule.split_name(factor), ())
-    spec.append(None if not entry else entry[0] if len(entry) == 1 else entry)
+  spec = [spec_entry(axes.get(rule.split_name(factor), ())) for factor in factors]
   return NamedSharding(mesh, PartitionSpec(*spec))
 
 
