@@ -486,6 +486,27 @@ def test_sharded_lowering_hands_the_op_to_the_partitioner():
   assert "jax_dnn_attention_fwd" not in text.replace("CustomSPMDPartitioning", "")
 
 
+def test_explicit_axes_call_the_op_per_shard():
+  """Under explicit mesh axes the op is a shard_map of the per-shard call:
+  each device's kernel takes its block (batch and heads split here), and
+  the compiled program moves no data for the op or its gradient."""
+  mesh = _cpu_mesh()
+  explicit = Mesh(mesh.devices, mesh.axis_names,
+                  axis_types=(jax.sharding.AxisType.Explicit,) * len(mesh.axis_names))
+  loss = lambda q: jax_dnn.dot_product_attention(q, q, q).astype(jnp.float32).sum()
+  with jax.set_mesh(explicit):
+    q = jax.device_put(randn(45, (4, 128, 8, 64), jnp.bfloat16),
+                       NamedSharding(explicit, P("data", None, "model")))
+    compiled = jax.jit(jax.grad(loss)).lower(q).compile().as_text()
+    text = _cuda_text(jax.grad(loss), q) if jax_dnn.has_cuda_kernels() else None
+  for collective in ("all-gather", "all-to-all", "collective-permute", "all-reduce"):
+    assert collective not in compiled, collective
+  if text is not None:  # the kernels' calls, on one device's block [1, 128, 4, 64]
+    for target in ("jax_dnn_attention_fwd", "jax_dnn_attention_bwd"):
+      calls = [l for l in text.splitlines() if f"custom_call @{target}(" in l]
+      assert calls and all("tensor<1x128x4x64xbf16>" in c for c in calls), (target, calls)
+    assert "CustomSPMDPartitioning" not in text
+
 def test_rules_split_what_they_should():
   """The rules themselves: which factors may split."""
   from jax_dnn._src import attention, layer_norm, softmax  # pylint: disable=g-import-not-at-top

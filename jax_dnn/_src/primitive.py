@@ -16,7 +16,8 @@
     over several devices, each device runs the kernel on its shard. The
     lowerings above then belong to a per-shard primitive
     `jax_dnn_<name>_shard`, which the returned primitive's lowering calls
-    through `custom_partitioning` (inlined on one device).
+    through `custom_partitioning` (inlined on one device), or, under
+    explicit mesh axes, through a `shard_map` built from the operands' types.
 Primitive parameters become FFI attributes, converted to the fixed-width
 types the handlers decode (int -> int64, float -> float32, bool -> pred).
 """
@@ -84,11 +85,8 @@ def _typed(abstract_eval, prim_name, rule_fn, *, explicit_types: bool):
     - inside shard_map (check_vma): the operands' manual-axis type;
     - under explicit mesh axes: the sharding the op's rule gives each result.
   Elsewhere the results are abstract_eval's, unchanged. The per-shard
-  primitive takes no explicit types (explicit_types=False): custom_partitioning
-  traces it per device under the caller's mesh, and typed results there
-  would leave sharding annotations inside the partitioned program (on jax
-  0.11.2 XLA then failed: "No registered implementation for untyped custom
-  call to Sharding")."""
+  primitive takes no explicit types (explicit_types=False): it only runs on
+  one device's blocks (inside custom_partitioning or shard_map)."""
 
   def rule(*avals, **params):
     outs = abstract_eval(*avals, **params)
@@ -160,6 +158,13 @@ def define_primitive(
   direct_lowering = mlir.lower_fun(shard.bind, multiple_results=multiple_results)
 
   def lowering(ctx, *args, **params):
+    # Under explicit mesh axes the operands' shardings are in their types:
+    # the rule is applied while tracing, through shard_map.
+    mesh = sharding_lib.explicit_mesh(ctx)
+    if mesh is not None:
+      rule = sharding([a.shape for a in ctx.avals_in], [o.shape for o in ctx.avals_out], **params)
+      call = sharding_lib.shard_mapped(shard, multiple_results, rule, ctx.avals_in, mesh, params)
+      return mlir.lower_fun(call, multiple_results=multiple_results)(ctx, *args)
     # Where custom_partitioning cannot go, the op is lowered as one call, as
     # XLA's partitioner then treats any custom call (gathered, correct):
     # see sharding_lib.use_custom_partitioning.

@@ -13,7 +13,9 @@ arrives split along a dimension that must be whole.
 
 On one device the wrapper is inlined: the program is the plain kernel call.
 Works with both partitioners (Shardy, the default, through the rule string;
-GSPMD through `infer_sharding_from_operands`).
+GSPMD through `infer_sharding_from_operands`). Under explicit mesh axes the
+operands' shardings are in their types, and `shard_mapped` applies the same
+rule while tracing instead.
 """
 
 from __future__ import annotations
@@ -242,6 +244,57 @@ def _summed_axes(rule: Rule, axes, index) -> tuple[str, ...]:
 
 def _as_tuple(x):
   return tuple(x) if isinstance(x, (tuple, list)) else (x,)
+
+
+def explicit_mesh(ctx):
+  """The mesh of a lowering whose operands carry explicit sharding types
+  (jax.sharding.AxisType.Explicit) over several devices, else None."""
+  axis_context = ctx.module_context.axis_context
+  if isinstance(axis_context, sharding_impls.SPMDAxisContext) and axis_context.manual_axes:
+    return None  # inside shard_map: per-device operands already
+  mesh = next((a.sharding.mesh for a in ctx.avals_in if not a.sharding.mesh.empty), None)
+  if mesh is None or not is_explicit(mesh) or mesh.size == 1:
+    return None
+  return mesh
+
+
+def shard_mapped(prim, multiple_results: bool, rule: Rule, avals_in, mesh, params):
+  """prim.bind(*args, **params) as a shard_map over `mesh`, for operands
+  whose types carry their sharding (explicit mesh axes; avals_in).
+
+  There the shardings are known while tracing, so the rule is applied then:
+  operands are resharded to what the rule takes (a dimension the kernel
+  needs whole is gathered), each device calls prim on its blocks, sums are
+  added with a psum, and the results come out typed as typed_result_specs
+  says. (custom_partitioning, the path of the other meshes, traces its
+  per-device program under the caller's mesh: under explicit axes that
+  program kept sharding annotations that XLA could not run on jax 0.11.2.)
+  Every mesh axis is manual in the body: axes of a mixed mesh that are not
+  explicit carry no sharding in the types and count as replicated.
+  """
+  axes = _assign_entries(rule, mesh.shape, [
+      _spec_entries(a.sharding.spec, a.ndim) for a in avals_in])
+  in_specs = tuple(_sharding(rule, mesh, axes, f).spec for f in rule.operands)
+  out_specs = [_sharding(rule, mesh, axes, f).spec for f in rule.results]
+  sums = {i: _summed_axes(rule, axes, i) for i in rule.sums}
+
+  def body(*args):
+    outs = list(_as_tuple(prim.bind(*args, **params)))
+    for i, names in sums.items():
+      if names:  # added in fp32, as in `partitioned`
+        outs[i] = jax.lax.psum(outs[i].astype(jnp.float32), names).astype(outs[i].dtype)
+    for i in rule.scratch:
+      outs[i] = jnp.zeros_like(outs[i])
+    return tuple(outs)
+
+  def call(*args):
+    args = [a if _spec_entries(jax.typeof(a).sharding.spec, a.ndim) == _spec_entries(sp, a.ndim)
+            else jax.sharding.reshard(a, NamedSharding(mesh, sp)) for a, sp in zip(args, in_specs)]
+    outs = jax.shard_map(body, mesh=mesh, in_specs=in_specs, out_specs=tuple(out_specs),
+                         check_vma=False)(*args)
+    return list(outs) if multiple_results else outs[0]
+
+  return call
 
 
 def use_custom_partitioning(ctx) -> bool:
