@@ -507,6 +507,26 @@ def test_explicit_axes_call_the_op_per_shard():
       assert calls and all("tensor<1x128x4x64xbf16>" in c for c in calls), (target, calls)
     assert "CustomSPMDPartitioning" not in text
 
+
+def test_mixed_explicit_and_auto_axes():
+  """A mesh with one explicit and one auto axis: the op splits along the
+  explicit axis its operands' types carry, and the auto axis (absent from
+  the types) is replicated for it; values as on one device."""
+  mesh = _cpu_mesh()
+  mixed = Mesh(mesh.devices, mesh.axis_names,
+               axis_types=(jax.sharding.AxisType.Explicit, jax.sharding.AxisType.Auto))
+  x = randn(46, (8, 16, 32), jnp.float32)
+  scale = randn(47, (32,), jnp.float32)
+  loss = lambda x, s: jnp.sum(jax_dnn.layer_norm(x, s) ** 2)
+  want = _on_one_device(mesh, jax.value_and_grad(loss, argnums=(0, 1)), (x, scale))
+  with jax.set_mesh(mixed):
+    xs = jax.device_put(x, NamedSharding(mixed, P("data", None, "model")))
+    got = jax.jit(jax.value_and_grad(loss, argnums=(0, 1)))(xs, scale)
+    y = jax.jit(lambda a: jax_dnn.softmax(a) * 2)(xs)
+  assert _full(y.sharding.spec, 3) == _full(P("data"), 3)
+  assert _full(got[1][0].sharding.spec, 3) == _full(P("data"), 3)
+  _assert_close(mesh, got, want, "layer_norm")
+
 def test_rules_split_what_they_should():
   """The rules themselves: which factors may split."""
   from jax_dnn._src import attention, layer_norm, softmax  # pylint: disable=g-import-not-at-top
