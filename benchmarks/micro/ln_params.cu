@@ -224,6 +224,7 @@ int main() {
     Run<128, 4, 1, 2>(kRowsTotal, ref, check_rows);
     Run<128, 4, 2, 2>(kRowsTotal, ref, check_rows);
     Run<128, 4, 4, 2>(kRowsTotal, ref, check_rows);
+    Run<32, 16, 1, 2>(kRowsTotal, ref, check_rows);  // a warp a row: no barrier
   }
   return 0;
 }
