@@ -508,6 +508,25 @@ def test_explicit_axes_call_the_op_per_shard():
     assert "CustomSPMDPartitioning" not in text
 
 
+
+def test_explicit_axes_results_keep_their_shapes():
+  """Every result of a primitive under explicit axes has the shape its
+  abstract eval gives, the per-shard workspace included (zeros of the whole
+  workspace, as each device holds all of it)."""
+  from jax_dnn._src import layer_norm as layer_norm_lib  # pylint: disable=g-import-not-at-top
+  mesh = _cpu_mesh()
+  explicit = Mesh(mesh.devices, mesh.axis_names,
+                  axis_types=(jax.sharding.AxisType.Explicit,) * len(mesh.axis_names))
+  x = randn(48, (64, 32), jnp.float32)
+  scale = jnp.ones((1, 32), jnp.float32)
+  bind = lambda dy, x, s: layer_norm_lib.layer_norm_bwd_p.bind(dy, x, s, epsilon=1e-6)
+  want = [o.shape for o in jax.eval_shape(bind, x, x, scale)]
+  with jax.set_mesh(explicit):
+    xs = jax.device_put(x, NamedSharding(explicit, P("data")))
+    got = jax.jit(bind)(xs, xs, scale)
+  assert [g.shape for g in got] == want
+  assert not np.asarray(got[-1]).any()  # the workspace comes back as zeros
+
 def test_mixed_explicit_and_auto_axes():
   """A mesh with one explicit and one auto axis: the op splits along the
   explicit axis its operands' types carry, and the auto axis (absent from

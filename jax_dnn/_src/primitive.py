@@ -163,7 +163,8 @@ def define_primitive(
     mesh = sharding_lib.explicit_mesh(ctx)
     if mesh is not None:
       rule = sharding([a.shape for a in ctx.avals_in], [o.shape for o in ctx.avals_out], **params)
-      call = sharding_lib.shard_mapped(shard, multiple_results, rule, ctx.avals_in, mesh, params)
+      call = sharding_lib.shard_mapped(shard, multiple_results, rule, ctx.avals_in, ctx.avals_out,
+                                       mesh, params)
       return mlir.lower_fun(call, multiple_results=multiple_results)(ctx, *args)
     # Where custom_partitioning cannot go, the op is lowered as one call, as
     # XLA's partitioner then treats any custom call (gathered, correct):

@@ -246,6 +246,27 @@ def _as_tuple(x):
   return tuple(x) if isinstance(x, (tuple, list)) else (x,)
 
 
+def _per_device(prim, params, rule: Rule, axes, results):
+  """One device's program: prim on its blocks, each sum result added over
+  the mesh axes of the operand factors it lacks (in fp32: bf16 dk, dv of
+  multi-query attention), each scratch result replaced by zeros of its
+  whole shape (results: the op's results, with .shape and .dtype; scratch is
+  never split, so each device holds all of it). Returns a tuple."""
+  sums = {i: _summed_axes(rule, axes, i) for i in rule.sums}
+  scratch = {i: (results[i].shape, results[i].dtype) for i in rule.scratch}
+
+  def body(*args):
+    outs = list(_as_tuple(prim.bind(*args, **params)))
+    for i, names in sums.items():
+      if names:
+        outs[i] = jax.lax.psum(outs[i].astype(jnp.float32), names).astype(outs[i].dtype)
+    for i, (shape, dtype) in scratch.items():
+      outs[i] = jnp.zeros(shape, dtype)
+    return tuple(outs)
+
+  return body
+
+
 def explicit_mesh(ctx):
   """The mesh of a lowering whose operands carry explicit sharding types
   (jax.sharding.AxisType.Explicit) over several devices, else None."""
@@ -258,9 +279,10 @@ def explicit_mesh(ctx):
   return mesh
 
 
-def shard_mapped(prim, multiple_results: bool, rule: Rule, avals_in, mesh, params):
+def shard_mapped(prim, multiple_results: bool, rule: Rule, avals_in, avals_out, mesh, params):
   """prim.bind(*args, **params) as a shard_map over `mesh`, for operands
-  whose types carry their sharding (explicit mesh axes; avals_in).
+  whose types carry their sharding (explicit mesh axes; avals_in, and the
+  op's results avals_out).
 
   There the shardings are known while tracing, so the rule is applied then:
   operands are resharded to what the rule takes (a dimension the kernel
@@ -276,16 +298,7 @@ def shard_mapped(prim, multiple_results: bool, rule: Rule, avals_in, mesh, param
       _spec_entries(a.sharding.spec, a.ndim) for a in avals_in])
   in_specs = tuple(_sharding(rule, mesh, axes, f).spec for f in rule.operands)
   out_specs = [_sharding(rule, mesh, axes, f).spec for f in rule.results]
-  sums = {i: _summed_axes(rule, axes, i) for i in rule.sums}
-
-  def body(*args):
-    outs = list(_as_tuple(prim.bind(*args, **params)))
-    for i, names in sums.items():
-      if names:  # added in fp32, as in `partitioned`
-        outs[i] = jax.lax.psum(outs[i].astype(jnp.float32), names).astype(outs[i].dtype)
-    for i in rule.scratch:
-      outs[i] = jnp.zeros_like(outs[i])
-    return tuple(outs)
+  body = _per_device(prim, params, rule, axes, avals_out)
 
   def call(*args):
     args = [a if _spec_entries(jax.typeof(a).sharding.spec, a.ndim) == _spec_entries(sp, a.ndim)
@@ -346,17 +359,11 @@ def partitioned(prim, multiple_results: bool, rule_fn, params_items):
     axes = _assign(rule, mesh, arg_shapes)
     arg_sh = tuple(_sharding(rule, mesh, axes, f) for f in rule.operands)
     res_sh = [_sharding(rule, mesh, axes, f) for f in rule.results]
-    sums = {i: _summed_axes(rule, axes, i) for i in rule.sums}
-    scratch = {i: (results[i].shape, results[i].dtype) for i in rule.scratch}
+    body = _per_device(prim, params, rule, axes, results)
 
     def lower(*args):
-      outs = list(_as_tuple(prim.bind(*args, **params)))
-      for i, names in sums.items():
-        if names:  # added in fp32 (bf16 dk, dv of multi-query attention)
-          outs[i] = jax.lax.psum(outs[i].astype(jnp.float32), names).astype(outs[i].dtype)
-      for i, (shape, dtype) in scratch.items():
-        outs[i] = jnp.zeros(shape, dtype)
-      return outs if multiple_results else outs[0]
+      outs = body(*args)
+      return list(outs) if multiple_results else outs[0]
 
     return mesh, lower, res_sh if multiple_results else res_sh[0], arg_sh
 
