@@ -31,6 +31,7 @@ from typing import Any
 import jax
 from jax._src import dispatch
 from jax.extend.core import Primitive
+from jax.interpreters import ad
 from jax.interpreters import batching
 from jax.interpreters import mlir
 import numpy as np
@@ -189,6 +190,19 @@ def define_primitive(
 
   mlir.register_lowering(shard, reference_lowering)
   mlir.register_lowering(shard, cuda_lowering, platform="cuda")
+
+  # Differentiating the primitive itself (not the op, whose custom VJP calls
+  # the kernels) happens only in higher-order reverse mode -- jax.grad of a
+  # function that takes jax.grad through an op, jax.hessian's reverse parts
+  # aside (forward mode stops at the op's custom_vjp). The value is still the
+  # kernel's; the tangent is the reference's (XLA), whose linear part JAX
+  # transposes.
+  def jvp(primals, tangents, **params):
+    tangents = tuple(ad.instantiate_zeros(t) for t in tangents)
+    _, tangent_out = jax.jvp(functools.partial(reference, **params), tuple(primals), tangents)
+    return prim.bind(*primals, **params), tangent_out
+
+  ad.primitive_jvps[prim] = jvp
   return prim
 
 
