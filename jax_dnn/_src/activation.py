@@ -43,10 +43,14 @@ _MAX_GRID_Y = 65535
 
 
 def _bias_parts(rows: int, groups: int, width: int) -> int:
-  rows_per_group = rows // groups if groups else 0
+  """Row parts of the bias backward's workspace (a part past the rows adds
+  zeros). With a symbolic row count (jax.export with a polymorphic batch)
+  the bound ignores the rows."""
   col_blocks = -(-width // _COLS_PER_BLOCK)
-  parts = -(-_TARGET_BLOCKS // (groups * col_blocks))
-  parts = min(parts, -(-rows_per_group // _ROW_LANES), _MAX_GRID_Y // max(1, groups))
+  parts = min(-(-_TARGET_BLOCKS // (groups * col_blocks)), _MAX_GRID_Y // max(1, groups))
+  if isinstance(rows, int):
+    rows_per_group = rows // groups if groups else 0
+    parts = min(parts, -(-rows_per_group // _ROW_LANES))
   return max(1, parts)
 
 

@@ -155,7 +155,11 @@ def _fwd_ws_shape(q, k, v, *, present, is_causal, window, **params):
   split = (not is_causal and window is None and params["softcap"] == 0.0 and params["scale"] > 0
            and not {"q_lens", "kv_lens", "bias", "mask", "q_seg"} & set(present)
            and dv <= 128 and -(-s // key_tile) >= 32)
-  if not (split and _kernel_supported(q, k, v) and b * n * -(-t // 128) > _FWD_SPLIT_CTAS):
+  ctas = b * n * -(-t // 128)
+  # A symbolic batch (jax.export): the launcher decides; a workspace it does
+  # not use costs only its allocation.
+  many = ctas > _FWD_SPLIT_CTAS if isinstance(ctas, int) else True
+  if not (split and _kernel_supported(q, k, v) and many):
     return (0,)
   return (2 * _FWD_SPLIT_CTAS * 128 * (dv + 1),)
 
@@ -210,7 +214,7 @@ def _kernel_supported(q, k, v):
   """Whether the CUDA kernels take these operands (else: the reference)."""
   return (q.dtype in (jnp.bfloat16, jnp.float16) and q.shape[-1] % 8 == 0
           and v.shape[-1] % 8 == 0 and (_pad64(q.shape[-1]), _pad64(v.shape[-1])) in _KERNEL_DIMS
-          and min(q.shape[:3]) > 0 and k.shape[1] > 0
+          and all(d > 0 for d in q.shape[:3]) and k.shape[1] > 0  # (a symbolic batch is >= 1)
           and max(q.shape[1], k.shape[1]) < 2**31 - 256)  # the kernels' 32-bit positions
 
 

@@ -49,9 +49,12 @@ _WORKSPACE_CAP_FLOATS = 1 << 26
 
 
 def _parts(rows: int, groups: int, width: int, sums: int) -> int:
-  rows_per_group = rows // groups if groups else 0
-  parts = min(rows_per_group, -(-_TARGET_PARTS // groups))
-  parts = min(parts, _WORKSPACE_CAP_FLOATS // max(1, groups * sums * width))
+  """Row parts of the backward's workspace: an upper bound (the launcher
+  uses at most as many as the rows need). With a symbolic row count
+  (jax.export with a polymorphic batch) the bound ignores the rows."""
+  parts = min(-(-_TARGET_PARTS // groups), _WORKSPACE_CAP_FLOATS // max(1, groups * sums * width))
+  if isinstance(rows, int):
+    parts = min(parts, rows // groups if groups else 0)
   return max(1, parts)
 
 
