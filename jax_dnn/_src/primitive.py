@@ -199,8 +199,22 @@ def define_primitive(
   # transposes.
   def jvp(primals, tangents, **params):
     tangents = tuple(ad.instantiate_zeros(t) for t in tangents)
-    _, tangent_out = jax.jvp(functools.partial(reference, **params), tuple(primals), tangents)
-    return prim.bind(*primals, **params), tangent_out
+    out = prim.bind(*primals, **params)
+
+    def tangent(primals, tangents):
+      t = jax.jvp(functools.partial(reference, **params), primals, tangents)[1]
+      return tuple(t) if multiple_results else t
+
+    mesh = next((a.sharding.mesh for a in map(jax.typeof, primals)
+                 if not a.sharding.mesh.empty), None)
+    if mesh is not None and sharding_lib.is_explicit(mesh):
+      # The references reshape freely; under explicit mesh axes XLA places
+      # their intermediates, and the tangents come out typed as the results.
+      out_sharding = tuple(jax.typeof(o).sharding for o in (out if multiple_results else [out]))
+      tangent = jax.sharding.auto_axes(
+          tangent, axes=tuple(mesh.explicit_axes),
+          out_sharding=out_sharding if multiple_results else out_sharding[0])
+    return out, tangent(tuple(primals), tangents)
 
   ad.primitive_jvps[prim] = jvp
   return prim
