@@ -1,7 +1,8 @@
 // Shared harness of the standalone micro-benchmarks in this directory (each
 // still builds alone: nvcc -O3 -std=c++17 -arch=sm_90a <file>.cu): error
-// check, streaming 16-byte load, bf16 packing, the copy kernel the variants
-// are compared against, and the event timer (median of `reps` runs of
+// check, streaming 16-byte load, bf16 packing, the (count, mean, M2) state of
+// the layer-norm variants, the copy kernel the variants are compared against,
+// and the event timer (median of `reps` runs of
 // `calls` launches).
 #pragma once
 
@@ -51,6 +52,17 @@ __global__ void Copy(const uint4* __restrict__ x, uint4* __restrict__ y, int64_t
   }
   for (; i < n; i += stride) y[i] = LoadNc(x + i);
 }
+
+// A row's (count, mean, M2), merged by Chan's rule.
+struct MeanM2 {
+  float n, mean, m2;
+  __device__ static MeanM2 Merge(MeanM2 a, MeanM2 b) {
+    const float n = a.n + b.n;
+    const float d = b.mean - a.mean;
+    const float wb = b.n * __frcp_rn(n);
+    return {n, a.mean + d * wb, a.m2 + b.m2 + d * d * a.n * wb};
+  }
+};
 
 template <typename F>
 float TimeMs(F f, int calls = 20, int reps = 7) {

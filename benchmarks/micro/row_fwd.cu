@@ -42,16 +42,6 @@ struct MaxSum {
     return {m, a.s * Ex2((a.m - m) * L) + b.s * Ex2((b.m - m) * L)};
   }
 };
-struct MeanM2 {
-  float n, mean, m2;
-  __device__ static MeanM2 Merge(MeanM2 a, MeanM2 b) {
-    const float n = a.n + b.n;
-    const float d = b.mean - a.mean;
-    const float wb = b.n * __frcp_rn(n);
-    return {n, a.mean + d * wb, a.m2 + b.m2 + d * d * a.n * wb};
-  }
-};
-
 template <typename S>
 __device__ __forceinline__ S ShflXor(S s, int o) {
   constexpr int k = sizeof(S) / 4;

@@ -92,7 +92,7 @@ def _typed(abstract_eval, prim_name, rule_fn, *, explicit_types: bool):
   def rule(*avals, **params):
     outs = abstract_eval(*avals, **params)
     varying = [_varying(a) for a in avals]
-    mesh = next((a.sharding.mesh for a in avals if not a.sharding.mesh.empty), None)
+    mesh = sharding_lib.mesh_of(avals)
     explicit = explicit_types and mesh is not None and sharding_lib.is_explicit(mesh)
     if not any(varying) and not explicit:
       return outs
@@ -205,8 +205,7 @@ def define_primitive(
       t = jax.jvp(functools.partial(reference, **params), primals, tangents)[1]
       return tuple(t) if multiple_results else t
 
-    mesh = next((a.sharding.mesh for a in map(jax.typeof, primals)
-                 if not a.sharding.mesh.empty), None)
+    mesh = sharding_lib.mesh_of(map(jax.typeof, primals))
     if mesh is not None and sharding_lib.is_explicit(mesh):
       # The references reshape freely; under explicit mesh axes XLA places
       # their intermediates, and the tangents come out typed as the results.

@@ -220,9 +220,19 @@ def typed_result_specs(rule: Rule, avals_in, mesh) -> list[PartitionSpec]:
   operands' by the rule, as `partition` splits them (a dimension the kernel
   needs whole, or a parameter gradient summed over the devices, is
   unsplit)."""
-  axes = _assign_entries(rule, mesh.shape, [
-      _spec_entries(a.sharding.spec, a.ndim) for a in avals_in])
+  axes = _typed_axes(rule, avals_in, mesh)
   return [_sharding(rule, mesh, axes, factors).spec for factors in rule.results]
+
+
+def _typed_axes(rule: Rule, avals_in, mesh) -> dict[str, tuple[str, ...]]:
+  """Mesh axes of each factor, from the shardings in the operands' types."""
+  return _assign_entries(rule, mesh.shape, [
+      _spec_entries(a.sharding.spec, a.ndim) for a in avals_in])
+
+
+def mesh_of(avals):
+  """The mesh of the first of `avals` placed on one (None if none is)."""
+  return next((a.sharding.mesh for a in avals if not a.sharding.mesh.empty), None)
 
 
 def _sharding(rule: Rule, mesh, axes, factors) -> NamedSharding:
@@ -273,7 +283,7 @@ def explicit_mesh(ctx):
   axis_context = ctx.module_context.axis_context
   if isinstance(axis_context, sharding_impls.SPMDAxisContext) and axis_context.manual_axes:
     return None  # inside shard_map: per-device operands already
-  mesh = next((a.sharding.mesh for a in ctx.avals_in if not a.sharding.mesh.empty), None)
+  mesh = mesh_of(ctx.avals_in)
   if mesh is None or not is_explicit(mesh) or mesh.size == 1:
     return None
   return mesh
@@ -294,8 +304,7 @@ def shard_mapped(prim, multiple_results: bool, rule: Rule, avals_in, avals_out, 
   Every mesh axis is manual in the body: axes of a mixed mesh that are not
   explicit carry no sharding in the types and count as replicated.
   """
-  axes = _assign_entries(rule, mesh.shape, [
-      _spec_entries(a.sharding.spec, a.ndim) for a in avals_in])
+  axes = _typed_axes(rule, avals_in, mesh)
   in_specs = tuple(_sharding(rule, mesh, axes, f).spec for f in rule.operands)
   out_specs = [_sharding(rule, mesh, axes, f).spec for f in rule.results]
   body = _per_device(prim, params, rule, axes, avals_out)
