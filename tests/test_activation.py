@@ -56,6 +56,19 @@ def test_bias_act_against_reference(device, activation, dtype, shape):
     assert reused >= 1
 
 
+@pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: jnp.dtype(d).name)
+@pytest.mark.parametrize("width", [72, 35], ids=lambda w: f"width{w}")
+def test_bias_act_grouped(device, dtype, width):
+  """vmap over x and bias: each group of rows takes its own bias (the
+  kernels' split of a flat index into row, column and group) across many
+  blocks; width 35 takes the scalar path."""
+  x = randn(9, (3, 700, width), dtype, scale=2.0)
+  bias = randn(10, (3, width), dtype)
+  act = functools.partial(jax_dnn.bias_act, activation="gelu")
+  naive = functools.partial(naive_bias_act, activation="gelu")
+  check_fwd_bwd(device, jax.vmap(act), jax.vmap(naive), (x, bias), dtype, what="grouped bias_act")
+
+
 def test_jit_vmap_grad(device):
   tol = dict(rtol=2e-5, atol=2e-5)
   close = lambda a, b: jax.tree.map(lambda u, v: np.testing.assert_allclose(u, v, **tol), a, b)

@@ -1,7 +1,8 @@
 // Activation and bias + activation kernels. See activation.h.
 //
-// Forward and the plain backward are flat grid-stride loops over 16-byte
-// vectors: each element is read once and written once, the minimum traffic.
+// Forward and the plain backward are flat: a block covers consecutive 16-byte
+// vectors, several a thread; each element is read once and written once, the
+// minimum traffic.
 // The bias + activation backward is a 2-D kernel: a block covers 32 vectors of
 // columns and strides over the rows of its part, so each thread accumulates
 // dbias for its columns in registers while it writes dx; the block's eight row
@@ -12,6 +13,8 @@
 #include "ffi/activation/activation.h"
 #include "ffi/common/column_sum.h"
 #include "ffi/common/device.cuh"
+#include "ffi/common/device_info.h"
+#include "ffi/common/fast_div.h"
 
 namespace jax_dnn {
 namespace {
@@ -57,35 +60,77 @@ __device__ __forceinline__ float ActGrad(float x) {
 }
 
 constexpr int kFlatThreads = 256;
+// Units (16-byte vectors, or elements on the scalar path) a thread on large
+// inputs: a block covers kFlatThreads * kUnits consecutive units, and a
+// thread issues the loads of all of its units before it uses any, so that
+// enough bytes are in flight to cover the memory latency. One unit a thread
+// left bf16 GELU at 71-80% of the copy bandwidth (benchmarks/RESULTS.md); on
+// small inputs 4 units a thread leave SMs idle (1024 x 1024 bf16: 128
+// blocks, half the speed), so those keep one.
+constexpr int kFlatUnits = 4;
+constexpr int kFlatMinBlocksPerSm = 8;  // below this many blocks an SM at kFlatUnits, one unit
 
-// dy == nullptr: forward (y = act(x + b)); otherwise backward without dbias.
-template <typename T, int V, Activation kAct, bool kBwd>
+// Where a unit's bias starts: its flat index split into (row, column) by
+// multiplication (fast_div.h), and the row into its group when there are
+// several.
+struct BiasIndex {
+  FastDiv units_per_row;
+  FastDiv rows_per_group;
+  int64_t width;  // elements a row
+  bool grouped;
+};
+
+template <typename T, int V>
+__device__ __forceinline__ Packed<T, V> LoadUnit(const T* p) {
+  if constexpr (sizeof(Packed<T, V>) == 16) {
+    const uint4 r = LoadStream16(p);
+    return *reinterpret_cast<const Packed<T, V>*>(&r);
+  } else {
+    return *reinterpret_cast<const Packed<T, V>*>(p);
+  }
+}
+
+// dy == nullptr: forward (y = act(x [+ b])); otherwise backward without dbias.
+template <typename T, int V, Activation kAct, bool kBwd, bool kBias, int kUnits>
 __global__ void __launch_bounds__(kFlatThreads)
-    ActivationFlatKernel(const T* dy, const T* x, const float* bias, T* out, int64_t vectors,
-                         int64_t width, int64_t rows_per_group) {
-  for (int64_t iv = int64_t{blockIdx.x} * kFlatThreads + threadIdx.x; iv < vectors;
-       iv += int64_t{gridDim.x} * kFlatThreads) {
-    const int64_t e = iv * V;
+    ActivationFlatKernel(const T* __restrict__ dy, const T* __restrict__ x,
+                         const float* __restrict__ bias, T* __restrict__ out, int64_t units,
+                         BiasIndex bi) {
+  const int64_t first = int64_t{blockIdx.x} * (kFlatThreads * kUnits) + threadIdx.x;
+  Packed<T, V> xs[kUnits], ds[kUnits];
+#pragma unroll
+  for (int k = 0; k < kUnits; ++k) {
+    const int64_t u = first + k * kFlatThreads;
+    if (u < units) {
+      xs[k] = LoadUnit<T, V>(x + u * V);
+      if constexpr (kBwd) ds[k] = LoadUnit<T, V>(dy + u * V);
+    }
+  }
+#pragma unroll
+  for (int k = 0; k < kUnits; ++k) {
+    const int64_t u = first + k * kFlatThreads;
+    if (u >= units) break;
     float v[V], r[V];
-    LoadVec<T, V>(x + e, v);
-    if (bias != nullptr) {
-      // V divides width, so a vector never crosses a row.
-      const int64_t row = e / width;
+#pragma unroll
+    for (int i = 0; i < V; ++i) v[i] = ToFloat(xs[k].v[i]);
+    if constexpr (kBias) {
+      // V divides the width on this path, so a unit never crosses a row.
+      const int64_t row = static_cast<int64_t>(bi.units_per_row.Div(u));
+      const int64_t col = (u - row * static_cast<int64_t>(bi.units_per_row.divisor)) * V;
+      const int64_t group = bi.grouped ? static_cast<int64_t>(bi.rows_per_group.Div(row)) : 0;
       float b[V];
-      LoadVec<float, V>(bias + (row / rows_per_group) * width + (e - row * width), b);
+      LoadVec<float, V>(bias + group * bi.width + col, b);
 #pragma unroll
       for (int i = 0; i < V; ++i) v[i] += b[i];
     }
     if constexpr (kBwd) {
-      float d[V];
-      LoadVec<T, V>(dy + e, d);
 #pragma unroll
-      for (int i = 0; i < V; ++i) r[i] = d[i] * ActGrad<kAct>(v[i]);
+      for (int i = 0; i < V; ++i) r[i] = ToFloat(ds[k].v[i]) * ActGrad<kAct>(v[i]);
     } else {
 #pragma unroll
       for (int i = 0; i < V; ++i) r[i] = Act<kAct>(v[i]);
     }
-    StoreVec<T, V>(out + e, r);
+    StoreVec<T, V>(out + u * V, r);
   }
 }
 
@@ -153,30 +198,45 @@ cudaError_t DispatchActivation(Activation a, Fn&& fn) {
   return cudaErrorInvalidValue;
 }
 
-// Enough blocks for several waves on any current GPU; the grid-stride loop
-// covers the rest.
-unsigned FlatGrid(int64_t vectors) {
-  return static_cast<unsigned>(
-      std::max<int64_t>(1, std::min<int64_t>((vectors + kFlatThreads - 1) / kFlatThreads, 1 << 16)));
-}
-
 template <bool kBwd, typename T>
 cudaError_t LaunchFlat(Activation a, const void* dy, const void* x, const float* bias, void* out,
                        int64_t rows, int64_t width, int64_t groups, bool vec,
                        cudaStream_t stream) {
   constexpr int kVec = 16 / sizeof(T);
-  const int64_t total = rows * width;
-  const int64_t rows_per_group = rows / groups;
+  const int v = vec ? kVec : 1;
+  const int64_t units = rows * width / v;
+  const int64_t wide_blocks = (units + kFlatThreads * kFlatUnits - 1) / (kFlatThreads * kFlatUnits);
+  const bool wide = wide_blocks >= int64_t{kFlatMinBlocksPerSm} * SmCount();
+  const int64_t blocks = wide ? wide_blocks : (units + kFlatThreads - 1) / kFlatThreads;
+  if (blocks > 0x7fffffff) return cudaErrorInvalidValue;  // gridDim.x limit
+  BiasIndex bi{};
+  if (bias != nullptr) {
+    bi.units_per_row = FastDiv(static_cast<uint64_t>(width / v));
+    bi.rows_per_group = FastDiv(static_cast<uint64_t>(std::max<int64_t>(1, rows / groups)));
+    bi.width = width;
+    bi.grouped = groups > 1;
+  }
+  const unsigned grid = static_cast<unsigned>(blocks);
   return DispatchActivation(a, [&](auto act) {
     constexpr Activation kAct = decltype(act)::value;
+    // The backward with a bias is BiasActBwdKernel (it also sums dbias).
+    auto launch = [&](auto vec_tag, auto bias_tag) {
+      constexpr int kV = decltype(vec_tag)::value ? kVec : 1;
+      constexpr bool kBias = !kBwd && decltype(bias_tag)::value;
+      auto* kernel = wide ? ActivationFlatKernel<T, kV, kAct, kBwd, kBias, kFlatUnits>
+                          : ActivationFlatKernel<T, kV, kAct, kBwd, kBias, 1>;
+      kernel<<<grid, kFlatThreads, 0, stream>>>(static_cast<const T*>(dy),
+                                                static_cast<const T*>(x), bias,
+                                                static_cast<T*>(out), units, bi);
+    };
+    using Yes = std::true_type;
+    using No = std::false_type;
     if (vec) {
-      ActivationFlatKernel<T, kVec, kAct, kBwd><<<FlatGrid(total / kVec), kFlatThreads, 0, stream>>>(
-          static_cast<const T*>(dy), static_cast<const T*>(x), bias, static_cast<T*>(out),
-          total / kVec, width, rows_per_group);
+      if (bias != nullptr) launch(Yes{}, Yes{});
+      else launch(Yes{}, No{});
     } else {
-      ActivationFlatKernel<T, 1, kAct, kBwd><<<FlatGrid(total), kFlatThreads, 0, stream>>>(
-          static_cast<const T*>(dy), static_cast<const T*>(x), bias, static_cast<T*>(out), total,
-          width, rows_per_group);
+      if (bias != nullptr) launch(No{}, Yes{});
+      else launch(No{}, No{});
     }
     return cudaGetLastError();
   });

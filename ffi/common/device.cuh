@@ -54,12 +54,18 @@ __device__ __forceinline__ void LoadVecStreaming(const T* p, float (&out)[V]) {
   for (int i = 0; i < V; ++i) out[i] = ToFloat(pack.v[i]);
 }
 
+// A 16-byte store is a streaming (evict-first) one: the kernels write each
+// output once (see LoadStream16 below for the measurement).
 template <typename T, int V>
 __device__ __forceinline__ void StoreVec(T* p, const float (&in)[V]) {
   Packed<T, V> pack;
 #pragma unroll
   for (int i = 0; i < V; ++i) pack.v[i] = FromFloat<T>(in[i]);
-  *reinterpret_cast<Packed<T, V>*>(p) = pack;
+  if constexpr (sizeof(pack) == 16) {
+    __stcs(reinterpret_cast<int4*>(p), *reinterpret_cast<const int4*>(&pack));
+  } else {
+    *reinterpret_cast<Packed<T, V>*>(p) = pack;
+  }
 }
 
 // 2^x as one MUFU.EX2 instruction (ex2.approx.ftz.f32: relative error
@@ -80,6 +86,40 @@ __device__ __forceinline__ float WarpMax(float v) {
 #pragma unroll
   for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
   return v;
+}
+
+// The streaming kernels' 16-byte accesses to data read once or written once.
+// Hints from benchmarks/micro/copy_ceiling.cu (8 copies of 128 MiB back to
+// back) and scripts/ops_ab.sh (the library's kernels, 2026-11-23): on an
+// H200 the copy took 71.3 us an application with the non-coherent load
+// (ld.global.nc.L1::no_allocate, SASS LDG.E.NA.128.CONSTANT) and a plain
+// store, 68.1-68.3 us with a streaming (evict-first) store and either that
+// load or a last-use one. In the library, last-use loads with streaming
+// stores made the bf16 softmax forward 3-4% and backward 9% faster, GELU's
+// forward 15% (with its new layout), and the fp32 softmax backward 10%
+// slower, which therefore keeps the non-coherent load (LoadNc16).
+__device__ __forceinline__ uint4 LoadStream16(const void* p) {
+  uint4 r;
+  asm volatile("ld.global.lu.v4.u32 {%0,%1,%2,%3}, [%4];"
+               : "=r"(r.x), "=r"(r.y), "=r"(r.z), "=r"(r.w)
+               : "l"(p));
+  return r;
+}
+
+__device__ __forceinline__ uint4 LoadNc16(const void* p) {
+  uint4 r;
+  asm volatile("ld.global.nc.L1::no_allocate.v4.u32 {%0,%1,%2,%3}, [%4];"
+               : "=r"(r.x), "=r"(r.y), "=r"(r.z), "=r"(r.w)
+               : "l"(p));
+  return r;
+}
+
+// volatile with a memory clobber: stays in program order with the other
+// volatile accesses (see StoreOrdered16 in row_regs.cuh).
+__device__ __forceinline__ void StoreStream16(void* p, uint4 r) {
+  asm volatile("st.global.cs.v4.b32 [%0], {%1,%2,%3,%4};" ::"l"(p), "r"(r.x), "r"(r.y), "r"(r.z),
+               "r"(r.w)
+               : "memory");
 }
 
 // Vector access needs the address aligned to the whole vector; callers fall

@@ -33,16 +33,6 @@
 
 namespace jax_dnn {
 
-// 16 bytes read once: no L1 allocation, the non-coherent path (the input is
-// not written by this kernel).
-__device__ __forceinline__ uint4 LoadStream16(const void* p) {
-  uint4 r;
-  asm volatile("ld.global.nc.L1::no_allocate.v4.u32 {%0,%1,%2,%3}, [%4];"
-               : "=r"(r.x), "=r"(r.y), "=r"(r.z), "=r"(r.w)
-               : "l"(p));
-  return r;
-}
-
 // Widens one 16-byte vector of T to fp32.
 template <typename T>
 __device__ __forceinline__ void Unpack16(uint4 r, float (&f)[16 / sizeof(T)]) {
@@ -78,10 +68,7 @@ __device__ __forceinline__ void StoreOrdered16(T* p, const float (&f)[16 / sizeo
   Packed<T, 16 / sizeof(T)> pack;
 #pragma unroll
   for (int i = 0; i < 16 / static_cast<int>(sizeof(T)); ++i) pack.v[i] = FromFloat<T>(f[i]);
-  const uint4 r = *reinterpret_cast<const uint4*>(&pack);
-  asm volatile("st.global.v4.b32 [%0], {%1,%2,%3,%4};" ::"l"(p), "r"(r.x), "r"(r.y), "r"(r.z),
-               "r"(r.w)
-               : "memory");
+  StoreStream16(p, *reinterpret_cast<const uint4*>(&pack));
 }
 
 // kMinBlock: the block holds max(kMinBlock, kTeam) threads, so several
@@ -111,8 +98,16 @@ struct RegRow {
   __device__ void Load(const T* row, int64_t n) {
     const T* base = row + Lane() * V;
 #pragma unroll
-    for (int v = 0; v < kVecs; ++v)
-      raw[v] = In(v, n) ? LoadStream16(base + v * kTeam * V) : make_uint4(0, 0, 0, 0);
+    for (int v = 0; v < kVecs; ++v) {
+      const void* p = base + v * kTeam * V;
+      if (!In(v, n)) {
+        raw[v] = make_uint4(0, 0, 0, 0);
+      } else if constexpr (sizeof(T) == 4) {
+        raw[v] = LoadNc16(p);  // see LoadStream16 in device.cuh
+      } else {
+        raw[v] = LoadStream16(p);
+      }
+    }
   }
   __device__ void Get(int v, float (&f)[V]) const { Unpack16<T>(raw[v], f); }
 

@@ -1,0 +1,40 @@
+#!/usr/bin/env bash
+# A/B of builds of the memory-bound kernels on the GPU machine: builds the
+# trees in ab_<name>/ for each name in VARIANTS (e.g. `mkdir ab_base && git
+# archive HEAD | tar -x -C ab_base`; ab_* is not committed) and the working
+# tree ("new") side by side, then runs scripts/ops_ab.py under each,
+# alternating ROUNDS times, and prints each case's median time an
+# application and its ratio to the first variant's.
+#   VARIANTS="base" ROUNDS=2 bash scripts/ops_ab.sh [ops_ab.py arguments]
+set -uo pipefail
+cd "$(dirname "$0")/.."
+ROUNDS=${ROUNDS:-2}
+export CMAKE_BUILD_PARALLEL_LEVEL=$(nproc)
+A=/tmp/ops_ab; rm -rf $A; mkdir -p $A
+t0=$(date +%s)
+VARIANTS=${VARIANTS:-base}
+for v in $VARIANTS; do
+  (cd ab_$v && python3 -m pip install --no-build-isolation --no-deps -q --target $A/$v \
+     -C build-dir=/tmp/ops_ab_build_$v . > $A/$v.log 2>&1 || tail -20 $A/$v.log) &
+done
+(python3 -m pip install --no-build-isolation --no-deps -q --target $A/new \
+   -C build-dir=/tmp/ops_ab_build_new . > $A/new.log 2>&1 || tail -20 $A/new.log) &
+wait
+echo "built in $(( $(date +%s) - t0 )) s"
+for r in $(seq $ROUNDS); do
+  for v in $VARIANTS new; do
+    (cd /tmp && PYTHONPATH=$A/$v python3 $OLDPWD/scripts/ops_ab.py "$@" | sed "s/^/$v /") >> $A/times.txt
+  done
+done
+python3 - $A/times.txt <<'PY'
+import statistics, sys
+d = {}
+for line in open(sys.argv[1]):
+  v, *case, t = line.split()
+  d.setdefault(" ".join(case), {}).setdefault(v, []).append(float(t))
+names = list(next(iter(d.values())))
+print(f"{'case':42s} " + " ".join(f"{v + ' us':>9s}" for v in names) + "  ratios to " + names[0])
+for case, vs in d.items():
+  t = [statistics.median(vs[v]) for v in names]
+  print(f"{case:42s} " + " ".join(f"{x:9.1f}" for x in t) + "  " + " ".join(f"{x / t[0]:.3f}" for x in t[1:]))
+PY
