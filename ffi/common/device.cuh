@@ -95,9 +95,10 @@ __device__ __forceinline__ float WarpMax(float v) {
 // (ld.global.nc.L1::no_allocate, SASS LDG.E.NA.128.CONSTANT) and a plain
 // store, 68.1-68.3 us with a streaming (evict-first) store and either that
 // load or a last-use one. In the library, last-use loads with streaming
-// stores made the bf16 softmax forward 3-4% and backward 9% faster, GELU's
-// forward 15% (with its new layout), and the fp32 softmax backward 10%
-// slower, which therefore keeps the non-coherent load (LoadNc16).
+// stores made the bf16 softmax backward 8-9% faster (the forward 0-4%, run
+// to run), GELU's forward 13-15% (with its new layout), and the fp32
+// softmax backward 10% slower, which therefore keeps the non-coherent load
+// (LoadNc16).
 __device__ __forceinline__ uint4 LoadStream16(const void* p) {
   uint4 r;
   asm volatile("ld.global.lu.v4.u32 {%0,%1,%2,%3}, [%4];"
