@@ -1,5 +1,7 @@
-python3 -m pip install --no-build-isolation --no-deps -q . > /tmp/build.log 2>&1 || { tail -30 /tmp/build.log; exit 1; }
-for w in 4096 1024; do
+# WIDTHS (default "4096 1024"): the rows' widths; MIN_US (default 20): kernels
+# shorter than this are not listed; NO_BUILD=1 uses the jax_dnn on PYTHONPATH.
+[ -n "${NO_BUILD:-}" ] || python3 -m pip install --no-build-isolation --no-deps -q . > /tmp/build.log 2>&1 || { tail -30 /tmp/build.log; exit 1; }
+for w in ${WIDTHS:-4096 1024}; do
 timeout -s KILL 150 ncu --clock-control none --csv --metrics gpu__time_duration.sum,dram__throughput.avg.pct_of_peak_sustained_elapsed,launch__registers_per_thread,sm__warps_active.avg.pct_of_peak_sustained_active python3 scripts/profile_ops.py $w > $OUT/ncu_$w.csv 2>/dev/null
 python3 - $w <<'PY'
 import csv, sys, collections
@@ -11,7 +13,7 @@ for r in rows[1:]:
 print("width", sys.argv[1])
 for (i, k), m in d.items():
   t = float(m.get("gpu__time_duration.sum", "0").replace(",", ""))
-  if t < 20000: continue
+  if t < 1000 * float(__import__('os').environ.get('MIN_US', '20')): continue
   print(f"{i:>4} {k:70s} {t/1000:8.1f} us dram {m.get('dram__throughput.avg.pct_of_peak_sustained_elapsed')}% regs {m.get('launch__registers_per_thread')} warps {m.get('sm__warps_active.avg.pct_of_peak_sustained_active')}%")
 PY
 done

@@ -95,6 +95,11 @@ def main():
       # vmapped parameters (groups > 1)
       xb = jnp.stack([x, x])
       run(jax.jit(jax.vmap(jax_dnn.layer_norm)), xb, jnp.stack([p, p]), jnp.stack([p, p]))
+  # More groups than blocks fit at once: one part a group in the norm backward.
+  x = jax.random.normal(key, (300, 8, 1024), jnp.bfloat16)
+  p = jnp.ones((300, 1024), jnp.bfloat16)
+  run(jax.jit(jax.vmap(jax_dnn.layer_norm)), x, p, p)
+  run(jax.jit(jax.vmap(jax_dnn.rms_norm)), x, p)
   print("sanitize_ops: all kernels ran")
 
 

@@ -113,6 +113,25 @@ def test_jit_vmap_grad(device, name):
 
 
 @pytest.mark.parametrize("name", OPS)
+@pytest.mark.parametrize("groups,rows", [(3, 512), (300, 8)])
+def test_grouped_parameter_gradients(device, name, groups, rows):
+  """Per-group parameters (vmap over x and the parameters) on 1024-wide bf16
+  rows: on the GPU 3 groups of 512 rows give each group 64 blocks of partial
+  sums; 300 groups are more than the blocks that fit at once, one part each.
+  Both against the reference, and the same bits from two calls."""
+  ours, naive, nparams = OPS[name]
+  dtype = jnp.bfloat16
+  x = randn(11, (groups, rows, 1024), dtype, scale=2.0, offset=3.0)
+  params = [randn(30 + i, (groups, 1024), dtype, scale=0.5, offset=1.0 - i) for i in range(nparams)]
+  check_fwd_bwd(device, jax.vmap(ours), jax.vmap(naive), (x, *params), dtype, what=name)
+  if on_gpu(device):
+    dy = randn(99, x.shape, dtype)
+    vjp = jax.jit(lambda *a: jax.vjp(jax.vmap(ours), *a[:-1])[1](a[-1]))
+    for u, w in zip(vjp(x, *params, dy), vjp(x, *params, dy)):
+      np.testing.assert_array_equal(u, w)
+
+
+@pytest.mark.parametrize("name", OPS)
 def test_check_grads(device, name):
   ours, _, nparams = OPS[name]
   x = randn(4, (3, 9), jnp.float32)

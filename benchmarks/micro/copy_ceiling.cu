@@ -5,11 +5,18 @@
 // boundary between applications. Variants: how a thread's vectors are laid
 // out (grid-stride or a contiguous chunk per block), the load and store cache
 // hints, and the bulk copy engine (cp.async.bulk in and out of shared memory).
-//   nvcc -O3 -std=c++17 -arch=sm_90a copy_ceiling.cu -o copy_ceiling && ./copy_ceiling
+// With ROWS WIDTH (bf16) it times the library's access and the best one at
+// that shape instead, as many applications as bench_ops.py runs there (1 GiB
+// of input a call, at most 32): the ceiling of narrower rows, whose
+// applications are shorter, so the boundary weighs more.
+//   nvcc -O3 -std=c++17 -arch=sm_90a copy_ceiling.cu -o copy_ceiling && ./copy_ceiling [ROWS WIDTH]
+#include <algorithm>
+#include <cstdlib>
+
 #include "micro_common.cuh"
 
-constexpr int64_t kApps = 8;
-constexpr int64_t kVecs = int64_t{16384} * 4096 * 2 / 16;  // 16-byte vectors an application
+int64_t g_apps = 8;
+int64_t g_vecs = int64_t{16384} * 4096 * 2 / 16;  // 16-byte vectors an application
 
 // kLoad: 0 ld.global.nc.L1::no_allocate (the library's), 1 the same with an
 // L2 256-byte prefetch, 2 ld.global, 3 ld.global.cg, 4 ld.global.cs,
@@ -127,15 +134,15 @@ unsigned long long* g_bad;
 template <typename L>
 void Measure(const char* name, L launch) {
   const float per_app = TimeMs([&] {
-    for (int a = 0; a < kApps; ++a) launch(g_x + a * kVecs, g_y + a * kVecs, kVecs);
-  }) / kApps;
-  CK(cudaMemset(g_y, 0, kApps * kVecs * 16));
-  const float one = TimeMs([&] { launch(g_x, g_y, kApps * kVecs); }) / kApps;
+    for (int a = 0; a < g_apps; ++a) launch(g_x + a * g_vecs, g_y + a * g_vecs, g_vecs);
+  }) / g_apps;
+  CK(cudaMemset(g_y, 0, g_apps * g_vecs * 16));
+  const float one = TimeMs([&] { launch(g_x, g_y, g_apps * g_vecs); }) / g_apps;
   CK(cudaMemset(g_bad, 0, 8));
-  CountDiff<<<132 * 8, 256>>>(g_x, g_y, kApps * kVecs, g_bad);
+  CountDiff<<<132 * 8, 256>>>(g_x, g_y, g_apps * g_vecs, g_bad);
   unsigned long long bad;
   CK(cudaMemcpy(&bad, g_bad, 8, cudaMemcpyDeviceToHost));
-  auto gbs = [](float ms) { return 2.0 * kVecs * 16 / (ms * 1e-3) / 1e9; };
+  auto gbs = [](float ms) { return 2.0 * g_vecs * 16 / (ms * 1e-3) / 1e9; };
   printf("%-34s 8 launches %6.1f us %5.0f GB/s | one launch %6.1f us %5.0f GB/s | boundary %4.1f us%s\n",
          name, per_app * 1e3, gbs(per_app), one * 1e3, gbs(one), (per_app - one) * 1e3,
          bad ? "  WRONG" : "");
@@ -160,15 +167,27 @@ void Bulk(const char* name) {
   });
 }
 
-int main() {
-  CK(cudaMalloc(&g_x, kApps * kVecs * 16));
-  CK(cudaMalloc(&g_y, kApps * kVecs * 16));
+int main(int argc, char** argv) {
+  const bool shape = argc == 3;
+  if (shape) {
+    const int64_t bytes = std::atoll(argv[1]) * std::atoll(argv[2]) * 2;
+    g_vecs = bytes / 16;
+    g_apps = std::max<int64_t>(1, std::min<int64_t>(32, ((int64_t{1} << 30) + bytes - 1) / bytes));
+    printf("%s x %s bf16: %lld applications\n", argv[1], argv[2], static_cast<long long>(g_apps));
+  }
+  CK(cudaMalloc(&g_x, g_apps * g_vecs * 16));
+  CK(cudaMalloc(&g_y, g_apps * g_vecs * 16));
   CK(cudaMalloc(&g_bad, 8));
-  std::vector<uint32_t> h(kVecs * 4);
+  std::vector<uint32_t> h(g_vecs * 4);
   for (size_t i = 0; i < h.size(); ++i) h[i] = uint32_t(i * 2654435761u);
-  for (int a = 0; a < kApps; ++a)
-    CK(cudaMemcpy(g_x + a * kVecs, h.data(), kVecs * 16, cudaMemcpyHostToDevice));
-  for (int rep = 0; rep < 2; ++rep) {
+  for (int a = 0; a < g_apps; ++a)
+    CK(cudaMemcpy(g_x + a * g_vecs, h.data(), g_vecs * 16, cudaMemcpyHostToDevice));
+  for (int rep = 0; shape && rep < 2; ++rep) {
+    Chunk<256, 8, 6, 1>("chunk 256x8 ld.lu, st.cs (library)");
+    Chunk<256, 8, 4, 1>("chunk 256x8 ld.cs, st.cs");
+    Chunk<256, 4, 6, 1>("chunk 256x4 ld.lu, st.cs (activations)");
+  }
+  for (int rep = 0; !shape && rep < 2; ++rep) {
     Measure("grid-stride x4 (micro_common Copy)", [](uint4* x, uint4* y, int64_t n) {
       Copy<<<132 * 8, 256>>>(x, y, n);
     });
