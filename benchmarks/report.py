@@ -1,25 +1,38 @@
-"""Turns a bench_ops.py JSON file into the markdown table of RESULTS.md.
+"""Turns bench_ops.py JSON files into the markdown table of RESULTS.md.
 
-Usage: python benchmarks/report.py benchmarks/results/<file>.json
+Usage: python benchmarks/report.py benchmarks/results/<file>.json[:op,op] [...]
+With several files (runs of different ops, e.g. `bench_ops.py --ops ...`),
+their rows are listed in order, and each file's copy bandwidth is given;
+`:op,op` after a file keeps only those ops' rows of it.
 """
 
 import json
 import sys
 
 
-def main(path):
-  with open(path) as f:
-    data = json.load(f)
-  meta = data["meta"]
-  print(f"{meta['device']}, jax {meta['jax']}, {meta['date']}; copy bandwidth "
-        f"{meta['copy_gbs']:.0f} GB/s (bytes read + written).\n")
+def main(paths):
+  runs = []
+  for arg in paths:
+    path, _, keep = arg.partition(":")
+    with open(path) as f:
+      data = json.load(f)
+    if keep:
+      data["results"] = [r for r in data["results"] if r["op"] in keep.split(",")]
+    runs.append(data)
+  paths = [arg.partition(":")[0] for arg in paths]
+  for path, data in zip(paths, runs):
+    meta = data["meta"]
+    ops = ", ".join(dict.fromkeys(r["op"] for r in data["results"]))
+    print(f"- {meta['device']}, jax {meta['jax']}, {meta['date']}; copy bandwidth "
+          f"{meta['copy_gbs']:.0f} GB/s (bytes read + written); {ops}: `{path.split('/')[-1]}`.")
+  print()
   print("| op | shape | dtype | mode | ours GB/s | % of copy | XLA GB/s | ours / XLA |")
   print("|---|---|---|---|---:|---:|---:|---:|")
-  for r in data["results"]:
+  for r in (r for data in runs for r in data["results"]):
     shape = "×".join(map(str, r["shape"]))
     print(f"| {r['op']} | {shape} | {r['dtype']} | {r['mode']} | {r['ours_gbs']:.0f} | "
           f"{100 * r['ours_copy_frac']:.0f}% | {r['xla_gbs']:.0f} | {r['speedup']:.2f}× |")
 
 
 if __name__ == "__main__":
-  main(sys.argv[1])
+  main(sys.argv[1:])
