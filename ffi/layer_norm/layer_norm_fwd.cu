@@ -42,10 +42,12 @@ __global__ void __launch_bounds__(Row::kBlock, kCluster ? 1024 / Row::kBlock : 0
   // Layer norm's two reductions alternate between two slot sets, so each set
   // is rewritten only after every thread has passed the other's barrier,
   // which it reaches after reading this one: no double buffering needed. The
-  // cluster slots follow the same rule (RMS norm's one sum: by row parity).
+  // cluster slots alternate by row parity (one exchange a row), each rewritten
+  // only after a later cluster barrier.
   __shared__ typename Row::template Slots<Sum1> slots;
   __shared__ typename Row::template Slots<Sum1> slots2;
   __shared__ Sum1 cluster_slots[2];
+  __shared__ MeanM2 ln_cluster_slots[kCluster && !kRms ? 2 : 1];  // by row parity
   const int64_t n = p.width;
   const RowSplit<Row, kCluster> split(n);
   const int64_t ns = split.width;  // this block's columns of the row
@@ -88,9 +90,23 @@ __global__ void __launch_bounds__(Row::kBlock, kCluster ? 1024 / Row::kBlock : 0
 #pragma unroll
         for (int i = 0; i < V; ++i) m2 += (f[i] - local_mean) * (f[i] - local_mean);
       }
-      mean = RowTotal<kCluster, Row>(Sum1{sum}, slots, 0, &cluster_slots[0]).s * inv_n;
-      const float d = local_mean - mean;
-      var = RowTotal<kCluster, Row>(Sum1{m2 + count * d * d}, slots2, 0, &cluster_slots[1]).s * inv_n;
+      if constexpr (kCluster) {
+        // The block's exact (count, mean, M2) by the same two team sums, then
+        // one cluster exchange: the blocks' states merged in rank order
+        // (Chan), one cluster barrier a row where two sums over the cluster
+        // took two.
+        const float nb = static_cast<float>(ns);
+        const float mean_b = Row::Reduce(Sum1{sum}, slots, 0).s * __frcp_rn(nb);
+        const float d = local_mean - mean_b;
+        const float m2_b = Row::Reduce(Sum1{m2 + count * d * d}, slots2, 0).s;
+        const MeanM2 st = ClusterSum(MeanM2{nb, mean_b, m2_b}, &ln_cluster_slots[parity]);
+        mean = st.mean;
+        var = st.m2 * inv_n;
+      } else {
+        mean = RowTotal<kCluster, Row>(Sum1{sum}, slots, 0, &cluster_slots[0]).s * inv_n;
+        const float d = local_mean - mean;
+        var = RowTotal<kCluster, Row>(Sum1{m2 + count * d * d}, slots2, 0, &cluster_slots[1]).s * inv_n;
+      }
     }
     const float rstd = rsqrtf(var + p.epsilon);
     // Parameters are re-read per row: from L1/L2, not memory.
