@@ -103,7 +103,6 @@ __global__ void __launch_bounds__(Row::kBlock, kRegThreadsPerSM / Row::kBlock)
   const int64_t part = unit % p.parts;
   const float inv_n = 1.f / static_cast<float>(n);
   __shared__ float cluster_slots[kCluster ? 2 : 1][sizeof(State) / sizeof(float)];
-  __shared__ MeanM2Grad ln_cluster_slots[kCluster && !kRms ? 2 : 1];  // by row parity
   // Stage the group's scale (zeros past the segment: ns % V == 0, so a float4
   // is wholly in or out) and zero this thread's accumulators.
   const float* scale = p.scale + group * n + col0;
@@ -175,14 +174,8 @@ __global__ void __launch_bounds__(Row::kBlock, kRegThreadsPerSM / Row::kBlock)
 #pragma unroll
         for (int i = 0; i < V; ++i) sum.s += f[i];
       }
-      // With a cluster, the block's own mean here and its sums about it below;
-      // one exchange then merges the blocks' (n, mean, M2, G, S) in rank order.
-      if constexpr (kCluster) {
-        mean = Row::Reduce(sum, mean_slots, 0).s * __frcp_rn(static_cast<float>(ns));
-      } else {
-        sum = RowTotal<kCluster, Row>(sum, mean_slots, 0, reinterpret_cast<Sum1*>(cluster_slots[0]));
-        mean = sum.s * inv_n;
-      }
+      sum = RowTotal<kCluster, Row>(sum, mean_slots, 0, reinterpret_cast<Sum1*>(cluster_slots[0]));
+      mean = sum.s * inv_n;
       float m2 = 0.f, gsum = 0.f, gx = 0.f;
 #pragma unroll
       for (int v = 0; v < Row::kVecs; ++v) {
@@ -199,20 +192,10 @@ __global__ void __launch_bounds__(Row::kBlock, kRegThreadsPerSM / Row::kBlock)
       }
       st = {m2, gsum, gx};
     }
-    // One cluster exchange a row, its slots alternating by row parity: RMS
-    // norm's sums; layer norm's block states, merged like a covariance (one
-    // cluster barrier a row where a cluster-wide mean and then the sums about
-    // it took two).
-    if constexpr (kCluster && !kRms) {
-      st = Row::Reduce(st, slots, 0);
-      const MeanM2Grad t = ClusterSum(
-          MeanM2Grad{static_cast<float>(ns), mean, st.m2, st.g, st.s}, &ln_cluster_slots[parity]);
-      mean = t.mean;
-      st = {t.m2, t.g, t.s};
-    } else {
-      st = RowTotal<kCluster, Row>(st, slots, kRms ? parity : 0,
-                                   reinterpret_cast<State*>(cluster_slots[parity]));
-    }
+    // The cluster slots alternate: RMS norm's one sum a row by row parity,
+    // layer norm's two sums a row by round.
+    st = RowTotal<kCluster, Row>(st, slots, kRms ? parity : 0,
+                                 reinterpret_cast<State*>(cluster_slots[kRms ? parity : 1]));
     float rstd, mean_g = 0.f, mean_gx;
     if constexpr (kRms) {
       rstd = rsqrtf(st.ss * inv_n + p.epsilon);
