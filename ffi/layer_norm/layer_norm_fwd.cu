@@ -13,7 +13,9 @@
 //
 // Aligned rows up to 8 times wider (262144 bf16/fp16, 131072 fp32) take the
 // same kernel split over the blocks of a cluster (ffi/common/row_cluster.cuh):
-// 512 x 8 vectors a block, the team sums added over distributed shared memory.
+// 512 x 8 vectors a block, the team sums added over distributed shared memory
+// (layer norm: each block's (count, mean, M2), merged in one exchange a row,
+// 2.6% faster than two cluster sums at 4096 x 131072 bf16 on an H200).
 //
 // The rest (longer rows, or rows not 16-byte aligned) take LayerNormFwdKernel,
 // a row team that caches kCacheElems fp32 a thread and re-reads the uncached
@@ -34,7 +36,8 @@ namespace {
 constexpr int kCacheElems = 32;
 
 // kCluster: a row wider than the layout is split over the blocks of a
-// cluster (ffi/common/row_cluster.cuh), the team sums added over them.
+// cluster (ffi/common/row_cluster.cuh), the blocks' sums (layer norm: their
+// (count, mean, M2) states) combined over them.
 template <typename T, typename Row, bool kRms, bool kCluster = false>
 __global__ void __launch_bounds__(Row::kBlock, kCluster ? 1024 / Row::kBlock : 0)
     LayerNormRegFwdKernel(LayerNormFwdParams p) {
