@@ -93,23 +93,20 @@ __global__ void __launch_bounds__(Row::kBlock, kCluster ? 1024 / Row::kBlock : 0
 #pragma unroll
         for (int i = 0; i < V; ++i) m2 += (f[i] - local_mean) * (f[i] - local_mean);
       }
+      // The team's sum, its mean and M2 about that mean (with a cluster, the
+      // block's); a cluster then merges the blocks' (count, mean, M2) in rank
+      // order (Chan) in one exchange, one cluster barrier a row where two
+      // cluster-wide sums took two.
+      const float team_n = static_cast<float>(ns);
+      mean = Row::Reduce(Sum1{sum}, slots, 0).s * (kCluster ? __frcp_rn(team_n) : inv_n);
+      const float d = local_mean - mean;
+      float row_m2 = Row::Reduce(Sum1{m2 + count * d * d}, slots2, 0).s;
       if constexpr (kCluster) {
-        // The block's exact (count, mean, M2) by the same two team sums, then
-        // one cluster exchange: the blocks' states merged in rank order
-        // (Chan), one cluster barrier a row where two sums over the cluster
-        // took two.
-        const float nb = static_cast<float>(ns);
-        const float mean_b = Row::Reduce(Sum1{sum}, slots, 0).s * __frcp_rn(nb);
-        const float d = local_mean - mean_b;
-        const float m2_b = Row::Reduce(Sum1{m2 + count * d * d}, slots2, 0).s;
-        const MeanM2 st = ClusterSum(MeanM2{nb, mean_b, m2_b}, &ln_cluster_slots[parity]);
+        const MeanM2 st = ClusterSum(MeanM2{team_n, mean, row_m2}, &ln_cluster_slots[parity]);
         mean = st.mean;
-        var = st.m2 * inv_n;
-      } else {
-        mean = RowTotal<kCluster, Row>(Sum1{sum}, slots, 0, &cluster_slots[0]).s * inv_n;
-        const float d = local_mean - mean;
-        var = RowTotal<kCluster, Row>(Sum1{m2 + count * d * d}, slots2, 0, &cluster_slots[1]).s * inv_n;
+        row_m2 = st.m2;
       }
+      var = row_m2 * inv_n;
     }
     const float rstd = rsqrtf(var + p.epsilon);
     // Parameters are re-read per row: from L1/L2, not memory.
