@@ -6,9 +6,12 @@
 # alternating ROUNDS times, and prints each case's median time an
 # application and its ratio to the first variant's.
 #   VARIANTS="base" ROUNDS=2 bash scripts/ops_ab.sh [ops_ab.py arguments]
+# AB_SCRIPT names another script printing "case... microseconds" lines
+# (e.g. AB_SCRIPT=scripts/bwd_waves.py with its --ab arguments).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 ROUNDS=${ROUNDS:-2}
+AB_SCRIPT=${AB_SCRIPT:-scripts/ops_ab.py}
 export CMAKE_BUILD_PARALLEL_LEVEL=$(nproc)
 A=/tmp/ops_ab; rm -rf $A; mkdir -p $A
 t0=$(date +%s)
@@ -23,7 +26,7 @@ wait
 echo "built in $(( $(date +%s) - t0 )) s"
 for r in $(seq $ROUNDS); do
   for v in $VARIANTS new; do
-    (cd /tmp && PYTHONPATH=$A/$v python3 $OLDPWD/scripts/ops_ab.py "$@" | sed "s/^/$v /") >> $A/times.txt
+    (cd /tmp && PYTHONPATH=$A/$v python3 $OLDPWD/$AB_SCRIPT "$@" | sed "s/^/$v /") >> $A/times.txt
   done
 done
 python3 - $A/times.txt <<'PY'
