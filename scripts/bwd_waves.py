@@ -6,7 +6,11 @@ so the 2048 tiles of the benchmark's shapes (16384 tokens x 16 heads) are
 custom VJP's backward on the forward's residuals) at shapes whose tile counts
 fall on both sides of a round boundary and prints the time per tile: where
 the last round's idle SMs cost its full length, shapes in the same number of
-rounds take the same time.
+rounds take the same time. (They differ in batch and heads too, so this
+is a hint, not a measurement of the tail: on an H200, 2026-11-23, 2112 tiles
+took 2.74 ms where 2048 took 2.80 at S = 4096, but cutting the 2048's tail
+into pieces over every SM, commit 5a6169f, gained 1% at most; see
+benchmarks/RESULTS.md.)
 
   python3 scripts/bwd_waves.py [--seq 4096 8192] [--shapes 4x16,6x11]
   python3 scripts/bwd_waves.py --ab [...]   # "case microseconds" lines (scripts/ops_ab.sh)

@@ -1,7 +1,6 @@
 """Runs every kernel once (forward and backward, each dtype, awkward shapes)
 so that compute-sanitizer can check them: see scripts/gpu_check.sh.
-`python3 sanitize_ops.py ops` skips attention (the memory-bound ops only),
-`python3 sanitize_ops.py attention_tail` runs only the backward's split tail."""
+`python3 sanitize_ops.py ops` skips attention (the memory-bound ops only)."""
 
 import functools
 import sys
@@ -75,26 +74,10 @@ def attention(key):
     jax.block_until_ready(jax.jit(jax_dnn.dot_product_attention)(q, k, k))
 
 
-def attention_tail(key):
-  """The single-pass backward's split tail (DkvSchedule): 136 key tiles, 4
-  in the tail in 64 one-iteration pieces; 144 tiles, 12 in the tail, pieces
-  straddling two tiles (fp16, keys not a multiple of 128)."""
-  for (b, t, s, n), dtype in (((1, 1024, 1024, 17), jnp.bfloat16), ((2, 1600, 1000, 9), jnp.float16)):
-    q = jax.random.normal(key, (b, t, n, 128), dtype)
-    k = jax.random.normal(key, (b, s, n, 128), dtype)
-    y, vjp = jax.vjp(jax.jit(jax_dnn.dot_product_attention), q, k, k)
-    jax.block_until_ready((y, vjp(jnp.ones_like(y))))
-
-
 def main():
   key = jax.random.key(0)
-  if sys.argv[1:] == ["attention_tail"]:
-    attention_tail(key)
-    print("sanitize_ops: attention split-tail kernels ran")
-    return
   if sys.argv[1:] != ["ops"]:
     attention(key)
-    attention_tail(key)
   if sys.argv[1:] == ["attention"]:
     print("sanitize_ops: attention kernels ran")
     return

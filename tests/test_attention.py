@@ -280,24 +280,6 @@ def test_cuda_lowering_backward_path(h, kwargs, fused):
   assert acc in hlo
 
 
-@pytest.mark.parametrize("kwargs, split", [
-    ({}, True),
-    (dict(is_causal=True), False),  # key tiles see different query tiles
-    (dict(key_value_seq_lengths=jnp.array([1000])), False),
-    (dict(deterministic_backward=True), False),  # the split backward has no tail
-])
-def test_cuda_lowering_backward_tail_workspace(kwargs, split):
-  """The single pass's split-tail workspace (_bwd_ws_shape): 136 key tiles of
-  128 (17 kv heads x 1024 keys), more than a 132-SM GPU runs at once; 131
-  slots of 128 x (128 + 128) floats where the tail can be split, else none."""
-  q, k, v = qkv(22, 1, 1024, 1024, 17, 17, 128, jnp.bfloat16)
-  loss = lambda q, k, v: jnp.sum(jax_dnn.dot_product_attention(
-      q, k, v, **kwargs).astype(jnp.float32))
-  hlo = cuda_hlo(jax.grad(loss, (0, 1, 2)), q, k, v)
-  ws = f"tensor<{131 * 128 * 256}xf32>"
-  assert (ws in hlo) == split
-
-
 def test_flax_multi_head_attention(device):
   x = randn(9, (2, 3, 5, 32), jnp.float32)
   mask = nnx.make_causal_mask(jnp.ones((2, 3, 5)))

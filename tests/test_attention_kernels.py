@@ -12,7 +12,6 @@ import pytest
 
 import jax_dnn
 from helpers import check_fwd_bwd, on_gpu
-from jax_dnn._src import attention as attention_src
 from test_attention import naive_attention, qkv
 
 pytestmark = pytest.mark.gpu
@@ -138,51 +137,6 @@ def test_persistent_forward_and_lse(gpu, case):
     return jax.nn.logsumexp(jnp.where(valid, x, -jnp.inf), axis=-1).transpose(0, 2, 1)
 
   np.testing.assert_allclose(np.asarray(lse), np.asarray(ref_lse(q, k)), atol=2e-3, rtol=0)
-
-
-# The single-pass backward's split tail (DkvSchedule in
-# ffi/attention/attention_bwd.cuh): more 128-key tiles than a 132-SM GPU runs
-# at once, every key tile seeing every query tile; the tiles past the last
-# whole round are cut into equal ranges of query iterations (64 queries of one
-# head), whose pieces add their dK, dV in fp32.
-BWD_TAIL_CASES = {
-    # 136 tiles: 4 in the tail, 16 iterations each, 64 pieces of one iteration.
-    "one_iteration_pieces": ((1, 1024, 1024, 17, 17, 128, 128), {}),
-    # 144 tiles: 12 in the tail of 25 iterations, 3 a CTA: pieces straddle tiles.
-    "straddling_pieces": ((2, 1600, 1024, 9, 9, 128, 128), {}),
-    # GQA (3 heads a kv head: 48 iterations), keys not a multiple of 128, fp16.
-    "gqa_ragged_f16": ((1, 1000, 4500, 12, 4, 128, 128), dict(dtype=jnp.float16)),
-    "d96": ((1, 1024, 1024, 17, 17, 96, 96), {}),
-}
-
-
-@pytest.mark.parametrize("case", list(BWD_TAIL_CASES))
-def test_backward_split_tail(gpu, case):
-  (b, t, s, n, kh, h, hv), kw = BWD_TAIL_CASES[case]
-  dtype = kw.get("dtype", jnp.bfloat16)
-  q, k, v = qkv(23, b, t, s, n, kh, h, dtype, hv=hv)
-  # The workspace is there: the launcher splits the tail (on 132 SMs).
-  assert attention_src._bwd_ws_shape(q, k, v, present=(), fused_dq=True, is_causal=False,
-                                     window=None) != (0,)
-  naive = functools.partial(naive_attention, valid=_valid(b, n, t, s))
-  check_fwd_bwd(gpu, jax_dnn.dot_product_attention, naive, (q, k, v), dtype,
-                what=f"attention split tail {case}")
-
-
-def test_backward_split_tail_vmap(gpu):
-  """vmap folds into the batch: 2 x 136 tiles, 8 in the tail, where each
-  slice alone has 4; the gradients agree with the slices' (up to the order
-  of the fp32 adds)."""
-  q, k, v = qkv(24, 2, 1024, 1024, 17, 17, 128, jnp.bfloat16)
-  q, k, v = (x[:, None] for x in (q, k, v))  # [2, 1, T, N, H]
-  loss = lambda q, k, v: jnp.sum(jax_dnn.dot_product_attention(q, k, v).astype(jnp.float32) ** 2)
-  grad = jax.grad(loss, (0, 1, 2))
-  batched = jax.jit(jax.vmap(grad))(q, k, v)
-  for i in range(2):
-    one = jax.jit(grad)(q[i], k[i], v[i])
-    for a, r in zip(batched, one):
-      np.testing.assert_allclose(np.asarray(a[i], np.float32), np.asarray(r, np.float32),
-                                 rtol=2e-2, atol=2e-2)
 
 
 @pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])

@@ -65,15 +65,6 @@ struct AttentionBwdParams {
   // Workspace of the single-pass backward (nullptr: the deterministic split):
   // fp32 dQ accumulator, AttentionDqAccElements(shape) floats.
   float* dq_acc;
-  // Workspace of the single pass's split tail (nullptr: none): where every
-  // key tile sees every query tile (no causal mask, window or sequence
-  // lengths), the key tiles past the last full round of one CTA an SM are
-  // shared out over the SMs by query iterations, and their pieces' fp32 dK
-  // and dV added here: 128 x (Hd padded + Hv padded) floats for each of up
-  // to SMs - 1 tiles. _src/attention.py sizes it for 132 SMs; a GPU with more
-  // SMs, or a smaller workspace, keeps the plain grid.
-  float* dkv_ws;
-  int64_t dkv_ws_elems;
 };
 
 // Whether the single-pass backward (dQ added from the dK/dV kernel) takes

@@ -347,7 +347,7 @@ struct DkvTiles {
   static constexpr int kDqHalfBytes = kDq ? kBQ * kD / 2 * 4 : 0;
   static constexpr int SmemFor(int stages) {
     return 1024 + kKBytes + kVBytes + stages * (kQBytes + kOBytes + kRowBytes) + 2 * kDsBytes +
-           4 * kDqHalfBytes + 8 * (1 + 2 * stages + (kDq ? 1 : 0));
+           4 * kDqHalfBytes + 8 * (1 + 2 * stages);
   }
   // Q/dO ring depth: as many stages (up to 4) as shared memory holds (2 with
   // the fused dQ's buffers). Against the earlier 2 stages, ncu, H200,
@@ -403,42 +403,6 @@ __global__ void __launch_bounds__(256)
   }
 }
 
-// The single pass's grid (AttentionDkvKernel with kDq) is one-dimensional:
-// CTA x takes key tile x % key_tiles of kv head (x / key_tiles) % kv_heads in
-// batch x / (key_tiles * kv_heads). With one CTA an SM, a grid of tiles that
-// is not a whole number of rounds leaves SMs idle for its last round: 2048
-// tiles (the benchmark's 16384 tokens x 16 heads) are 15.5 rounds of 132, and
-// on an H200 (scripts/bwd_waves.py, S = 4096, D = 128, 2026-11-23) they took
-// 2.80 ms where 2112 tiles (16 whole rounds) took 2.74. So where every key
-// tile sees the same query tiles, the tiles past the last whole round (the
-// tail) run as a second launch (kTail) whose CTAs take equal ranges of their
-// query iterations, at most two tiles' pieces a CTA (DkvTailSegment), and
-// add their fp32 dK, dV into sched.ws; AttentionDkvTailConvertKernel writes
-// those tiles' dk, dv.
-struct DkvSchedule {
-  int key_tiles, kv_heads;
-  int first;   // kTail: the first tail tile
-  int iters;   // kTail: query iterations of a tile (group * query tiles)
-  int span;    // kTail: iterations a CTA (<= iters: at most two tiles)
-  int total;   // kTail: tail tiles * iters
-  float* ws;   // kTail: [tail tile][dK 128 x kD | dV 128 x kDv] fp32, fragment order
-};
-
-// A CTA's share of one key tile: query iterations [it0, it1) of `tile`
-// (part: its index among the tail tiles). Empty when it0 >= it1.
-struct DkvSegment {
-  int64_t tile;
-  int it0, it1, part;
-};
-
-// Piece k (0 or 1) of tail CTA `cta`'s range of iterations.
-__device__ __forceinline__ DkvSegment DkvTailSegment(const DkvSchedule& sc, int cta, int k) {
-  const int start = cta * sc.span, end = min(start + sc.span, sc.total);
-  const int r = start / sc.iters + k, at = r * sc.iters;  // tile r's first iteration
-  if (start >= end || at >= end) return {0, 0, 0, 0};
-  return {sc.first + r, max(start, at) - at, min(end, at + sc.iters) - at, r};
-}
-
 // kDoDK / kDoDV: which gradients this launch computes (large head dims split
 // them over two launches to keep both accumulators within the register file).
 // kDq (the single pass; head dim 128, lean logits path): also dQ, added into the fp32
@@ -450,19 +414,16 @@ __device__ __forceinline__ DkvSegment DkvTailSegment(const DkvSchedule& sc, int 
 // (so the adds are done in L2, one instruction per 16 KB, not per element).
 // Five GEMMs per tile instead of the split's seven; not deterministic (the
 // order of the adds varies), so the split stays for the deterministic option.
-// kTail (with kDq): a launch over the tail's pieces (DkvSchedule).
-template <typename T, int kD, int kDv, int kBQ, bool kDoDK, bool kDoDV, bool kGeneral, bool kDq = false,
-          bool kTail = false>
+template <typename T, int kD, int kDv, int kBQ, bool kDoDK, bool kDoDV, bool kGeneral, bool kDq = false>
 __global__ void __launch_bounds__(384, 1)
     AttentionDkvKernel(const __grid_constant__ CUtensorMap tq, const __grid_constant__ CUtensorMap tdo,
                        const __grid_constant__ CUtensorMap tk, const __grid_constant__ CUtensorMap tv,
-                       const AttentionBwdParams p, const DkvSchedule sched) {
+                       const AttentionBwdParams p) {
   using Tiles = DkvTiles<kD, kDv, kBQ, kDq>;
   constexpr int kBN = Tiles::kBN, kStages = Tiles::kStages;
   constexpr bool kNeedDp = kDoDK;  // dV needs only P
   static_assert(!kDq || (kDoDK && kDoDV && kBQ == kDqTileRows && (kD == 64 || kD == 128)),
                 "the fused dQ takes 64-query tiles and head dims 64 or 128");  // launched: 128
-  static_assert(!kTail || kDq, "the split tail is the single pass's");
   extern __shared__ uint8_t smem_raw[];
   uint8_t* base = hopper::AlignSmem1024(smem_raw);
   uint8_t* sk = base;
@@ -475,53 +436,24 @@ __global__ void __launch_bounds__(384, 1)
   uint64_t* kv_full = reinterpret_cast<uint64_t*>(srows + kStages * 2 * kBQ);
   uint64_t* full = kv_full + 1;
   uint64_t* empty = full + kStages;
-  uint64_t* kv_empty = empty + kStages;  // kTail: K and V read for the CTA's first piece
 
   const AttentionShape& sh = p.shape;
+  const int64_t n0 = int64_t(blockIdx.x) * kBN;
+  const int64_t kvh = blockIdx.y, b = blockIdx.z;
   const int64_t group = sh.n / sh.kh;
-  // The CTA's key tiles: one, or with kTail up to two pieces.
-  constexpr int kSegments = kTail ? 2 : 1;
-  // This CTA's key tile k: key rows from n0 of kv head kvh in batch b, its
-  // query tiles (i_begin, per_head a head) and iterations [it0, it1) of them.
-  struct Segment {
-    int64_t n0, kvh, b;
-    int i_begin, per_head, it0, it1, part;
-  };
-  auto segment = [&](int k, Segment* g) {
-    int64_t tile = blockIdx.x;
-    g->it0 = 0, g->part = -1;
-    if constexpr (kTail) {
-      const DkvSegment d = DkvTailSegment(sched, blockIdx.x, k);
-      if (d.it0 >= d.it1) return false;
-      tile = d.tile, g->it0 = d.it0, g->it1 = d.it1, g->part = d.part;
-    }
-    if constexpr (kDq) {
-      const int64_t rest = tile / sched.key_tiles;
-      g->n0 = (tile - rest * sched.key_tiles) * kBN;
-      g->kvh = rest % sched.kv_heads, g->b = rest / sched.kv_heads;
-    } else {
-      g->n0 = int64_t(blockIdx.x) * kBN, g->kvh = blockIdx.y, g->b = blockIdx.z;
-    }
-    // The query tiles are the same for every head of the group, except with
-    // per-head masks, whose ranges do not depend on the head either.
-    int i_begin, i_end;
-    const ScoreCtx c0 = MakeScoreCtx(p.mask, sh, p.scale, p.softcap, g->b, g->kvh * group);
-    QueryTiles(c0, g->n0, min(g->n0 + kBN, sh.s) - 1, kBQ, &i_begin, &i_end);
-    g->i_begin = i_begin, g->per_head = i_end - i_begin;
-    if constexpr (!kTail) g->it1 = static_cast<int>(group) * g->per_head;
-    return true;
-  };
-  // Each role walks the pieces in order: the first is computed here, a
-  // second (kTail) when the first is done. Iteration `it` of a piece is at
-  // ring position g0 + it - it0, g0 counting the earlier pieces' iterations:
-  // its stage, phase and the parity of its buffers and barriers.
-  Segment first;
-  const bool has_first = segment(0, &first);
+  // The query tiles are the same for every head of the group, except with
+  // per-head masks, whose ranges do not depend on the head either.
+  int i_begin, i_end;
+  {
+    const ScoreCtx c0 = MakeScoreCtx(p.mask, sh, p.scale, p.softcap, b, kvh * group);
+    QueryTiles(c0, n0, min(n0 + kBN, sh.s) - 1, kBQ, &i_begin, &i_end);
+  }
+  const int per_head = i_end - i_begin;
+  auto query_tile = [&](int it) { return i_begin + it % per_head; };
 
   const int tid = threadIdx.x;
   if (tid == 0) {
     hopper::BarrierInit(kv_full, 1);
-    if constexpr (kTail) hopper::BarrierInit(kv_empty, 256);
     for (int s = 0; s < kStages; ++s) {
       hopper::BarrierInit(&full[s], 1 + 32);  // the TMA thread and the row warp
       hopper::BarrierInit(&empty[s], 256);
@@ -529,12 +461,9 @@ __global__ void __launch_bounds__(384, 1)
     hopper::FenceBarrierInit();
   }
   __syncthreads();
-  if (!has_first) return;  // a tail CTA without work
 
   if (tid < 128) {  // producer
     hopper::RegDealloc<24>();
-    Segment sg = first;
-    int g0 = 0;
     if (tid / 32 == 1) {
       // The row warp: each stage's lse (in log2 units) and delta times the
       // scale into shared memory, so that consumers read them with no global
@@ -542,52 +471,40 @@ __global__ void __launch_bounds__(384, 1)
       // and delta 0); dS^T = P^T (scale dP^T - scale delta) is then one FFMA
       // and one multiply.
       // (Few live values: this warp runs with the producer's 24 registers.)
-      const int lane = tid % 32, t_len = static_cast<int>(sh.t);
-      for (int k = 0;;) {
-        const int64_t head0 = (sg.b * sh.n + sg.kvh * group) * sh.t;
-        for (int it = sg.it0; it < sg.it1; ++it) {
-          const int g = g0 + (it - sg.it0);
-          const int s = g % kStages;
-          if (g >= kStages) hopper::BarrierWait(&empty[s], ((g / kStages) - 1) & 1);
-          const int q0 = (sg.i_begin + it % sg.per_head) * kBQ;
-          const int64_t row = head0 + int64_t(it / sg.per_head) * t_len;
-          float* rows = srows + s * 2 * kBQ;
+      const int lane = tid % 32, t_len = static_cast<int>(sh.t), iters = group * per_head;
+      const int64_t head0 = (b * sh.n + kvh * group) * sh.t;
+      for (int it = 0; it < iters; ++it) {
+        const int s = it % kStages;
+        if (it >= kStages) hopper::BarrierWait(&empty[s], ((it / kStages) - 1) & 1);
+        const int q0 = query_tile(it) * kBQ;
+        const int64_t row = head0 + int64_t(it / per_head) * t_len;
+        float* rows = srows + s * 2 * kBQ;
 #pragma unroll
-          for (int c = lane; c < kBQ; c += 32) {
-            const bool in = q0 + c < t_len;
-            rows[c] = in ? Log2Lse(p.lse[row + q0 + c]) : INFINITY;
-            rows[kBQ + c] = in ? p.delta[row + q0 + c] * p.scale : 0.f;
-          }
-          hopper::BarrierArrive(&full[s]);  // release: the stores above are visible to waiters
+        for (int c = lane; c < kBQ; c += 32) {
+          const bool in = q0 + c < t_len;
+          rows[c] = in ? Log2Lse(p.lse[row + q0 + c]) : INFINITY;
+          rows[kBQ + c] = in ? p.delta[row + q0 + c] * p.scale : 0.f;
         }
-        g0 += sg.it1 - sg.it0;
-        if (++k == kSegments || !segment(k, &sg)) break;
+        hopper::BarrierArrive(&full[s]);  // release: the stores above are visible to waiters
       }
     } else if (tid == 0) {
-      for (int k = 0;;) {
-        hopper::BarrierExpectTx(kv_full, Tiles::kKBytes + Tiles::kVBytes);
+      hopper::BarrierExpectTx(kv_full, Tiles::kKBytes + Tiles::kVBytes);
+      for (int d = 0; d < kD / 64; ++d)
+        hopper::TmaLoad4d(sk + d * kBN * 128, &tk, kv_full, d * 64, kvh, n0, b);
+      for (int d = 0; d < kDv / 64; ++d)
+        hopper::TmaLoad4d(sv + d * kBN * 128, &tv, kv_full, d * 64, kvh, n0, b);
+      for (int it = 0; it < group * per_head; ++it) {
+        const int64_t n = kvh * group + it / per_head;
+        const int i = query_tile(it);
+        const int s = it % kStages;
+        if (it >= kStages) hopper::BarrierWait(&empty[s], ((it / kStages) - 1) & 1);
+        hopper::BarrierExpectTx(&full[s], Tiles::kQBytes + Tiles::kOBytes);
         for (int d = 0; d < kD / 64; ++d)
-          hopper::TmaLoad4d(sk + d * kBN * 128, &tk, kv_full, d * 64, sg.kvh, sg.n0, sg.b);
+          hopper::TmaLoad4d(sq + s * Tiles::kQBytes + d * kBQ * 128, &tq, &full[s], d * 64, n,
+                            i * kBQ, b);
         for (int d = 0; d < kDv / 64; ++d)
-          hopper::TmaLoad4d(sv + d * kBN * 128, &tv, kv_full, d * 64, sg.kvh, sg.n0, sg.b);
-        for (int it = sg.it0; it < sg.it1; ++it) {
-          const int64_t n = sg.kvh * group + it / sg.per_head;
-          const int i = sg.i_begin + it % sg.per_head;
-          const int g = g0 + (it - sg.it0);
-          const int s = g % kStages;
-          if (g >= kStages) hopper::BarrierWait(&empty[s], ((g / kStages) - 1) & 1);
-          hopper::BarrierExpectTx(&full[s], Tiles::kQBytes + Tiles::kOBytes);
-          for (int d = 0; d < kD / 64; ++d)
-            hopper::TmaLoad4d(sq + s * Tiles::kQBytes + d * kBQ * 128, &tq, &full[s], d * 64, n,
-                              i * kBQ, sg.b);
-          for (int d = 0; d < kDv / 64; ++d)
-            hopper::TmaLoad4d(sdo + s * Tiles::kOBytes + d * kBQ * 128, &tdo, &full[s], d * 64, n,
-                              i * kBQ, sg.b);
-        }
-        g0 += sg.it1 - sg.it0;
-        if (++k == kSegments || !segment(k, &sg)) break;
-        // The next piece's K and V overwrite these once the consumers are done with them.
-        hopper::BarrierWait(kv_empty, (k - 1) & 1);
+          hopper::TmaLoad4d(sdo + s * Tiles::kOBytes + d * kBQ * 128, &tdo, &full[s], d * 64, n,
+                            i * kBQ, b);
       }
     }
     return;
@@ -595,360 +512,293 @@ __global__ void __launch_bounds__(384, 1)
 
   hopper::RegAlloc<240>();
   const int wg = hopper::WarpUniform(tid / 128) - 1, t = tid % 128, warp = t / 32, lane = t % 32;
+  const int64_t row0 = n0 + 64 * wg + 16 * warp + lane / 4;  // key rows
+  const int64_t wg_r0 = n0 + 64 * wg, wg_r1 = wg_r0 + 63;
+  float dk[kDoDK ? kD / 2 : 1], dv[kDoDV ? kDv / 2 : 1];
+#pragma unroll
+  for (int e = 0; e < (kDoDK ? kD / 2 : 1); ++e) dk[e] = 0.f;
+#pragma unroll
+  for (int e = 0; e < (kDoDV ? kDv / 2 : 1); ++e) dv[e] = 0.f;
   const uint32_t k_addr = hopper::SmemAddr(sk) + wg * 64 * 128;
   const uint32_t v_addr = hopper::SmemAddr(sv) + wg * 64 * 128;
-  Segment sg = first;
-  int g0 = 0;
-  for (int seg = 0;;) {
-    const int64_t n0 = sg.n0, kvh = sg.kvh, b = sg.b;
-    const int i_begin = sg.i_begin, per_head = sg.per_head, it0 = sg.it0, it1 = sg.it1;
-    auto query_tile = [&](int it) { return i_begin + it % per_head; };
-    const int64_t row0 = n0 + 64 * wg + 16 * warp + lane / 4;  // key rows
-    const int64_t wg_r0 = n0 + 64 * wg, wg_r1 = wg_r0 + 63;
-    float dk[kDoDK ? kD / 2 : 1], dv[kDoDV ? kDv / 2 : 1];
-#pragma unroll
-    for (int e = 0; e < (kDoDK ? kD / 2 : 1); ++e) dk[e] = 0.f;
-#pragma unroll
-    for (int e = 0; e < (kDoDV ? kDv / 2 : 1); ++e) dv[e] = 0.f;
-    hopper::BarrierWait(kv_full, seg & 1);
+  hopper::BarrierWait(kv_full, 0);
 
-    if constexpr (kDq) {
-      // (This loop repeats the split's loop below with the dQ steps added. One
-      // loop with the dQ steps under `if constexpr` compiled to the same spill
-      // counts but ran 5.59 ms against 4.93 for this form: ncu, S = 8192,
-      // D = 128, H100, A/B in one run. So the two stay apart.)
-      // The single pass. Per query tile `it` a warpgroup first issues dQ of the
-      // previous tile (once the other warpgroup's half of that dS is in shared
-      // memory) and S^T back to back, stages and reduce-adds dQ while S^T
-      // runs, then issues dP^T; then P^T, dS^T (also stored for the dQ
-      // wgmmas), dV and dK as in the split. The
-      // warpgroups hand dS over with arrive/sync pairs on named barriers
-      // (4 + 2 * writer + parity), not a barrier both wait at, so that they
-      // stay out of phase and one's elementwise work runs while the other's
-      // GEMMs do (a barrier both wait at cost 5.51 ms against 3.40 for the
-      // dK/dV kernel alone, S = 8192, D = 128, H100). A warpgroup writes dS(it + 2)
-      // into a buffer only after the other's arrival with dS(it + 1), which that
-      // one makes after its dQ(it) wgmma is done. Issuing dQ(it - 1) and S^T
-      // together took the kernel from 4.92 to 4.42 ms (ncu, S = 8192, H200,
-      // 2026-11-23; S = 4096 2.56 -> 2.30 ms): before, the warpgroup waited for
-      // dQ, staged it and only then issued S^T, and the tensor cores had only
-      // the other warpgroup's work meanwhile. dP^T is issued after the staging
-      // so that dQ's 32 accumulators and dP^T's are never live together (with
-      // dQ, S^T and dP^T all in flight it spilled 212 bytes).
-      constexpr int kHalf = kD / 2;
-      const int64_t q_tiles = (sh.t + kBQ - 1) / kBQ;
-      const uint32_t ds_base = hopper::SmemAddr(sds);
-      // This thread's first dS row (key0 = its fragment row) and column pair,
-      // chunk 0 swizzled (key0 % 8 = lane / 4); see the stores in step().
-      const uint32_t ds_thread = (64 * wg + 16 * warp + lane / 4) * 128 + (lane / 4) * 16 + 4 * (lane % 4);
-      const uint32_t kcol_addr = hopper::SmemAddr(sk) + (wg * kHalf / 64) * kBN * 128 + (wg * kHalf % 64) * 2;
-      // dQ's accumulator is declared where it is used, from its wgmmas to its
-      // staging: a kernel-wide array stays live through S^T / dP^T (the
-      // wgmma's "+f" operands read it), 32 registers the exponentials need.
-      using DqFrag = float[kD / 4];
+  if constexpr (kDq) {
+    // (This loop repeats the split's loop below with the dQ steps added. One
+    // loop with the dQ steps under `if constexpr` compiled to the same spill
+    // counts but ran 5.59 ms against 4.93 for this form: ncu, S = 8192,
+    // D = 128, H100, A/B in one run. So the two stay apart.)
+    // The single pass. Per query tile `it` a warpgroup first issues dQ of the
+    // previous tile (once the other warpgroup's half of that dS is in shared
+    // memory) and S^T back to back, stages and reduce-adds dQ while S^T
+    // runs, then issues dP^T; then P^T, dS^T (also stored for the dQ
+    // wgmmas), dV and dK as in the split. The
+    // warpgroups hand dS over with arrive/sync pairs on named barriers
+    // (4 + 2 * writer + parity), not a barrier both wait at, so that they
+    // stay out of phase and one's elementwise work runs while the other's
+    // GEMMs do (a barrier both wait at cost 5.51 ms against 3.40 for the
+    // dK/dV kernel alone, S = 8192, D = 128, H100). A warpgroup writes dS(it + 2)
+    // into a buffer only after the other's arrival with dS(it + 1), which that
+    // one makes after its dQ(it) wgmma is done. Issuing dQ(it - 1) and S^T
+    // together took the kernel from 4.92 to 4.42 ms (ncu, S = 8192, H200,
+    // 2026-11-23; S = 4096 2.56 -> 2.30 ms): before, the warpgroup waited for
+    // dQ, staged it and only then issued S^T, and the tensor cores had only
+    // the other warpgroup's work meanwhile. dP^T is issued after the staging
+    // so that dQ's 32 accumulators and dP^T's are never live together (with
+    // dQ, S^T and dP^T all in flight it spilled 212 bytes).
+    constexpr int kHalf = kD / 2;
+    const int64_t q_tiles = (sh.t + kBQ - 1) / kBQ;
+    const uint32_t ds_base = hopper::SmemAddr(sds);
+    // This thread's first dS row (key0 = its fragment row) and column pair,
+    // chunk 0 swizzled (key0 % 8 = lane / 4); see the stores in step().
+    const uint32_t ds_thread = (64 * wg + 16 * warp + lane / 4) * 128 + (lane / 4) * 16 + 4 * (lane % 4);
+    const uint32_t kcol_addr = hopper::SmemAddr(sk) + (wg * kHalf / 64) * kBN * 128 + (wg * kHalf % 64) * 2;
+    const int n_iters = group * per_head;
+    // dQ's accumulator is declared where it is used, from its wgmmas to its
+    // staging: a kernel-wide array stays live through S^T / dP^T (the
+    // wgmma's "+f" operands read it), 32 registers the exponentials need.
+    using DqFrag = float[kD / 4];
 
-      auto issue_dq = [&](DqFrag& dq, int g) {  // dQ(g) = dS(g) K[:, this warpgroup's columns]
-        hopper::NamedBarrierSync(4 + 2 * (1 - wg) + (g & 1), 256);
-        const uint32_t ds_addr = ds_base + (g & 1) * Tiles::kDsBytes;
-        hopper::WgmmaFence();
+    auto issue_dq = [&](DqFrag& dq, int it) {  // dQ(it) = dS(it) K[:, this warpgroup's columns]
+      hopper::NamedBarrierSync(4 + 2 * (1 - wg) + (it & 1), 256);
+      const uint32_t ds_addr = ds_base + (it & 1) * Tiles::kDsBytes;
+      hopper::WgmmaFence();
 #pragma unroll
-        for (int kk = 0; kk < kBN / 16; ++kk)
-          WgmmaSSmn<T, kHalf>(dq, hopper::Descriptor(ds_addr, 0, kk * 2048),
-                              hopper::Descriptor(kcol_addr, 0, kk * 2048), kk > 0);
-        hopper::WgmmaCommit();
-      };
-      // dQ(it) (done) -> shared memory in fragment order (double-buffered) ->
-      // one bulk reduce-add into p.dq_acc. Before the warpgroup barrier, the
-      // issuing thread waits until the previous reduce-add has read its
-      // buffer, which the next tile's stores reuse.
-      auto reduce_dq = [&](DqFrag& dq, int g, int it) {
-        hopper::FenceRegisters(dq);
-        float4* half = reinterpret_cast<float4*>(sdq) + ((g & 1) * 2 + wg) * (kBQ * kD / 8);
+      for (int kk = 0; kk < kBN / 16; ++kk)
+        WgmmaSSmn<T, kHalf>(dq, hopper::Descriptor(ds_addr, 0, kk * 2048),
+                            hopper::Descriptor(kcol_addr, 0, kk * 2048), kk > 0);
+      hopper::WgmmaCommit();
+    };
+    // dQ(it) (done) -> shared memory in fragment order (double-buffered) ->
+    // one bulk reduce-add into p.dq_acc. Before the warpgroup barrier, the
+    // issuing thread waits until the previous reduce-add has read its
+    // buffer, which the next tile's stores reuse.
+    auto reduce_dq = [&](DqFrag& dq, int it) {
+      hopper::FenceRegisters(dq);
+      float4* half = reinterpret_cast<float4*>(sdq) + ((it & 1) * 2 + wg) * (kBQ * kD / 8);
 #pragma unroll
-        for (int q = 0; q < kD / 16; ++q)
-          half[q * 128 + t] = make_float4(dq[4 * q], dq[4 * q + 1], dq[4 * q + 2], dq[4 * q + 3]);
-        hopper::FenceProxyAsync();
-        if (t == 0) hopper::BulkWaitRead<0>();
-        hopper::NamedBarrierSync(2 + wg, 128);
-        if (t == 0) {
-          const int64_t n = kvh * group + it / per_head;
-          float* dst = p.dq_acc + ((b * sh.n + n) * q_tiles + query_tile(it)) * (kBQ * kD) +
-                       wg * (kBQ * kD / 2);
-          hopper::BulkReduceAddF32(dst, half, kBQ * kD / 2 * 4);
-          hopper::BulkCommit();
-        }
-      };
-      // One query tile; has_dq (std::true_type from the second tile on) says
-      // whether there is a previous tile's dQ to compute. It must be a
-      // compile-time constant: with a run-time `it > 0` around the dQ wgmmas
-      // and their wait, ptxas spilled 136 bytes and serialized the wgmmas
-      // (C7514), since the wait count then depends on the path taken.
-      ScoreCtx c{};
-      auto step = [&](int it, auto has_dq) {
+      for (int q = 0; q < kD / 16; ++q)
+        half[q * 128 + t] = make_float4(dq[4 * q], dq[4 * q + 1], dq[4 * q + 2], dq[4 * q + 3]);
+      hopper::FenceProxyAsync();
+      if (t == 0) hopper::BulkWaitRead<0>();
+      hopper::NamedBarrierSync(2 + wg, 128);
+      if (t == 0) {
         const int64_t n = kvh * group + it / per_head;
-        const int i = query_tile(it);
-        // A head's first tile, or a piece's (a tail piece may start inside a head).
-        if (!decltype(has_dq)::value || it % per_head == 0)
-          c = MakeScoreCtx(p.mask, sh, p.scale, p.softcap, b, n);
-        const int g = g0 + (it - it0);
-        const int s = g % kStages;
-        const uint32_t q_addr = hopper::SmemAddr(sq + s * Tiles::kQBytes);
-        const uint32_t do_addr = hopper::SmemAddr(sdo + s * Tiles::kOBytes);
-        const int64_t q0 = int64_t(i) * kBQ;
-        const int64_t col0 = q0 + 2 * (lane % 4);
-        const float* lse_s = srows + s * 2 * kBQ + 2 * (lane % 4);  // + 8 (e / 4) + e % 2
-        const float* delta_s = lse_s + kBQ;
-        float st[kBQ / 2], dpt[kBQ / 2];
-        uint32_t pa[kBQ / 16][4], da[kBQ / 16][4];
+        float* dst = p.dq_acc + ((b * sh.n + n) * q_tiles + query_tile(it)) * (kBQ * kD) +
+                     wg * (kBQ * kD / 2);
+        hopper::BulkReduceAddF32(dst, half, kBQ * kD / 2 * 4);
+        hopper::BulkCommit();
+      }
+    };
+    // One query tile; has_dq (std::true_type from the second tile on) says
+    // whether there is a previous tile's dQ to compute. It must be a
+    // compile-time constant: with a run-time `it > 0` around the dQ wgmmas
+    // and their wait, ptxas spilled 136 bytes and serialized the wgmmas
+    // (C7514), since the wait count then depends on the path taken.
+    ScoreCtx c{};
+    auto step = [&](int it, auto has_dq) {
+      const int64_t n = kvh * group + it / per_head;
+      const int i = query_tile(it);
+      if (it % per_head == 0) c = MakeScoreCtx(p.mask, sh, p.scale, p.softcap, b, n);
+      const int s = it % kStages;
+      const uint32_t q_addr = hopper::SmemAddr(sq + s * Tiles::kQBytes);
+      const uint32_t do_addr = hopper::SmemAddr(sdo + s * Tiles::kOBytes);
+      const int64_t q0 = int64_t(i) * kBQ;
+      const int64_t col0 = q0 + 2 * (lane % 4);
+      const float* lse_s = srows + s * 2 * kBQ + 2 * (lane % 4);  // + 8 (e / 4) + e % 2
+      const float* delta_s = lse_s + kBQ;
+      float st[kBQ / 2], dpt[kBQ / 2];
+      uint32_t pa[kBQ / 16][4], da[kBQ / 16][4];
 
-        // dQ(it - 1) and S^T go to the tensor cores back to back; dQ is staged
-        // and reduce-added while S^T runs, and only then is dP^T issued (ptxas
-        // puts a warpgroup.arrive before it: C7519).
-        DqFrag dq;
-        if constexpr (decltype(has_dq)::value) issue_dq(dq, g - 1);
-        hopper::BarrierWait(&full[s], (g / kStages) & 1);
-        hopper::WgmmaFence();
+      // dQ(it - 1) and S^T go to the tensor cores back to back; dQ is staged
+      // and reduce-added while S^T runs, and only then is dP^T issued (ptxas
+      // puts a warpgroup.arrive before it: C7519).
+      DqFrag dq;
+      if constexpr (decltype(has_dq)::value) issue_dq(dq, it - 1);
+      hopper::BarrierWait(&full[s], (it / kStages) & 1);
+      hopper::WgmmaFence();
 #pragma unroll
-        for (int kk = 0; kk < kD / 16; ++kk)
-          WgmmaSS<T, kBQ>(st, hopper::Descriptor(k_addr, 0, (kk / 4) * kBN * 128 + (kk % 4) * 32),
-                          hopper::Descriptor(q_addr, 0, (kk / 4) * kBQ * 128 + (kk % 4) * 32), kk > 0);
-        hopper::WgmmaCommit();
-        if constexpr (decltype(has_dq)::value) {
-          hopper::WgmmaWait<1>();  // dQ(g - 1)
-          reduce_dq(dq, g - 1, it - 1);
+      for (int kk = 0; kk < kD / 16; ++kk)
+        WgmmaSS<T, kBQ>(st, hopper::Descriptor(k_addr, 0, (kk / 4) * kBN * 128 + (kk % 4) * 32),
+                        hopper::Descriptor(q_addr, 0, (kk / 4) * kBQ * 128 + (kk % 4) * 32), kk > 0);
+      hopper::WgmmaCommit();
+      if constexpr (decltype(has_dq)::value) {
+        hopper::WgmmaWait<1>();  // dQ(it - 1)
+        reduce_dq(dq, it - 1);
+      }
+#pragma unroll
+      for (int kk = 0; kk < kDv / 16; ++kk)
+        WgmmaSS<T, kBQ>(dpt, hopper::Descriptor(v_addr, 0, (kk / 4) * kBN * 128 + (kk % 4) * 32),
+                        hopper::Descriptor(do_addr, 0, (kk / 4) * kBQ * 128 + (kk % 4) * 32), kk > 0);
+      hopper::WgmmaCommit();
+      hopper::WgmmaWait<1>();
+      hopper::FenceRegisters(st);
+      const bool need_mask = TileNeedsMask(c, q0, q0 + kBQ - 1, wg_r0, wg_r1);
+      Probabilities<kBQ, true, kGeneral>(st, c, row0, col0, need_mask,
+                                         [&](int e) { return RowPair(lse_s, e); });  // P^T
+#pragma unroll
+      for (int kk = 0; kk < kBQ / 16; ++kk)
+#pragma unroll
+        for (int r = 0; r < 4; ++r) pa[kk][r] = hopper::PackPair<T>(st[8 * kk + 2 * r], st[8 * kk + 2 * r + 1]);
+      // In the PTX, P^T and its fragments come before the wait (these empty
+      // fences keep them there); ptxas still places the wait above the
+      // exponentials (SASS). Forcing them above it -- a block of their own,
+      // behind an always-true branch -- made this kernel slower: 5.09 ->
+      // 5.44 ms (ncu, S = 8192, H200, 2026-11-22).
+      hopper::FenceRegisters(st), hopper::KeepRegisters(pa);
+      hopper::WgmmaWait<0>();
+      hopper::FenceRegisters(dpt);
+#pragma unroll
+      for (int e = 0; e < kBQ / 2; ++e) {
+        const int off = 8 * (e >> 2) + (e & 1);
+        const float cap = SoftcapGrad<kGeneral>(c, st[e], RowPair(lse_s, e), col0 + off, row0 + 8 * ((e >> 1) & 1));
+        dpt[e] = st[e] * fmaf(dpt[e], p.scale, -RowPair(delta_s, e)) * cap;  // dS^T w.r.t. q.k
+      }
+#pragma unroll
+      for (int kk = 0; kk < kBQ / 16; ++kk)
+#pragma unroll
+        for (int r = 0; r < 4; ++r) da[kk][r] = hopper::PackPair<T>(dpt[8 * kk + 2 * r], dpt[8 * kk + 2 * r + 1]);
+      // dS^T fragment -> rows of 64 queries (128 bytes) per key, with the
+      // 128-byte swizzle TMA would apply (16-byte chunk c of row r at
+      // c ^ (r % 8)): conflict-free stores, and dS read MN-major by issue_dq.
+      // The thread's rows (key0, key0 + 8) share r % 8, and the buffer is
+      // 1024-aligned, so chunk c is at ds_row ^ (c << 4): one XOR a chunk.
+      const uint32_t ds_row = ds_base + (it & 1) * Tiles::kDsBytes + ds_thread;
+#pragma unroll
+      for (int kk = 0; kk < kBQ / 16; ++kk)
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {  // fragment registers r = 2 h (key0) and 2 h + 1 (key0 + 8)
+          const uint32_t chunk = ds_row ^ ((2 * kk + h) << 4);
+          hopper::StoreShared32<0>(chunk, da[kk][2 * h]);
+          hopper::StoreShared32<8 * 128>(chunk, da[kk][2 * h + 1]);
         }
+      hopper::FenceProxyAsync();
+      hopper::NamedBarrierArrive(4 + 2 * wg + (it & 1), 256);
+      hopper::WgmmaFence();
 #pragma unroll
+      for (int kk = 0; kk < kBQ / 16; ++kk)
+        WgmmaRS<T, kDv>(dv, pa[kk], hopper::Descriptor(do_addr, kBQ * 128, kk * 2048), 1);
+#pragma unroll
+      for (int kk = 0; kk < kBQ / 16; ++kk)
+        WgmmaRS<T, kD>(dk, da[kk], hopper::Descriptor(q_addr, kBQ * 128, kk * 2048), 1);
+      hopper::WgmmaCommit();
+      hopper::WgmmaWait<0>();
+      hopper::FenceRegisters(dk), hopper::KeepRegisters(da);
+      hopper::FenceRegisters(dv), hopper::KeepRegisters(pa);
+      hopper::BarrierArrive(&empty[s]);
+    };
+    if (n_iters > 0) {
+      step(0, std::false_type{});
+      for (int it = 1; it < n_iters; ++it) step(it, std::true_type{});
+      DqFrag dq;
+      issue_dq(dq, n_iters - 1);
+      hopper::WgmmaWait<0>();
+      reduce_dq(dq, n_iters - 1);
+      if (t == 0) hopper::BulkWaitAll();  // shared memory must outlive the last reads
+    }
+  } else {
+    // The 64-query instantiations (lean head dims 96 and 128 -- at 128 the
+    // deterministic option -- and general 64) keep the earlier forms of the
+    // warpgroup offsets, wgmma descriptors and row loads: with the forms
+    // above, ptxas schedules the head-dim-128 loop into a kernel 10% slower
+    // (S = 8192, ncu, H200, 2026-11-22: 3.23 -> 3.57 ms), while they make the
+    // head-dim-64 one (128 queries) 6% faster (4.07 -> 3.83 ms).
+    constexpr bool kPlain = kBQ == 64;
+    const uint32_t k_base = kPlain ? hopper::SmemAddr(sk) + (tid / 128 - 1) * 64 * 128 : k_addr;
+    const uint32_t v_base = kPlain ? hopper::SmemAddr(sv) + (tid / 128 - 1) * 64 * 128 : v_addr;
+    auto desc = [](uint32_t addr, uint32_t lbo, uint32_t off) {
+      return kPlain ? hopper::Descriptor(addr + off, lbo) : hopper::Descriptor(addr, lbo, off);
+    };
+    auto row = [](const float* rows, int e) {
+      return kPlain ? rows[8 * (e >> 2) + (e & 1)] : RowPair(rows, e);
+    };
+    ScoreCtx c{};
+    for (int it = 0; it < group * per_head; ++it) {
+      const int64_t n = kvh * group + it / per_head;
+      const int i = query_tile(it);
+      if (it % per_head == 0) c = MakeScoreCtx(p.mask, sh, p.scale, p.softcap, b, n);
+      const int s = it % kStages;
+      const uint32_t phase = (it / kStages) & 1;
+      const uint32_t q_addr = hopper::SmemAddr(sq + s * Tiles::kQBytes);
+      const uint32_t do_addr = hopper::SmemAddr(sdo + s * Tiles::kOBytes);
+      // Columns are query rows q0 + ...; their lse and delta come from the row warp.
+      const int64_t q0 = int64_t(i) * kBQ;
+      const int64_t col0 = q0 + 2 * (lane % 4);
+      const float* lse_s = srows + s * 2 * kBQ + 2 * (lane % 4);  // + 8 (e / 4) + e % 2
+      const float* delta_s = lse_s + kBQ;
+      float st[kBQ / 2], dpt[kNeedDp ? kBQ / 2 : 1];
+
+      hopper::BarrierWait(&full[s], phase);
+      hopper::WgmmaFence();
+  #pragma unroll
+      for (int kk = 0; kk < kD / 16; ++kk)
+        WgmmaSS<T, kBQ>(st, desc(k_base, 0, (kk / 4) * kBN * 128 + (kk % 4) * 32),
+                        desc(q_addr, 0, (kk / 4) * kBQ * 128 + (kk % 4) * 32), kk > 0);
+      hopper::WgmmaCommit();
+      if constexpr (kNeedDp) {
+  #pragma unroll
         for (int kk = 0; kk < kDv / 16; ++kk)
-          WgmmaSS<T, kBQ>(dpt, hopper::Descriptor(v_addr, 0, (kk / 4) * kBN * 128 + (kk % 4) * 32),
-                          hopper::Descriptor(do_addr, 0, (kk / 4) * kBQ * 128 + (kk % 4) * 32), kk > 0);
+          WgmmaSS<T, kBQ>(dpt, desc(v_base, 0, (kk / 4) * kBN * 128 + (kk % 4) * 32),
+                          desc(do_addr, 0, (kk / 4) * kBQ * 128 + (kk % 4) * 32), kk > 0);
         hopper::WgmmaCommit();
-        hopper::WgmmaWait<1>();
-        hopper::FenceRegisters(st);
-        const bool need_mask = TileNeedsMask(c, q0, q0 + kBQ - 1, wg_r0, wg_r1);
-        Probabilities<kBQ, true, kGeneral>(st, c, row0, col0, need_mask,
-                                           [&](int e) { return RowPair(lse_s, e); });  // P^T
-#pragma unroll
+      }
+      // P^T is computed while dP^T still runs. P^T and dS^T are packed into A
+      // fragments before the dV / dK wgmmas are issued, so that only the
+      // accumulators and the fragments stay live while those run.
+      hopper::WgmmaWait<kNeedDp ? 1 : 0>();
+      hopper::FenceRegisters(st);
+      const bool need_mask = TileNeedsMask(c, q0, q0 + kBQ - 1, wg_r0, wg_r1);
+      Probabilities<kBQ, true, kGeneral>(st, c, row0, col0, need_mask,
+                                         [&](int e) { return row(lse_s, e); });  // P^T
+      uint32_t pa[kBQ / 16][4];
+      if constexpr (kDoDV) {
+  #pragma unroll
         for (int kk = 0; kk < kBQ / 16; ++kk)
-#pragma unroll
+  #pragma unroll
           for (int r = 0; r < 4; ++r) pa[kk][r] = hopper::PackPair<T>(st[8 * kk + 2 * r], st[8 * kk + 2 * r + 1]);
-        // In the PTX, P^T and its fragments come before the wait (these empty
-        // fences keep them there); ptxas still places the wait above the
-        // exponentials (SASS). Forcing them above it -- a block of their own,
-        // behind an always-true branch -- made this kernel slower: 5.09 ->
-        // 5.44 ms (ncu, S = 8192, H200, 2026-11-22).
-        hopper::FenceRegisters(st), hopper::KeepRegisters(pa);
-        hopper::WgmmaWait<0>();
+      }
+      hopper::FenceRegisters(st);  // P^T before the wait in the PTX (see kDq's loop)
+      if constexpr (kDoDV) hopper::KeepRegisters(pa);
+      uint32_t da[kBQ / 16][4];
+      if constexpr (kDoDK) {
+        hopper::WgmmaWait<0>();  // dP^T
         hopper::FenceRegisters(dpt);
-#pragma unroll
+  #pragma unroll
         for (int e = 0; e < kBQ / 2; ++e) {
           const int off = 8 * (e >> 2) + (e & 1);
-          const float cap = SoftcapGrad<kGeneral>(c, st[e], RowPair(lse_s, e), col0 + off, row0 + 8 * ((e >> 1) & 1));
-          dpt[e] = st[e] * fmaf(dpt[e], p.scale, -RowPair(delta_s, e)) * cap;  // dS^T w.r.t. q.k
+          const float cap = SoftcapGrad<kGeneral>(c, st[e], row(lse_s, e), col0 + off, row0 + 8 * ((e >> 1) & 1));
+          dpt[e] = st[e] * fmaf(dpt[e], p.scale, -row(delta_s, e)) * cap;  // dS^T w.r.t. q.k
         }
-#pragma unroll
+  #pragma unroll
         for (int kk = 0; kk < kBQ / 16; ++kk)
-#pragma unroll
+  #pragma unroll
           for (int r = 0; r < 4; ++r) da[kk][r] = hopper::PackPair<T>(dpt[8 * kk + 2 * r], dpt[8 * kk + 2 * r + 1]);
-        // dS^T fragment -> rows of 64 queries (128 bytes) per key, with the
-        // 128-byte swizzle TMA would apply (16-byte chunk c of row r at
-        // c ^ (r % 8)): conflict-free stores, and dS read MN-major by issue_dq.
-        // The thread's rows (key0, key0 + 8) share r % 8, and the buffer is
-        // 1024-aligned, so chunk c is at ds_row ^ (c << 4): one XOR a chunk.
-        const uint32_t ds_row = ds_base + (g & 1) * Tiles::kDsBytes + ds_thread;
-#pragma unroll
-        for (int kk = 0; kk < kBQ / 16; ++kk)
-#pragma unroll
-          for (int h = 0; h < 2; ++h) {  // fragment registers r = 2 h (key0) and 2 h + 1 (key0 + 8)
-            const uint32_t chunk = ds_row ^ ((2 * kk + h) << 4);
-            hopper::StoreShared32<0>(chunk, da[kk][2 * h]);
-            hopper::StoreShared32<8 * 128>(chunk, da[kk][2 * h + 1]);
-          }
-        hopper::FenceProxyAsync();
-        hopper::NamedBarrierArrive(4 + 2 * wg + (g & 1), 256);
-        hopper::WgmmaFence();
-#pragma unroll
-        for (int kk = 0; kk < kBQ / 16; ++kk)
-          WgmmaRS<T, kDv>(dv, pa[kk], hopper::Descriptor(do_addr, kBQ * 128, kk * 2048), 1);
-#pragma unroll
-        for (int kk = 0; kk < kBQ / 16; ++kk)
-          WgmmaRS<T, kD>(dk, da[kk], hopper::Descriptor(q_addr, kBQ * 128, kk * 2048), 1);
-        hopper::WgmmaCommit();
-        hopper::WgmmaWait<0>();
-        hopper::FenceRegisters(dk), hopper::KeepRegisters(da);
-        hopper::FenceRegisters(dv), hopper::KeepRegisters(pa);
-        hopper::BarrierArrive(&empty[s]);
-      };
-      if (it1 > it0) {
-        step(it0, std::false_type{});
-        for (int it = it0 + 1; it < it1; ++it) step(it, std::true_type{});
-        DqFrag dq;
-        issue_dq(dq, g0 + (it1 - 1 - it0));
-        hopper::WgmmaWait<0>();
-        reduce_dq(dq, g0 + (it1 - 1 - it0), it1 - 1);
       }
-    } else {
-      // The 64-query instantiations (lean head dims 96 and 128 -- at 128 the
-      // deterministic option -- and general 64) keep the earlier forms of the
-      // warpgroup offsets, wgmma descriptors and row loads: with the forms
-      // above, ptxas schedules the head-dim-128 loop into a kernel 10% slower
-      // (S = 8192, ncu, H200, 2026-11-22: 3.23 -> 3.57 ms), while they make the
-      // head-dim-64 one (128 queries) 6% faster (4.07 -> 3.83 ms).
-      constexpr bool kPlain = kBQ == 64;
-      const uint32_t k_base = kPlain ? hopper::SmemAddr(sk) + (tid / 128 - 1) * 64 * 128 : k_addr;
-      const uint32_t v_base = kPlain ? hopper::SmemAddr(sv) + (tid / 128 - 1) * 64 * 128 : v_addr;
-      auto desc = [](uint32_t addr, uint32_t lbo, uint32_t off) {
-        return kPlain ? hopper::Descriptor(addr + off, lbo) : hopper::Descriptor(addr, lbo, off);
-      };
-      auto row = [](const float* rows, int e) {
-        return kPlain ? rows[8 * (e >> 2) + (e & 1)] : RowPair(rows, e);
-      };
-      ScoreCtx c{};
-      for (int it = 0; it < group * per_head; ++it) {
-        const int64_t n = kvh * group + it / per_head;
-        const int i = query_tile(it);
-        if (it % per_head == 0) c = MakeScoreCtx(p.mask, sh, p.scale, p.softcap, b, n);
-        const int s = it % kStages;
-        const uint32_t phase = (it / kStages) & 1;
-        const uint32_t q_addr = hopper::SmemAddr(sq + s * Tiles::kQBytes);
-        const uint32_t do_addr = hopper::SmemAddr(sdo + s * Tiles::kOBytes);
-        // Columns are query rows q0 + ...; their lse and delta come from the row warp.
-        const int64_t q0 = int64_t(i) * kBQ;
-        const int64_t col0 = q0 + 2 * (lane % 4);
-        const float* lse_s = srows + s * 2 * kBQ + 2 * (lane % 4);  // + 8 (e / 4) + e % 2
-        const float* delta_s = lse_s + kBQ;
-        float st[kBQ / 2], dpt[kNeedDp ? kBQ / 2 : 1];
-
-        hopper::BarrierWait(&full[s], phase);
-        hopper::WgmmaFence();
-    #pragma unroll
-        for (int kk = 0; kk < kD / 16; ++kk)
-          WgmmaSS<T, kBQ>(st, desc(k_base, 0, (kk / 4) * kBN * 128 + (kk % 4) * 32),
-                          desc(q_addr, 0, (kk / 4) * kBQ * 128 + (kk % 4) * 32), kk > 0);
-        hopper::WgmmaCommit();
-        if constexpr (kNeedDp) {
-    #pragma unroll
-          for (int kk = 0; kk < kDv / 16; ++kk)
-            WgmmaSS<T, kBQ>(dpt, desc(v_base, 0, (kk / 4) * kBN * 128 + (kk % 4) * 32),
-                            desc(do_addr, 0, (kk / 4) * kBQ * 128 + (kk % 4) * 32), kk > 0);
-          hopper::WgmmaCommit();
-        }
-        // P^T is computed while dP^T still runs. P^T and dS^T are packed into A
-        // fragments before the dV / dK wgmmas are issued, so that only the
-        // accumulators and the fragments stay live while those run.
-        hopper::WgmmaWait<kNeedDp ? 1 : 0>();
-        hopper::FenceRegisters(st);
-        const bool need_mask = TileNeedsMask(c, q0, q0 + kBQ - 1, wg_r0, wg_r1);
-        Probabilities<kBQ, true, kGeneral>(st, c, row0, col0, need_mask,
-                                           [&](int e) { return row(lse_s, e); });  // P^T
-        uint32_t pa[kBQ / 16][4];
-        if constexpr (kDoDV) {
-    #pragma unroll
-          for (int kk = 0; kk < kBQ / 16; ++kk)
-    #pragma unroll
-            for (int r = 0; r < 4; ++r) pa[kk][r] = hopper::PackPair<T>(st[8 * kk + 2 * r], st[8 * kk + 2 * r + 1]);
-        }
-        hopper::FenceRegisters(st);  // P^T before the wait in the PTX (see kDq's loop)
-        if constexpr (kDoDV) hopper::KeepRegisters(pa);
-        uint32_t da[kBQ / 16][4];
-        if constexpr (kDoDK) {
-          hopper::WgmmaWait<0>();  // dP^T
-          hopper::FenceRegisters(dpt);
-    #pragma unroll
-          for (int e = 0; e < kBQ / 2; ++e) {
-            const int off = 8 * (e >> 2) + (e & 1);
-            const float cap = SoftcapGrad<kGeneral>(c, st[e], row(lse_s, e), col0 + off, row0 + 8 * ((e >> 1) & 1));
-            dpt[e] = st[e] * fmaf(dpt[e], p.scale, -row(delta_s, e)) * cap;  // dS^T w.r.t. q.k
-          }
-    #pragma unroll
-          for (int kk = 0; kk < kBQ / 16; ++kk)
-    #pragma unroll
-            for (int r = 0; r < 4; ++r) da[kk][r] = hopper::PackPair<T>(dpt[8 * kk + 2 * r], dpt[8 * kk + 2 * r + 1]);
-        }
-        hopper::WgmmaFence();
-        if constexpr (kDoDV) {
-    #pragma unroll
-          for (int kk = 0; kk < kBQ / 16; ++kk)
-            WgmmaRS<T, kDv>(dv, pa[kk], desc(do_addr, kBQ * 128, kk * 2048), 1);
-        }
-        if constexpr (kDoDK) {
-    #pragma unroll
-          for (int kk = 0; kk < kBQ / 16; ++kk)
-            WgmmaRS<T, kD>(dk, da[kk], desc(q_addr, kBQ * 128, kk * 2048), 1);
-        }
-        hopper::WgmmaCommit();
-        hopper::WgmmaWait<0>();
-        if constexpr (kDoDK) hopper::FenceRegisters(dk), hopper::KeepRegisters(da);
-        if constexpr (kDoDV) hopper::FenceRegisters(dv), hopper::KeepRegisters(pa);
-        hopper::BarrierArrive(&empty[s]);
+      hopper::WgmmaFence();
+      if constexpr (kDoDV) {
+  #pragma unroll
+        for (int kk = 0; kk < kBQ / 16; ++kk)
+          WgmmaRS<T, kDv>(dv, pa[kk], desc(do_addr, kBQ * 128, kk * 2048), 1);
       }
+      if constexpr (kDoDK) {
+  #pragma unroll
+        for (int kk = 0; kk < kBQ / 16; ++kk)
+          WgmmaRS<T, kD>(dk, da[kk], desc(q_addr, kBQ * 128, kk * 2048), 1);
+      }
+      hopper::WgmmaCommit();
+      hopper::WgmmaWait<0>();
+      if constexpr (kDoDK) hopper::FenceRegisters(dk), hopper::KeepRegisters(da);
+      if constexpr (kDoDV) hopper::FenceRegisters(dv), hopper::KeepRegisters(pa);
+      hopper::BarrierArrive(&empty[s]);
     }
-    if constexpr (kTail) {
-      // A piece's dK, dV added into its tile's fp32 slot (zeroed by the
-      // launcher), in fragment order: float4 q * 128 + t of the warpgroup's
-      // 64 rows is thread t's accumulators 4q .. 4q + 3, so a warp's adds are
-      // 512 contiguous bytes. Then K and V may be overwritten with the next piece's.
-      float* slot = sched.ws + int64_t(sg.part) * kBN * (kD + kDv);
-      float* wk = slot + wg * 64 * kD + 4 * t;
-      float* wv = slot + kBN * kD + wg * 64 * kDv + 4 * t;
-#pragma unroll
-      for (int q = 0; q < kD / 8; ++q)
-        hopper::RedAddF32x4(wk + 512 * q, dk[4 * q], dk[4 * q + 1], dk[4 * q + 2], dk[4 * q + 3]);
-#pragma unroll
-      for (int q = 0; q < kDv / 8; ++q)
-        hopper::RedAddF32x4(wv + 512 * q, dv[4 * q], dv[4 * q + 1], dv[4 * q + 2], dv[4 * q + 3]);
-      hopper::BarrierArrive(kv_empty);
-    } else {
-      const int64_t ld = sh.kh * sh.h, ldv = sh.kh * sh.hv;
-      if constexpr (kDoDK)
-        StoreFragment<T, kD>(dk, 1.f, static_cast<T*>(p.dk) + b * sh.s * ld + kvh * sh.h, row0, sh.s,
-                             ld, sh.h, lane);
-      if constexpr (kDoDV)
-        StoreFragment<T, kDv>(dv, 1.f, static_cast<T*>(p.dv) + b * sh.s * ldv + kvh * sh.hv, row0,
-                              sh.s, ldv, sh.hv, lane);
-    }
-    g0 += it1 - it0;
-    if (++seg == kSegments || !segment(seg, &sg)) break;
   }
-  if constexpr (kDq)
-    if (t == 0) hopper::BulkWaitAll();  // shared memory must outlive the last reduce-adds' reads
-}
-
-// dk, dv of the tail tiles from their fp32 slots (DkvSchedule::ws): one block
-// of 128 threads per (tail tile, 64 keys); thread t reads its own fragment
-// (coalesced float4s) and writes it as AttentionDkvKernel's epilogue does.
-template <typename T, int kD, int kDv>
-__global__ void __launch_bounds__(128)
-    AttentionDkvTailConvertKernel(const AttentionBwdParams p, const DkvSchedule sched) {
-  const AttentionShape& sh = p.shape;
-  const int t = threadIdx.x, lane = t % 32, wg = blockIdx.y;
-  const int64_t tile = sched.first + blockIdx.x, rest = tile / sched.key_tiles;
-  const int64_t n0 = (tile - rest * sched.key_tiles) * 128, kvh = rest % sched.kv_heads,
-                b = rest / sched.kv_heads;
-  const int64_t row0 = n0 + 64 * wg + 16 * (t / 32) + lane / 4;
-  const float* slot = sched.ws + int64_t(blockIdx.x) * 128 * (kD + kDv);
   const int64_t ld = sh.kh * sh.h, ldv = sh.kh * sh.hv;
-  {
-    float acc[kD / 2];
-    const float4* src = reinterpret_cast<const float4*>(slot + wg * 64 * kD);
-#pragma unroll
-    for (int q = 0; q < kD / 8; ++q) {
-      const float4 v = src[q * 128 + t];
-      acc[4 * q] = v.x, acc[4 * q + 1] = v.y, acc[4 * q + 2] = v.z, acc[4 * q + 3] = v.w;
-    }
-    StoreFragment<T, kD>(acc, 1.f, static_cast<T*>(p.dk) + b * sh.s * ld + kvh * sh.h, row0, sh.s, ld,
-                         sh.h, lane);
-  }
-  {
-    float acc[kDv / 2];
-    const float4* src = reinterpret_cast<const float4*>(slot + 128 * kD + wg * 64 * kDv);
-#pragma unroll
-    for (int q = 0; q < kDv / 8; ++q) {
-      const float4 v = src[q * 128 + t];
-      acc[4 * q] = v.x, acc[4 * q + 1] = v.y, acc[4 * q + 2] = v.z, acc[4 * q + 3] = v.w;
-    }
-    StoreFragment<T, kDv>(acc, 1.f, static_cast<T*>(p.dv) + b * sh.s * ldv + kvh * sh.hv, row0, sh.s,
-                          ldv, sh.hv, lane);
-  }
+  if constexpr (kDoDK)
+    StoreFragment<T, kD>(dk, 1.f, static_cast<T*>(p.dk) + b * sh.s * ld + kvh * sh.h, row0, sh.s,
+                         ld, sh.h, lane);
+  if constexpr (kDoDV)
+    StoreFragment<T, kDv>(dv, 1.f, static_cast<T*>(p.dv) + b * sh.s * ldv + kvh * sh.hv, row0,
+                          sh.s, ldv, sh.hv, lane);
 }
 
 }  // namespace attention

@@ -6,19 +6,17 @@
 
 #include "ffi/attention/attention_bwd.cuh"
 #include "ffi/attention/attention_tma.h"
-#include "ffi/common/device_info.h"
 
 namespace jax_dnn {
 namespace attention {
 
-// Launches a dQ kernel, or with a schedule a dK/dV kernel.
-template <typename Kernel, typename... Schedule>
+template <typename Kernel>
 cudaError_t Launch(Kernel kernel, dim3 grid, int smem, cudaStream_t stream, const CUtensorMap& a,
                    const CUtensorMap& b, const CUtensorMap& c, const CUtensorMap& d,
-                   const AttentionBwdParams& p, const Schedule&... sched) {
+                   const AttentionBwdParams& p) {
   cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
   if (e != cudaSuccess) return e;
-  kernel<<<grid, 384, smem, stream>>>(a, b, c, d, p, sched...);
+  kernel<<<grid, 384, smem, stream>>>(a, b, c, d, p);
   return cudaGetLastError();
 }
 
@@ -36,28 +34,21 @@ inline dim3 DkvGrid(const AttentionShape& s) {
   return dim3(static_cast<unsigned>((s.s + 127) / 128), s.kh, s.b);
 }
 
-// The single pass's split tail only where a tile has this many query
-// iterations (64-query tiles times the heads of a kv head) or more: its
-// pieces are then at least 8 iterations long (a tail of under 132 tiles
-// over 132 SMs). Measured below this in the A/B of 2026-11-23: TODO.
-constexpr long long kDkvTailMinIters = 16;
-
 template <typename T, int kD, int kDv, int kBQ, bool kGeneral>
 cudaError_t LaunchDkv(const AttentionBwdParams& p, cudaStream_t stream) {
   CUtensorMap tq, tdo, tk, tv;
   if (!MakeDkvMaps(p, kBQ, &tq, &tdo, &tk, &tv)) return cudaErrorInvalidValue;
   const dim3 kv_grid = DkvGrid(p.shape);
   constexpr int kSmem = DkvTiles<kD, kDv, kBQ>::kSmem;
-  const DkvSchedule none{};  // the split's grid is (key tiles, kv heads, batch)
   if constexpr (kD + kDv <= 256) {  // both accumulators fit in registers
     return Launch(AttentionDkvKernel<T, kD, kDv, kBQ, true, true, kGeneral>, kv_grid, kSmem, stream,
-                  tq, tdo, tk, tv, p, none);
+                  tq, tdo, tk, tv, p);
   } else {
     cudaError_t e = Launch(AttentionDkvKernel<T, kD, kDv, kBQ, true, false, kGeneral>, kv_grid, kSmem,
-                           stream, tq, tdo, tk, tv, p, none);
+                           stream, tq, tdo, tk, tv, p);
     if (e != cudaSuccess) return e;
     return Launch(AttentionDkvKernel<T, kD, kDv, kBQ, false, true, kGeneral>, kv_grid, kSmem, stream,
-                  tq, tdo, tk, tv, p, none);
+                  tq, tdo, tk, tv, p);
   }
 }
 
@@ -103,44 +94,11 @@ cudaError_t LaunchBwdGeneral(const AttentionBwdParams& p, cudaStream_t stream) {
       cudaError_t e = cudaMemsetAsync(p.dq_acc, 0, sizeof(float) * AttentionDqAccElements(s), stream);
       if (e != cudaSuccess) return e;
       if (!MakeDkvMaps(p, kBQ, &tq, &tdo, &tk, &tv)) return cudaErrorInvalidValue;
-      constexpr int kSmem = DkvTiles<kD, kDv, kBQ, true>::kSmem;
-      // One CTA an SM (shared memory): the tiles past the last whole round
-      // go to the split tail (DkvSchedule) where every key tile has every
-      // query tile and its pieces keep enough iterations to pay for their
-      // own start, K/V load and fp32 adds (kDkvTailMinIters).
-      const long long key_tiles = (s.s + 127) / 128, tiles = key_tiles * s.kh * s.b, sms = SmCount();
-      const long long q_tiles = (s.t + kBQ - 1) / kBQ, iters = (s.n / s.kh) * q_tiles;
-      const long long rest = tiles % sms;
-      if (tiles > INT32_MAX || iters > INT32_MAX) return cudaErrorInvalidValue;  // 32-bit indices
-      const bool split = FwdUniformKeys(p.mask) && tiles > sms && rest != 0 &&
-                         iters >= kDkvTailMinIters && rest * iters + iters < INT32_MAX &&
-                         p.dkv_ws != nullptr && p.dkv_ws_elems >= (sms - 1) * 128 * (kD + kDv);
-      DkvSchedule sched{};
-      sched.key_tiles = static_cast<int>(key_tiles);
-      sched.kv_heads = static_cast<int>(s.kh);
-      const long long main_tiles = split ? tiles - rest : tiles;
-      e = Launch(AttentionDkvKernel<T, kD, kDv, kBQ, true, true, kGeneral, true>,
-                 dim3(static_cast<unsigned>(main_tiles)), kSmem, stream, tq, tdo, tk, tv, p, sched);
+      e = Launch(AttentionDkvKernel<T, kD, kDv, kBQ, true, true, kGeneral, true>, DkvGrid(s),
+                 DkvTiles<kD, kDv, kBQ, true>::kSmem, stream, tq, tdo, tk, tv, p);
       if (e != cudaSuccess) return e;
-      if (split) {
-        sched.first = static_cast<int>(main_tiles);
-        sched.iters = static_cast<int>(iters);
-        sched.total = static_cast<int>(rest * iters);
-        sched.span = static_cast<int>((sched.total + sms - 1) / sms);
-        sched.ws = p.dkv_ws;
-        e = cudaMemsetAsync(p.dkv_ws, 0, sizeof(float) * rest * 128 * (kD + kDv), stream);
-        if (e != cudaSuccess) return e;
-        e = Launch(AttentionDkvKernel<T, kD, kDv, kBQ, true, true, kGeneral, true, true>,
-                   dim3(static_cast<unsigned>((sched.total + sched.span - 1) / sched.span)), kSmem,
-                   stream, tq, tdo, tk, tv, p, sched);
-        if (e != cudaSuccess) return e;
-        AttentionDkvTailConvertKernel<T, kD, kDv>
-            <<<dim3(static_cast<unsigned>(rest), 2), 128, 0, stream>>>(p, sched);
-        e = cudaGetLastError();
-        if (e != cudaSuccess) return e;
-      }
-      const unsigned dq_tiles = static_cast<unsigned>((s.t + kDqTileRows - 1) / kDqTileRows);
-      AttentionDqConvertKernel<T, kD><<<dim3(dq_tiles, s.n, s.b), 256, 0, stream>>>(
+      const unsigned tiles = static_cast<unsigned>((s.t + kDqTileRows - 1) / kDqTileRows);
+      AttentionDqConvertKernel<T, kD><<<dim3(tiles, s.n, s.b), 256, 0, stream>>>(
           p.dq_acc, static_cast<T*>(p.dq), s.t, s.n, s.h);
       return cudaGetLastError();
     } else {

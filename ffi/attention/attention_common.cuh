@@ -97,9 +97,8 @@ inline bool FwdNeedsGeneral(const AttentionMask& m, float softcap, float scale) 
   return NeedsGeneral(m, softcap) || !(scale > 0.f);
 }
 
-// Whether every query tile attends to the same key tiles (KeyTiles), and
-// every key tile to the same query tiles: no causal mask, window or sequence
-// lengths. The forward's and the single-pass backward's split tails need it.
+// Whether every query tile attends to the same key tiles (KeyTiles): no
+// causal mask, window or sequence lengths. The forward's split tail needs it.
 inline bool FwdUniformKeys(const AttentionMask& m) {
   return !m.causal && m.window_left < 0 && m.window_right < 0 && !m.q_lens && !m.kv_lens;
 }

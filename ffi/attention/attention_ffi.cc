@@ -140,7 +140,6 @@ ffi::Error AttentionBwdImpl(cudaStream_t stream, ffi::AnyBuffer d_o, ffi::AnyBuf
                             ffi::Result<ffi::AnyBuffer> dq, ffi::Result<ffi::AnyBuffer> dk,
                             ffi::Result<ffi::AnyBuffer> dv, ffi::ResultBuffer<ffi::F32> dbias,
                             ffi::ResultBuffer<ffi::F32> delta, ffi::ResultBuffer<ffi::F32> dq_acc,
-                            ffi::ResultBuffer<ffi::F32> dkv_ws,
                             bool has_bias, bool has_mask, bool has_q_lens, bool has_kv_lens,
                             bool has_seg, bool is_causal, int64_t window_left,
                             int64_t window_right, float scale, float softcap, bool fused_dq) {
@@ -179,9 +178,6 @@ ffi::Error AttentionBwdImpl(cudaStream_t stream, ffi::AnyBuffer d_o, ffi::AnyBuf
     if (dq_acc->element_count() != AttentionDqAccElements(s))
       return Err(kBwd, "dq_acc must hold B * N * ceil(T / 64) * 64 * pad64(H) floats");
     p.dq_acc = dq_acc->typed_data();
-    // The split tail's workspace; any size is safe (too small: no split).
-    p.dkv_ws_elems = static_cast<int64_t>(dkv_ws->element_count());
-    p.dkv_ws = p.dkv_ws_elems > 0 ? dkv_ws->typed_data() : nullptr;
   }
   return LaunchStatus(LaunchAttentionBwd(p, stream), kBwd);
 }
@@ -224,7 +220,6 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(AttentionBwd, AttentionBwdImpl,
                                   .Ret<ffi::AnyBuffer>()
                                   .Ret<ffi::AnyBuffer>()
                                   .Ret<ffi::AnyBuffer>()
-                                  .Ret<ffi::Buffer<ffi::F32>>()
                                   .Ret<ffi::Buffer<ffi::F32>>()
                                   .Ret<ffi::Buffer<ffi::F32>>()
                                   .Ret<ffi::Buffer<ffi::F32>>() JAX_DNN_ATTENTION_ATTRS

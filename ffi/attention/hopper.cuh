@@ -137,12 +137,6 @@ __device__ __forceinline__ void BulkReduceAddF32(float* gmem, const void* smem, 
                "r"(SmemAddr(smem)), "r"(bytes)
                : "memory");
 }
-// *gmem += (a, b, c, d), four fp32 adds done in L2 (one 16-byte-aligned vector).
-__device__ __forceinline__ void RedAddF32x4(float* gmem, float a, float b, float c, float d) {
-  asm volatile("red.global.add.v4.f32 [%0], {%1, %2, %3, %4};" ::"l"(gmem), "f"(a), "f"(b), "f"(c),
-               "f"(d)
-               : "memory");
-}
 __device__ __forceinline__ void BulkCommit() {
   asm volatile("cp.async.bulk.commit_group;" ::: "memory");
 }

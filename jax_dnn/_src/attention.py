@@ -104,7 +104,7 @@ def _fwd_reference(q, k, v, *operands, present, deterministic=False, **params):
 
 def _bwd_reference(do, q, k, v, o, lse, *operands, present, fused_dq, **params):
   """(dq, dk, dv, dlogits [B, N, T, S] fp32 or [B, 0] without bias, delta,
-  dq_acc and split-tail workspaces (zeros here))."""
+  dq_acc workspace (zeros here))."""
   del lse  # the reference recomputes
   b, t, n, _ = q.shape
   s_len = k.shape[1]
@@ -122,9 +122,7 @@ def _bwd_reference(do, q, k, v, o, lse, *operands, present, fused_dq, **params):
   grads = jax.vjp(f, *diff)[1](do.astype(q.dtype))
   ds = grads[3] if has_bias else jnp.zeros((b, 0), jnp.float32)
   delta = jnp.einsum("btnh,btnh->bnt", do.astype(jnp.float32), o.astype(jnp.float32))
-  return (*grads[:3], ds, delta, jnp.zeros(_dq_acc_shape(q, fused_dq), jnp.float32),
-          jnp.zeros(_bwd_ws_shape(q, k, v, present=present, fused_dq=fused_dq, **params),
-                    jnp.float32))
+  return (*grads[:3], ds, delta, jnp.zeros(_dq_acc_shape(q, fused_dq), jnp.float32))
 
 
 # --- primitives ---------------------------------------------------------------
@@ -144,7 +142,7 @@ def _fwd_abstract(q, k, v, *operands, present, **params):
 # floats for each of up to 132 SMs (17 MB at Hv = 128), only when there are
 # more work tiles than that. The launcher checks the size; a workspace it
 # does not take costs only memory.
-_SPLIT_SMS = 132  # the SMs both split tails' workspaces are sized for (H100/H200 SXM)
+_FWD_SPLIT_CTAS = 132
 
 
 def _fwd_ws_shape(q, k, v, *, present, is_causal, window, **params):
@@ -160,54 +158,24 @@ def _fwd_ws_shape(q, k, v, *, present, is_causal, window, **params):
   ctas = b * n * -(-t // 128)
   # A symbolic batch (jax.export): the launcher decides; a workspace it does
   # not use costs only its allocation.
-  many = ctas > _SPLIT_SMS if isinstance(ctas, int) else True
+  many = ctas > _FWD_SPLIT_CTAS if isinstance(ctas, int) else True
   if not (split and _kernel_supported(q, k, v) and many):
     return (0,)
-  return (2 * _SPLIT_SMS * 128 * (dv + 1),)
+  return (2 * _FWD_SPLIT_CTAS * 128 * (dv + 1),)
 
 
 def _bwd_abstract(do, q, k, v, o, lse, *operands, present, fused_dq, **params):
   """dq, dk, dv; dlogits (the bias gradient before reduction over its
   broadcast, [B, N, T, S] fp32, or [B, 0] without bias); delta = rowsum(do * o)
   [B, N, T] fp32 (workspace); the single pass's fp32 dQ accumulator
-  (workspace, [B, 0] for the split); its split tail's workspace (_bwd_ws_shape)."""
+  (workspace, [B, 0] for the split)."""
   b, t, n, _ = q.shape
   out = [ShapedArray(a.shape, a.dtype) for a in (q, k, v)]
   ds_shape = (b, n, t, k.shape[1]) if "bias" in present else (b, 0)
   out.append(ShapedArray(ds_shape, jnp.float32))
   out.append(ShapedArray((b, n, t), jnp.float32))
   out.append(ShapedArray(_dq_acc_shape(q, fused_dq), jnp.float32))
-  out.append(ShapedArray(_bwd_ws_shape(q, k, v, present=present, fused_dq=fused_dq, **params),
-                         jnp.float32))
   return tuple(out)
-
-
-# The single-pass backward's split tail (ffi/attention/attention_bwd.cuh,
-# DkvSchedule): its dK/dV kernel runs one CTA a 128-key tile and one CTA an
-# SM; where every key tile sees every query tile, the tiles past the last
-# whole round of the grid are cut into equal ranges of query iterations over
-# the SMs and their pieces' fp32 dK, dV added in this workspace: 128 x (H + Hv
-# padded) floats for each of up to 131 tiles (17 MB at 128/128), only where
-# there are more key tiles than SMs. The launcher checks the size.
-_BWD_TAIL_MIN_ITERS = 16  # kDkvTailMinIters in ffi/attention/attention_bwd_launch.cuh
-
-
-def _bwd_ws_shape(q, k, v, *, present, fused_dq, is_causal, window, **params):
-  """[floats] of the single pass's split-tail workspace ([0] where no split
-  can happen). Not per batch element: the batching rule passes it on unbatched."""
-  del params
-  b, t, n, _ = q.shape
-  kh, s = k.shape[2], k.shape[1]
-  d, dv = _pad64(q.shape[-1]), _pad64(v.shape[-1])
-  split = (fused_dq and not is_causal and window is None
-           and not {"q_lens", "kv_lens"} & set(present))
-  tiles = b * kh * -(-s // 128)
-  iters = n // kh * -(-t // 64)
-  # A symbolic batch (jax.export): the launcher decides.
-  many = tiles > _SPLIT_SMS if isinstance(tiles, int) else True
-  if not (split and many and iters >= _BWD_TAIL_MIN_ITERS):
-    return (0,)
-  return ((_SPLIT_SMS - 1) * 128 * (d + dv),)
 
 
 def _pad64(d):
@@ -304,7 +272,7 @@ def _fwd_batch(args, dims, **params):
 
 
 def _bwd_batch(args, dims, **params):
-  return _batch_rule(attention_bwd_p, 6, args, dims, keep_shared=False, n_ws=1, **params)
+  return _batch_rule(attention_bwd_p, 6, args, dims, keep_shared=False, **params)
 
 
 def _sharding(operands, results, *, present, **params):
@@ -312,7 +280,7 @@ def _sharding(operands, results, *, present, **params):
   stays on the device of kv head n // (N / K)); sequences and head dims stay
   whole (the causal, window and length masks count positions from 0)."""
   del params
-  backward = len(results) == 7
+  backward = len(results) == 6
   q_shape, k_shape, v_shape = operands[1:4] if backward else operands[:3]
   bsz, t, n, h = q_shape
   s_len, kh = k_shape[1], k_shape[2]
@@ -348,7 +316,7 @@ def _sharding(operands, results, *, present, **params):
       b.operand(batch)
     else:
       b.operand(batch, t_ if name == "q_seg" else s_)
-  if backward:  # dq, dk, dv, dlogits, then delta, the dQ accumulator and the tail's workspace
+  if backward:  # dq, dk, dv, dlogits, then delta and the dQ accumulator (workspace)
     b.result(*q)
     # Multi-query: each device holds some query heads, so its dk, dv are a
     # part of the sum over heads (a no-op where kv heads split with them).
@@ -360,7 +328,6 @@ def _sharding(operands, results, *, present, **params):
       b.scratch_result(results[3])
     b.scratch_result(results[4])
     b.scratch_result(results[5])
-    b.scratch_result(results[6])
   else:  # o, lse, the split tail's workspace
     b.result(*o)
     b.result(*lse)
