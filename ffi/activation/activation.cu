@@ -72,11 +72,10 @@ constexpr int kFlatMinBlocksPerSm = 8;  // below this many blocks an SM at kFlat
 
 // Where a unit's bias starts: its flat index split into (row, column) by
 // multiplication (fast_div.h), and the row into its group when there are
-// several.
+// several. A row is units_per_row.divisor units of V elements.
 struct BiasIndex {
   FastDiv units_per_row;
   FastDiv rows_per_group;
-  int64_t width;  // elements a row
   bool grouped;
 };
 
@@ -116,10 +115,11 @@ __global__ void __launch_bounds__(kFlatThreads)
     if constexpr (kBias) {
       // V divides the width on this path, so a unit never crosses a row.
       const int64_t row = static_cast<int64_t>(bi.units_per_row.Div(u));
-      const int64_t col = (u - row * static_cast<int64_t>(bi.units_per_row.divisor)) * V;
+      const int64_t row_units = static_cast<int64_t>(bi.units_per_row.divisor);
+      const int64_t col = (u - row * row_units) * V;
       const int64_t group = bi.grouped ? static_cast<int64_t>(bi.rows_per_group.Div(row)) : 0;
       float b[V];
-      LoadVec<float, V>(bias + group * bi.width + col, b);
+      LoadVec<float, V>(bias + group * row_units * V + col, b);
 #pragma unroll
       for (int i = 0; i < V; ++i) v[i] += b[i];
     }
@@ -213,7 +213,6 @@ cudaError_t LaunchFlat(Activation a, const void* dy, const void* x, const float*
   if (bias != nullptr) {
     bi.units_per_row = FastDiv(static_cast<uint64_t>(width / v));
     bi.rows_per_group = FastDiv(static_cast<uint64_t>(std::max<int64_t>(1, rows / groups)));
-    bi.width = width;
     bi.grouped = groups > 1;
   }
   const unsigned grid = static_cast<unsigned>(blocks);
