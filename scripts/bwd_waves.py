@@ -19,29 +19,23 @@ benchmarks/RESULTS.md.)
 from __future__ import annotations
 
 import argparse
+import os
 import statistics
-import time
+import sys
 
 import jax
 import jax.numpy as jnp
 
 from jax_dnn._src import attention as attention_src
 
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "benchmarks"))
+import bench_attention  # noqa: E402
 
-def time_call(fn, args, iters=10, rounds=7):
-  jax.block_until_ready(fn(*args))
-  t0 = time.perf_counter()
-  while time.perf_counter() - t0 < 0.3:
-    jax.block_until_ready(fn(*args))
-  per = []
-  for _ in range(rounds):
-    t0 = time.perf_counter()
-    out = None
-    for _ in range(iters):
-      out = fn(*args)
-    jax.block_until_ready(out)
-    per.append((time.perf_counter() - t0) / iters)
-  return statistics.median(per)
+
+def time_call(fn, args, rounds=7):
+  """Median seconds a call, timed as bench_attention.py times a function."""
+  n, _ = bench_attention.warm_up(fn, args, iters=10)
+  return statistics.median(bench_attention.time_batch(fn, args, n) for _ in range(rounds))
 
 
 def backward(b, s, n, d, causal, dtype=jnp.bfloat16):
