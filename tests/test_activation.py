@@ -69,6 +69,28 @@ def test_bias_act_grouped(device, dtype, width):
   check_fwd_bwd(device, jax.vmap(act), jax.vmap(naive), (x, bias), dtype, what="grouped bias_act")
 
 
+# Inputs large enough for the forward's wide layout (four 16-byte units a
+# thread, over 8 blocks an SM): bias columns shared by a thread's units in
+# 2-D tiles (widths a multiple of 256 units, rows not a multiple of 4), in the
+# flat layout (a row's units divide 256: 1024 wide, and 4 wide on the scalar
+# path), and not shared (3072 wide); fp32 units are 4 elements.
+WIDE = [((2306, 4096), jnp.bfloat16), ((9001, 1024), jnp.float16), ((3001, 3072), jnp.bfloat16),
+        ((300001, 4), jnp.bfloat16), ((2306, 4096), jnp.float32), ((4500, 1024), jnp.float32)]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("shape,dtype", WIDE, ids=lambda a: str(a) if isinstance(a, tuple)
+                         else jnp.dtype(a).name)
+def test_bias_act_wide(gpu, shape, dtype):
+  x = randn(11, shape, dtype, scale=2.0)
+  bias = randn(12, shape[-1:], dtype)
+  for activation in ("gelu_tanh", "silu"):
+    reused = check_fwd_bwd(gpu, functools.partial(jax_dnn.bias_act, activation=activation),
+                           functools.partial(naive_bias_act, activation=activation), (x, bias),
+                           dtype, what=f"wide bias_act {activation}")
+    assert reused >= 1
+
+
 def test_jit_vmap_grad(device):
   tol = dict(rtol=2e-5, atol=2e-5)
   close = lambda a, b: jax.tree.map(lambda u, v: np.testing.assert_allclose(u, v, **tol), a, b)

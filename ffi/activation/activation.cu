@@ -134,6 +134,48 @@ __global__ void __launch_bounds__(kFlatThreads)
   }
 }
 
+// The bias + activation forward on large inputs when a thread's units can
+// share one column: the units a thread takes are `stride` apart, a multiple of
+// the row's units, so the thread loads its bias once, together with its x,
+// instead of once a unit after that unit's x has arrived (four dependent L1
+// round trips a thread, during which it has no load in flight).
+//   stride == 256 (a row's units divide 256): the flat kernel's layout.
+//   stride == row_units (a multiple of 256): a block covers 256 units of
+//   columns in kFlatUnits consecutive rows; `chunks` blocks span a row.
+// At most 40 registers, 6 blocks an SM, as the flat kernel has (ptxas gives
+// the bf16 GELU 46-48 unbounded). SiLU and sigmoid, whose IEEE division needs
+// more, would spill: they are left unbounded, as in the flat kernel (58).
+template <Activation kAct>
+constexpr int ColumnMinBlocks() {
+  return kAct == Activation::kSilu || kAct == Activation::kSigmoid ? 1 : 6;
+}
+template <typename T, int V, Activation kAct>
+__global__ void __launch_bounds__(kFlatThreads, ColumnMinBlocks<kAct>())
+    BiasActFwdColumnKernel(const T* __restrict__ x, const float* __restrict__ bias,
+                           T* __restrict__ out, int64_t units, uint32_t row_units,
+                           int64_t stride, uint32_t chunks) {
+  const uint32_t band = blockIdx.x / chunks;
+  const uint32_t chunk_col = (blockIdx.x - band * chunks) * kFlatThreads + threadIdx.x;
+  const int64_t first = int64_t{band} * kFlatUnits * stride + chunk_col;
+  Packed<T, V> xs[kFlatUnits];
+#pragma unroll
+  for (int k = 0; k < kFlatUnits; ++k) {
+    const int64_t u = first + k * stride;
+    if (u < units) xs[k] = LoadUnit<T, V>(x + u * V);
+  }
+  float b[V];
+  LoadVec<float, V>(bias + int64_t{chunk_col % row_units} * V, b);
+#pragma unroll
+  for (int k = 0; k < kFlatUnits; ++k) {
+    const int64_t u = first + k * stride;
+    if (u >= units) break;
+    float r[V];
+#pragma unroll
+    for (int i = 0; i < V; ++i) r[i] = Act<kAct>(ToFloat(xs[k].v[i]) + b[i]);
+    StoreVec<T, V>(out + u * V, r);
+  }
+}
+
 constexpr int kColLanes = 32;  // threadIdx.x: vectors of columns
 constexpr int kRowLanes = 8;   // threadIdx.y: rows
 
@@ -222,22 +264,33 @@ cudaError_t LaunchFlat(Activation a, const void* dy, const void* x, const float*
     auto launch = [&](auto vec_tag, auto bias_tag) {
       constexpr int kV = decltype(vec_tag)::value ? kVec : 1;
       constexpr bool kBias = !kBwd && decltype(bias_tag)::value;
+      if constexpr (kBias) {
+        // Every unit of a thread in one column (see BiasActFwdColumnKernel).
+        const int64_t row_units = width / kV;
+        if (wide && groups == 1 && row_units <= 0xffffffff &&
+            (256 % row_units == 0 || row_units % 256 == 0)) {
+          const int64_t stride = row_units % 256 == 0 ? row_units : 256;
+          const int64_t chunks = row_units % 256 == 0 ? row_units / 256 : 1;
+          const int64_t bands = (units + kFlatUnits * stride - 1) / (kFlatUnits * stride);
+          if (bands * chunks > 0x7fffffff) return cudaErrorInvalidValue;  // gridDim.x limit
+          BiasActFwdColumnKernel<T, kV, kAct>
+              <<<static_cast<unsigned>(bands * chunks), kFlatThreads, 0, stream>>>(
+                  static_cast<const T*>(x), bias, static_cast<T*>(out), units,
+                  static_cast<uint32_t>(row_units), stride, static_cast<uint32_t>(chunks));
+          return cudaGetLastError();
+        }
+      }
       auto* kernel = wide ? ActivationFlatKernel<T, kV, kAct, kBwd, kBias, kFlatUnits>
                           : ActivationFlatKernel<T, kV, kAct, kBwd, kBias, 1>;
       kernel<<<grid, kFlatThreads, 0, stream>>>(static_cast<const T*>(dy),
                                                 static_cast<const T*>(x), bias,
                                                 static_cast<T*>(out), units, bi);
+      return cudaGetLastError();
     };
     using Yes = std::true_type;
     using No = std::false_type;
-    if (vec) {
-      if (bias != nullptr) launch(Yes{}, Yes{});
-      else launch(Yes{}, No{});
-    } else {
-      if (bias != nullptr) launch(No{}, Yes{});
-      else launch(No{}, No{});
-    }
-    return cudaGetLastError();
+    if (vec) return bias != nullptr ? launch(Yes{}, Yes{}) : launch(Yes{}, No{});
+    return bias != nullptr ? launch(No{}, Yes{}) : launch(No{}, No{});
   });
 }
 
