@@ -1,7 +1,7 @@
 """Times jax_dnn's memory-bound ops (ours only) as bench_ops.py does, for an
 A/B of two builds run as separate processes (scripts/ops_ab.sh). Prints one
 line a case: `op shape dtype mode us_per_application`.
-  python3 scripts/ops_ab.py [--cases 16384x4096:bfloat16,...] [--ops softmax,...]
+  python3 scripts/ops_ab.py [--cases 16384x4096:bfloat16,...] [--ops softmax,...] [--modes fwd,...]
 """
 import argparse
 import math
@@ -19,6 +19,7 @@ def main():
   ap = argparse.ArgumentParser()
   ap.add_argument("--cases", default="16384x4096:bfloat16,16384x1024:bfloat16,16384x4096:float32")
   ap.add_argument("--ops", default=",".join(bench_ops.OPS))
+  ap.add_argument("--modes", default="fwd,bwd,fwd+bwd")
   args = ap.parse_args()
   for case in args.cases.split(","):
     dims, dtype = case.split(":")
@@ -35,6 +36,8 @@ def main():
       params = [1.0 + 0.1 * jax.random.normal(jax.random.fold_in(k[2], i), (shape[1],))
                 for i in range(nparams)]
       for mode, (fn, _) in bench_ops.make_modes(ours, nparams).items():
+        if mode not in args.modes.split(","):
+          continue
         f = jax.jit(lambda xs, fn=fn: [fn(x, dy, *params) for x, dy in xs])
         t = bench_ops.time_fn(f, ins)
         print(f"{name} {dims} {dtype.name} {mode} {t * 1e6:.2f}", flush=True)

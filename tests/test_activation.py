@@ -70,12 +70,14 @@ def test_bias_act_grouped(device, dtype, width):
 
 
 # Inputs large enough for the forward's wide layout (four 16-byte units a
-# thread, over 8 blocks an SM): bias columns shared by a thread's units in
-# 2-D tiles (widths a multiple of 256 units, rows not a multiple of 4), in the
-# flat layout (a row's units divide 256: 1024 wide, and 4 wide on the scalar
-# path), and not shared (3072 wide); fp32 units are 4 elements.
-WIDE = [((2306, 4096), jnp.bfloat16), ((9001, 1024), jnp.float16), ((3001, 3072), jnp.bfloat16),
-        ((300001, 4), jnp.bfloat16), ((2306, 4096), jnp.float32), ((4500, 1024), jnp.float32)]
+# thread, over 8 blocks an SM), where a thread's units share a bias column:
+# blocks of 256, 128 and 32 units of columns (4096, 3072 and 11008 wide bf16;
+# rows not a multiple of a block's rows), rows that divide 256 units (1024
+# wide; 4 wide on the scalar path), fp32 (4-element units); and where they do
+# not (1000 wide bf16: 125 units).
+WIDE = [((2306, 4096), jnp.bfloat16), ((3001, 3072), jnp.bfloat16), ((801, 11008), jnp.bfloat16),
+        ((9001, 1024), jnp.float16), ((300001, 4), jnp.bfloat16), ((2306, 4096), jnp.float32),
+        ((9001, 1000), jnp.bfloat16)]
 
 
 @pytest.mark.gpu
