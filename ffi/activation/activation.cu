@@ -2,7 +2,9 @@
 //
 // Forward and the plain backward are flat: a block covers consecutive 16-byte
 // vectors, several a thread; each element is read once and written once, the
-// minimum traffic.
+// minimum traffic. The bias + activation forward on large inputs takes column
+// tiles where a row allows (BiasActFwdColumnKernel), so that a thread's units
+// share one bias vector.
 // The bias + activation backward is a 2-D kernel: a block covers 32 vectors of
 // columns and strides over the rows of its part, so each thread accumulates
 // dbias for its columns in registers while it writes dx; the block's eight row
