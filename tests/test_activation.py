@@ -70,14 +70,16 @@ def test_bias_act_grouped(device, dtype, width):
 
 
 # Inputs large enough for the forward's wide layout (four 16-byte units a
-# thread, over 8 blocks an SM), where a thread's units share a bias column:
-# blocks of 256, 128 and 32 units of columns (4096, 3072 and 11008 wide bf16;
-# rows not a multiple of a block's rows), rows that divide 256 units (1024
-# wide; 4 wide on the scalar path), fp32 (4-element units); and where they do
-# not (1000 wide bf16: 125 units).
-WIDE = [((2306, 4096), jnp.bfloat16), ((3001, 3072), jnp.bfloat16), ((801, 11008), jnp.bfloat16),
-        ((9001, 1024), jnp.float16), ((300001, 4), jnp.bfloat16), ((2306, 4096), jnp.float32),
-        ((9001, 1000), jnp.bfloat16)]
+# thread, over 8 blocks an SM: ~1.6-1.8 M units, past that on up to 200 SMs),
+# where a thread's units share a bias column: blocks of 256, 128 and 32 units
+# of columns (4096, 3072 and 11008 wide bf16; rows not a multiple of a
+# block's rows), rows that divide 256 units (1024 wide; 4 wide on the scalar
+# path), fp32 (4-element units); and where they do not (1000 wide bf16: 125
+# units). The backward's two-row loop (GELU tanh, ReLU) and one-row loop
+# (SiLU) see several rows a thread here.
+WIDE = [((3458, 4096), jnp.bfloat16), ((4501, 3072), jnp.bfloat16), ((1201, 11008), jnp.bfloat16),
+        ((13501, 1024), jnp.float16), ((450001, 4), jnp.bfloat16), ((3458, 4096), jnp.float32),
+        ((13501, 1000), jnp.bfloat16)]
 
 
 @pytest.mark.gpu
@@ -86,7 +88,7 @@ WIDE = [((2306, 4096), jnp.bfloat16), ((3001, 3072), jnp.bfloat16), ((801, 11008
 def test_bias_act_wide(gpu, shape, dtype):
   x = randn(11, shape, dtype, scale=2.0)
   bias = randn(12, shape[-1:], dtype)
-  for activation in ("gelu_tanh", "silu"):
+  for activation in ("gelu_tanh", "relu", "silu"):
     reused = check_fwd_bwd(gpu, functools.partial(jax_dnn.bias_act, activation=activation),
                            functools.partial(naive_bias_act, activation=activation), (x, bias),
                            dtype, what=f"wide bias_act {activation}")

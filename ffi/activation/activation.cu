@@ -145,8 +145,8 @@ __global__ void __launch_bounds__(kFlatThreads)
 // unit's x has arrived (four dependent L1 round trips a thread, during which
 // it has no load in flight: 11% of the bf16 forward's time on the H200).
 // Rows of at most 256 units that divide 256 make cols the row: the flat
-// kernel's layout. Warps stay inside one row's 512 contiguous bytes or more
-// (cols >= 32) or cover whole rows.
+// kernel's layout. A warp's units are contiguous either way: 32 or more of
+// one row (cols >= 32), or whole rows.
 struct ColumnTiles {
   int64_t units;      // all of x's
   int64_t stride;     // between a thread's units: row_units << lanes_shift
@@ -164,6 +164,8 @@ inline bool MakeColumnTiles(int64_t rows, int64_t row_units, ColumnTiles* t) {
   if (cols < 32 && cols != row_units) return false;  // cols divides 256 either way
   t->cols_shift = 0;
   while ((int64_t{1} << t->cols_shift) < cols) ++t->cols_shift;
+  // Fewer rows than a band would leave some of every thread's units idle.
+  if (rows < (int64_t{kFlatUnits} << (8 - t->cols_shift))) return false;
   t->units = rows * row_units;
   t->stride = row_units << (8 - t->cols_shift);
   t->row_units = static_cast<uint32_t>(row_units);
