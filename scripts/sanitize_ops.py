@@ -13,7 +13,7 @@ import jax_dnn
 # Widths reach every row-kernel shape: odd (scalar fallback), each register
 # layout team (up to 12288 and 20000 bf16: padded 256- and 512-thread teams),
 # and rows past it (20000 fp32: the vector fallback); rows split over a
-# cluster of blocks (32776: an 8-column last segment; 131080: 5 blocks
+# cluster of blocks (32776: shares of whole vectors; 131080: 5 blocks
 # forward at bf16/f16, the fallback otherwise).
 SHAPES = [(1, 1), (3, 7), (5, 4097), (64, 1024), (4, 2048), (3, 12288), (2, 20000), (7, 200),
           (33, 520), (6000, 264), (2, 65544), (3, 32776), (1, 131080)]
@@ -95,6 +95,12 @@ def main():
       # vmapped parameters (groups > 1)
       xb = jnp.stack([x, x])
       run(jax.jit(jax.vmap(jax_dnn.layer_norm)), xb, jnp.stack([p, p]), jnp.stack([p, p]))
+  # Softmax rows split over clusters, more rows than clusters fit at once: the
+  # persistent clusters stream several rows each (RowFeed).
+  for dtype in (jnp.float32, jnp.bfloat16):
+    x = jax.random.normal(key, (300, 50000), jnp.float32).astype(dtype)
+    run(jax.jit(jax_dnn.softmax), x)
+    run(jax.jit(jax_dnn.log_softmax), x)
   # More groups than blocks fit at once: one part a group in the norm backward.
   x = jax.random.normal(key, (300, 8, 1024), jnp.bfloat16)
   p = jnp.ones((300, 1024), jnp.bfloat16)

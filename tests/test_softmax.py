@@ -25,7 +25,7 @@ CASES = [
     ((7, 3, 5), 1),
     ((6, 16, 64), 1),
     ((2, 40000), -1),
-    ((3, 32776), -1),  # split over a cluster, an 8-column last segment
+    ((3, 32776), -1),  # split over a cluster (forward), shares of whole vectors
     ((0, 8), -1),
 ]
 
@@ -53,6 +53,21 @@ def test_very_long_rows(device, n):
     pytest.skip("kernel-only size: the long-row path exists only in the CUDA kernel")
   x = randn(2, (3, n), jnp.bfloat16, scale=4.0)
   check_fwd_bwd(device, jax_dnn.softmax, jax.nn.softmax, (x,), jnp.bfloat16, what="long row")
+
+
+# Rows split over clusters, more rows than clusters fit on the GPU (up to ~200
+# SMs), so that each persistent cluster streams several rows (RowFeed's next-
+# row copies), in shares that are not whole segments: bf16 50000 (2 blocks
+# forward, 4 backward) and 65544 (3 and 5), fp32 32776 (3 and 5).
+@pytest.mark.parametrize("name", OPS)
+@pytest.mark.parametrize("shape,dtype", [((300, 50000), jnp.bfloat16), ((260, 65544), jnp.bfloat16),
+                                         ((300, 32776), jnp.float32)], ids=str)
+def test_streamed_cluster_rows(device, name, shape, dtype):
+  if not on_gpu(device):
+    pytest.skip("kernel-only layout: the CPU path has no clusters")
+  ours, naive = OPS[name]
+  x = randn(5, shape, dtype, scale=3.0)
+  assert check_fwd_bwd(device, ours, naive, (x,), dtype, what=name) >= 1
 
 
 @pytest.mark.parametrize("name", OPS)

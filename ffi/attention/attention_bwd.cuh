@@ -30,7 +30,7 @@
 #include <type_traits>
 
 #include "ffi/attention/attention_common.cuh"
-#include "ffi/attention/hopper.cuh"
+#include "ffi/common/hopper.cuh"
 #include "ffi/attention/wgmma.cuh"
 #include "ffi/common/device.cuh"
 

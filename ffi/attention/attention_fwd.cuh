@@ -27,7 +27,7 @@
 #include <climits>
 
 #include "ffi/attention/attention_common.cuh"
-#include "ffi/attention/hopper.cuh"
+#include "ffi/common/hopper.cuh"
 #include "ffi/attention/wgmma.cuh"
 
 // Timeline probes: scripts/fwd_trace.cu defines this before including the

@@ -1,8 +1,9 @@
 // Rows wider than one team's registers, split over the blocks of a thread
-// block cluster (sm_90): block rank r of a cluster holds columns
-// [r * S, r * S + S) of the row in registers, S = kTeam * kVecs * V (the
-// register-row layout of ffi/common/row_regs.cuh, one team a block), and the
-// row sums add the blocks' team sums over distributed shared memory. Each
+// block cluster (sm_90): the row's columns are shared equally (in whole
+// 16-byte vectors) among ceil(width / S) blocks, each holding its share in
+// registers, S = kTeam * kVecs * V (the register-row layout of
+// ffi/common/row_regs.cuh, one team a block), and the row sums add the
+// blocks' team sums over distributed shared memory. Each
 // element is still read once and written once; the fallback row kernels
 // instead re-read what their registers cannot hold (35-41% of copy
 // bandwidth for 131072-wide bf16 forwards, the backward's 7%).
@@ -22,6 +23,8 @@
 #include <cuda_runtime.h>
 
 #include <cstdint>
+
+#include "ffi/common/hopper.cuh"
 
 namespace jax_dnn {
 
@@ -49,8 +52,13 @@ struct RowSplit {
       const int64_t blocks = cluster.num_blocks();
       row0 = blockIdx.x / blocks;  // 1-D clusters are runs of consecutive blocks
       row_step = gridDim.x / blocks;
-      col0 = cluster.block_rank() * kSegment;
-      width = n - col0 < kSegment ? n - col0 : kSegment;  // > 0: blocks = ceil(n / S)
+      // Equal shares of whole vectors (<= kSegment: blocks = ceil(n / S)), not
+      // full segments and a remainder: at 40000 bf16 a 7232-column third
+      // block left its SMs idle and the softmax backward ran 11% slower than
+      // the fallback. The last share is positive and at most 7 vectors short.
+      const int64_t share = ((n + blocks - 1) / blocks + Row::V - 1) / Row::V * Row::V;
+      col0 = cluster.block_rank() * share;
+      width = n - col0 < share ? n - col0 : share;
     } else {
       row0 = int64_t{blockIdx.x} * Row::kTeams + Row::Team();
       row_step = int64_t{gridDim.x} * Row::kTeams;
@@ -89,6 +97,94 @@ __device__ __forceinline__ State RowTotal(State st, Slots& slots, int parity, St
   return st;
 }
 
+// Where a row kernel's rows come from: RowFeed<T, Row, kCluster, kArrays>
+// over kArrays arrays of rows (x; or x and dy), then Get(r..., row) for each
+// of the team's rows in order, one Row per array.
+//
+// Without a cluster a team loads its rows straight into registers; the blocks
+// are not persistent, and the hardware overlaps one block's loads with
+// another's reduction as blocks retire and start.
+template <typename T, typename Row, bool kCluster, int kArrays = 1>
+struct RowFeed {
+  static constexpr size_t kSmemBytes = 0;
+  const T* src[kArrays];
+  int64_t n;
+  __device__ RowFeed(const T* const (&src_)[kArrays], int64_t n_, const RowSplit<Row, false>&,
+                     int64_t)
+      : n(n_) {
+#pragma unroll
+    for (int a = 0; a < kArrays; ++a) src[a] = src_[a];
+  }
+  template <typename... Rows>
+  __device__ void Get(int64_t row, Rows&... r) const {
+    static_assert(sizeof...(Rows) == kArrays, "one Row an array");
+    int a = 0;
+    (r.Load(src[a++] + row * n, n), ...);
+  }
+};
+
+// With a cluster the grid is persistent (LaunchRowClusters with kSmemBytes:
+// as many clusters as fit at once), and each block streams its segments of
+// the next row into shared memory with the bulk copy engine (one copy an
+// array, one mbarrier) while it reduces and writes this one; Get waits for
+// them, moves them to registers and starts the next row's. Why: a block of a
+// cluster row waits for its own loads and then for its peers at the cluster
+// barrier; with loads issued only at a row's start the softmax forward ran at
+// 71% of copy bandwidth at 4096 x 131072 bf16, 8% slower than streamed
+// (benchmarks/RESULTS.md, where the layer/RMS norm forwards, whose fp32
+// parameters are re-read through L1 for every row, gained less or lost).
+template <typename T, typename Row, int kArrays>
+struct RowFeed<T, Row, true, kArrays> {
+  static constexpr int64_t kSegment = RowSplit<Row, true>::kSegment;
+  static constexpr size_t kSmemBytes = kArrays * kSegment * sizeof(T);
+  const T* src[kArrays];  // this block's first column of row 0
+  int64_t n, ns, step, rows;
+  uint32_t phase = 0;
+
+  __device__ RowFeed(const T* const (&src_)[kArrays], int64_t n_, const RowSplit<Row, true>& split,
+                     int64_t rows_)
+      : n(n_), ns(split.width), step(split.row_step), rows(rows_) {
+#pragma unroll
+    for (int a = 0; a < kArrays; ++a) src[a] = src_[a] + split.col0;
+    if (threadIdx.x == 0) {
+      hopper::BarrierInit(Bar(), 1);
+      hopper::FenceBarrierInit();
+    }
+    __syncthreads();
+    Fetch(split.row0);
+  }
+  template <typename... Rows>
+  __device__ void Get(int64_t row, Rows&... r) {
+    static_assert(sizeof...(Rows) == kArrays, "one Row an array");
+    hopper::BarrierWait(Bar(), phase);
+    phase ^= 1;
+    int a = 0;
+    (r.LoadShared(Buffer() + (a++) * kSegment * sizeof(T) / 16, ns), ...);
+    // Every thread has its vectors before the buffers are refilled.
+    __syncthreads();
+    Fetch(row + step);
+  }
+
+ private:
+  __device__ static uint64_t* Bar() {
+    __shared__ uint64_t bar;
+    return &bar;
+  }
+  __device__ static uint4* Buffer() {
+    extern __shared__ uint4 row_feed_buffer[];
+    return row_feed_buffer;
+  }
+  // ns % V == 0: whole 16-byte vectors; row starts are 16-byte aligned.
+  __device__ void Fetch(int64_t row) const {
+    if (threadIdx.x != 0 || row >= rows) return;
+    const uint32_t bytes = static_cast<uint32_t>(ns * sizeof(T));
+    hopper::BarrierExpectTx(Bar(), kArrays * bytes);
+#pragma unroll
+    for (int a = 0; a < kArrays; ++a)
+      hopper::BulkLoad(Buffer() + a * kSegment * sizeof(T) / 16, src[a] + row * n, bytes, Bar());
+  }
+};
+
 // A launch configuration with a 1-D cluster of `blocks` blocks; gridDim is
 // set by the caller (a multiple of `blocks`). Not copyable: cfg points at attr.
 struct ClusterLaunch {
@@ -110,19 +206,32 @@ struct ClusterLaunch {
   ClusterLaunch& operator=(const ClusterLaunch&) = delete;
 };
 
-// One cluster of `blocks` blocks a row (capped; the kernels stride over the
-// rest): for the non-persistent row kernels (the forwards).
-// Tried on an H200 (4096 x 131072 and x 65536 bf16): 256-thread blocks (8 a
-// cluster at 131072) ran the same, 62-69% of copy; persistent clusters that
-// load the next row while reducing this one (512 x 4 vectors, as many
-// clusters as fit) were faster for RMS norm (68-74%) but slower for layer
-// norm and softmax (47-55%), which have more work between the loads.
+// Clusters of `blocks` blocks for the cluster row kernels. A kernel that
+// streams its rows (RowFeed, smem = its kSmemBytes > 0) is persistent: as
+// many clusters as fit at once. One that loads them directly (smem = 0) gets
+// one cluster a row (capped; it strides over the rest), the hardware
+// overlapping clusters as they retire and start. Tried on an H200 (4096 x
+// 131072 and x 65536 bf16) for the direct form: 256-thread blocks (8 a cluster
+// at 131072) ran the same as 512, 62-69% of copy; persistent clusters that
+// loaded the next row into registers while reducing this one (512 x 4
+// vectors) were faster for RMS norm (68-74%) but slower for layer norm and
+// softmax (47-55%), which have more work between the loads.
 template <typename Kernel, typename Params>
-cudaError_t LaunchRowClusters(Kernel kernel, int blocks, int block_threads, int64_t rows,
-                              const Params& p, cudaStream_t stream) {
+cudaError_t LaunchRowClusters(Kernel kernel, int blocks, int block_threads, size_t smem,
+                              int64_t rows, const Params& p, cudaStream_t stream) {
   if (blocks < 1 || blocks > kMaxClusterBlocks) return cudaErrorInvalidValue;
-  ClusterLaunch launch(blocks, block_threads, 0, stream);
-  const int64_t max_clusters = (int64_t{1} << 30) / blocks;
+  ClusterLaunch launch(blocks, block_threads, smem, stream);
+  int64_t max_clusters = (int64_t{1} << 30) / blocks;
+  if (smem > 0) {
+    cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                         static_cast<int>(smem));
+    if (e != cudaSuccess) return e;
+    int resident = 0;
+    e = cudaOccupancyMaxActiveClusters(&resident, kernel, &launch.cfg);
+    if (e != cudaSuccess) return e;
+    if (resident < 1) return cudaErrorInvalidConfiguration;
+    max_clusters = resident;
+  }
   const int64_t clusters = rows < max_clusters ? rows : max_clusters;
   launch.cfg.gridDim = dim3(static_cast<unsigned>(clusters * blocks));
   const cudaError_t e = cudaLaunchKernelEx(&launch.cfg, kernel, p);

@@ -109,6 +109,14 @@ struct RegRow {
       }
     }
   }
+  // The same from a copy of the row (its first n elements) in shared memory,
+  // laid out as in global memory: vector v of this lane at [v * kTeam + lane],
+  // consecutive lanes on consecutive 16 bytes (no bank conflicts).
+  __device__ void LoadShared(const uint4* row, int64_t n) {
+#pragma unroll
+    for (int v = 0; v < kVecs; ++v)
+      raw[v] = In(v, n) ? row[v * kTeam + Lane()] : make_uint4(0, 0, 0, 0);
+  }
   __device__ void Get(int v, float (&f)[V]) const { Unpack16<T>(raw[v], f); }
 
   // Shared slots of the team reduction: [parity][team][warp].

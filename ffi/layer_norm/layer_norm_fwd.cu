@@ -259,7 +259,7 @@ cudaError_t Launch(const LayerNormFwdParams& p, cudaStream_t stream) {
     using Row = RegRow<T, 512, 8>;
     return LaunchRowClusters(LayerNormRegFwdKernel<T, Row, kRms, true>,
                              ClusterBlocks(p.width, RowSplit<Row, true>::kSegment), Row::kBlock,
-                             p.rows, p, stream);
+                             /*smem=*/0, p.rows, p, stream);
   }
   auto fallback = [&](auto team) {
     constexpr int kTeam = decltype(team)::value;

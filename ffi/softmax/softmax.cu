@@ -36,12 +36,20 @@ namespace {
 constexpr int kFwdCacheElems = 32;
 constexpr int kBwdCacheElems = 16;  // two tensors (x, dy) are cached
 
-// Vectors a thread in the forward's cluster split (512-thread blocks, up to
-// 8 a cluster): rows up to 262144 bf16/fp16 (131072 fp32). The backward has
-// no cluster split: with x and dy in registers (512 x 4 vectors a block) it
-// ran at 55-57% of copy at 4096 x 131072 bf16 on an H200, where the fallback
-// that re-reads from L2 runs at 60%.
+// Vectors a thread in the cluster splits (512-thread blocks, up to 8 a
+// cluster, 2 an SM), both streaming their rows through shared memory
+// (RowFeed). Forward: rows up to 262144 bf16/fp16 (131072 fp32). Backward:
+// x and dy, 4 vectors of each (16384 bf16 a block), rows of 4 to 8 blocks,
+// 49160 to 131072 bf16/fp16 (24580 to 65536 fp32). H200, A/B against the
+// fallback that re-reads from L2 (us): 4096 x 131072 bf16 1305 -> 1116,
+// 2048 x 65536 bf16 334 -> 252, 4096 x 32768 fp32 600 -> 446; with 3 blocks
+// the fallback is as fast or faster (4096 x 40000 bf16 348 against 373,
+// 8192 x 20480 fp32 588 against 588), so it keeps those rows. The backward
+// with x and dy loaded straight into registers, not streamed, ran at 55-57%
+// of copy at 4096 x 131072 bf16, below the fallback (60%).
 constexpr int kFwdClusterVecs = 8;
+constexpr int kBwdClusterVecs = 4;
+constexpr int kBwdMinClusterBlocks = 4;
 
 // exp(x) as one multiply and one MUFU.EX2 (ex2.approx.ftz: ~2 ulp). Inputs
 // are x - max <= 0, so flushing denormal results to zero loses nothing that
@@ -198,10 +206,11 @@ __global__ void __launch_bounds__(Row::kBlock, kCluster ? 1024 / Row::kBlock : 0
   const int64_t n = p.n;
   const RowSplit<Row, kCluster> split(n);
   const int64_t ns = split.width;  // this block's columns of the row
+  RowFeed<T, Row, kCluster> feed({static_cast<const T*>(p.x)}, n, split, p.outer);
   int parity = 0;
   for (int64_t row = split.row0; row < p.outer; row += split.row_step, parity ^= 1) {
     Row r;
-    r.Load(static_cast<const T*>(p.x) + row * n + split.col0, ns);
+    feed.Get(row, r);
     const float m = ThreadMax(r, ns);
     // exp(x - m) as one FFMA and one EX2; a thread with no finite max adds 0.
     float s = 0.f;
@@ -333,20 +342,26 @@ __global__ void __launch_bounds__(RowTeam<kTeam>::kBlock) SoftmaxRowBwdKernel(So
 }
 
 // Rows that fit the register layout: x and dy each read once, dx written
-// once; one team reduction of (max, sum, t) recomputes the forward.
-template <typename T, typename Row, bool kLog>
-__global__ void __launch_bounds__(Row::kBlock) SoftmaxRegBwdKernel(SoftmaxBwdParams p) {
+// once; one team reduction of (max, sum, t) recomputes the forward. kCluster:
+// a wider row split over the blocks of a cluster, streamed (RowFeed), the
+// states merged over the blocks; cluster slots by row parity.
+template <typename T, typename Row, bool kLog, bool kCluster = false>
+__global__ void __launch_bounds__(Row::kBlock, kCluster ? 1024 / Row::kBlock : 0)
+    SoftmaxRegBwdKernel(SoftmaxBwdParams p) {
   constexpr int V = Row::V;
   constexpr float kLog2e = 1.4426950408889634f;
   __shared__ typename Row::template Slots<BwdState<kLog>> slots;
+  __shared__ BwdState<kLog> cluster_slots[2];
   const int64_t n = p.n;
+  const RowSplit<Row, kCluster> split(n);
+  const int64_t ns = split.width;  // this block's columns of the row
+  RowFeed<T, Row, kCluster, 2> feed(
+      {static_cast<const T*>(p.x), static_cast<const T*>(p.dy)}, n, split, p.outer);
   int parity = 0;
-  for (int64_t row = int64_t{blockIdx.x} * Row::kTeams + Row::Team(); row < p.outer;
-       row += int64_t{gridDim.x} * Row::kTeams, parity ^= 1) {
+  for (int64_t row = split.row0; row < p.outer; row += split.row_step, parity ^= 1) {
     Row rx, rd;
-    rx.Load(static_cast<const T*>(p.x) + row * n, n);
-    rd.Load(static_cast<const T*>(p.dy) + row * n, n);
-    const float m = ThreadMax(rx, n);
+    feed.Get(row, rx, rd);
+    const float m = ThreadMax(rx, ns);
     // s = sum(exp(x - m)); t = sum(dy * exp(x - m)) (softmax) or sum(dy)
     // (log_softmax; padding vectors are zeros).
     BwdState<kLog> st{m, 0.f, 0.f};
@@ -356,7 +371,7 @@ __global__ void __launch_bounds__(Row::kBlock) SoftmaxRegBwdKernel(SoftmaxBwdPar
       float f[V], d[V];
       rx.Get(v, f);
       rd.Get(v, d);
-      const bool in = Row::In(v, n) && m != -INFINITY;
+      const bool in = Row::In(v, ns) && m != -INFINITY;
 #pragma unroll
       for (int i = 0; i < V; ++i) {
         const float e = in ? FastExp2(fmaf(f[i], kLog2e, -ml)) : 0.f;
@@ -364,14 +379,14 @@ __global__ void __launch_bounds__(Row::kBlock) SoftmaxRegBwdKernel(SoftmaxBwdPar
         st.t += kLog ? d[i] : d[i] * e;
       }
     }
-    st = Row::Reduce(st, slots, parity);
+    st = RowTotal<kCluster, Row>(st, slots, parity, &cluster_slots[parity]);
     const float inv_sum = 1.f / st.s;
     const float t = kLog ? st.t : st.t * inv_sum;  // sum(dy) or sum(dy * y)
     const float row_ml = st.m * kLog2e;
-    T* dx = static_cast<T*>(p.dx) + row * n;
+    T* dx = static_cast<T*>(p.dx) + row * n + split.col0;
 #pragma unroll
     for (int v = 0; v < Row::kVecs; ++v) {
-      if (!Row::In(v, n)) continue;
+      if (!Row::In(v, ns)) continue;
       float f[V], d[V];
       rx.Get(v, f);
       rd.Get(v, d);
@@ -383,6 +398,7 @@ __global__ void __launch_bounds__(Row::kBlock) SoftmaxRegBwdKernel(SoftmaxBwdPar
       StoreVec<T, V>(dx + Row::Col(v), f);
     }
   }
+  if constexpr (kCluster) ClusterSync();
 }
 
 constexpr int kStridedThreads = 256;
@@ -475,22 +491,21 @@ using Int = std::integral_constant<int, N>;
 
 // Picks one direction's kernel: strided when the axis is not the last; the
 // register layout for rows read as 16-byte vectors that fit it; for wider
-// ones, when kClusterVecs > 0, the same kernel split over a cluster of
-// blocks of kClusterVecs vectors a thread (cluster(Row{}, blocks)); the
-// fallback row kernel otherwise (widest team for aligned long rows).
-template <typename T, int kCacheElems, int kClusterVecs, typename Params, typename Reg,
-          typename Cluster, typename Row, typename Strided>
+// ones that split into kMinClusterBlocks to kMaxClusterBlocks blocks of
+// kClusterVecs vectors a thread, the same kernel over a cluster of them
+// (cluster(Row{}, blocks)); the fallback row kernel otherwise (widest team
+// for aligned long rows).
+template <typename T, int kCacheElems, int kClusterVecs, int kMinClusterBlocks, typename Params,
+          typename Reg, typename Cluster, typename Row, typename Strided>
 cudaError_t LaunchAny(const Params& p, bool vec, Reg reg, Cluster cluster, Row row,
                       Strided strided) {
   constexpr int kVec = 16 / sizeof(T);
   if (p.inner != 1) return vec ? strided(Int<kVec>{}) : strided(Int<1>{});
   if (vec && p.n <= RegRowMaxWidth<T>()) return DispatchRegRow<T>(p.n, reg);
-  if constexpr (kClusterVecs > 0) {
-    using ClusterRow = RegRow<T, 512, kClusterVecs>;
-    constexpr int64_t kSegment = RowSplit<ClusterRow, true>::kSegment;
-    if (vec && p.n <= kMaxClusterBlocks * kSegment)
-      return cluster(ClusterRow{}, ClusterBlocks(p.n, kSegment));
-  }
+  using ClusterRow = RegRow<T, 512, kClusterVecs>;
+  constexpr int64_t kSegment = RowSplit<ClusterRow, true>::kSegment;
+  if (vec && p.n > (kMinClusterBlocks - 1) * kSegment && p.n <= kMaxClusterBlocks * kSegment)
+    return cluster(ClusterRow{}, ClusterBlocks(p.n, kSegment));
   if (vec) return row(Int<512>{}, Int<kVec>{});
   return DispatchTeam(p.n, kCacheElems, [&](auto team) { return row(team, Int<1>{}); });
 }
@@ -511,7 +526,7 @@ cudaError_t LaunchSoftmaxFwd(const SoftmaxFwdParams& p, cudaStream_t stream) {
     const bool vec = span % kVec == 0 && IsAligned(p.x, 16) && IsAligned(p.y, 16);
     auto run = [&](auto log) {
       constexpr bool kLog = decltype(log)::value;
-      return LaunchAny<T, kFwdCacheElems, kFwdClusterVecs>(
+      return LaunchAny<T, kFwdCacheElems, kFwdClusterVecs, 1>(
           p, vec,
           [&](auto row) {
             using Row = decltype(row);
@@ -521,7 +536,7 @@ cudaError_t LaunchSoftmaxFwd(const SoftmaxFwdParams& p, cudaStream_t stream) {
           [&](auto row, int blocks) {
             using Row = decltype(row);
             return LaunchRowClusters(SoftmaxRegFwdKernel<T, Row, kLog, true>, blocks, Row::kBlock,
-                                     p.outer, p, stream);
+                                     RowFeed<T, Row, true>::kSmemBytes, p.outer, p, stream);
           },
           [&](auto team, auto v) {
             constexpr int kTeam = decltype(team)::value;
@@ -551,14 +566,18 @@ cudaError_t LaunchSoftmaxBwd(const SoftmaxBwdParams& p, cudaStream_t stream) {
                      IsAligned(p.dx, 16);
     auto run = [&](auto log) {
       constexpr bool kLog = decltype(log)::value;
-      return LaunchAny<T, kBwdCacheElems, 0>(
+      return LaunchAny<T, kBwdCacheElems, kBwdClusterVecs, kBwdMinClusterBlocks>(
           p, vec,
           [&](auto row) {
             using Row = decltype(row);
             SoftmaxRegBwdKernel<T, Row, kLog><<<RowGrid(Row::kTeams, p.outer), Row::kBlock, 0, stream>>>(p);
             return cudaGetLastError();
           },
-          nullptr,
+          [&](auto row, int blocks) {
+            using Row = decltype(row);
+            return LaunchRowClusters(SoftmaxRegBwdKernel<T, Row, kLog, true>, blocks, Row::kBlock,
+                                     RowFeed<T, Row, true, 2>::kSmemBytes, p.outer, p, stream);
+          },
           [&](auto team, auto v) {
             constexpr int kTeam = decltype(team)::value;
             using Team = RowTeam<kTeam>;

@@ -1,5 +1,5 @@
 // Hopper (sm_90a) building blocks as thin inline-PTX wrappers: mbarriers, TMA
-// tensor loads, wgmma fences and shared-memory matrix descriptors, register
+// tensor and bulk loads, wgmma fences and shared-memory matrix descriptors, register
 // reallocation. Each wrapper is one instruction or a loop around one; the
 // comments say what the kernels rely on.
 #pragma once
@@ -116,6 +116,17 @@ __device__ __forceinline__ void TmaLoad4dMulticast(void* smem, const CUtensorMap
       " [%0], [%1, {%2, %3, %4, %5}], [%6], %7;" ::"r"(SmemAddr(smem)),
       "l"(reinterpret_cast<uint64_t>(map)), "r"(c0), "r"(c1), "r"(c2), "r"(c3),
       "r"(SmemAddr(bar)), "h"(cta_mask)
+      : "memory");
+}
+
+// Copies `bytes` (a multiple of 16; both addresses 16-byte aligned) of
+// contiguous global memory into this CTA's shared memory with the bulk copy
+// engine, completing the bytes on `bar`.
+__device__ __forceinline__ void BulkLoad(void* smem, const void* gmem, uint32_t bytes, uint64_t* bar) {
+  asm volatile(
+      "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];" ::"r"(
+          SmemAddr(smem)),
+      "l"(reinterpret_cast<uint64_t>(gmem)), "r"(bytes), "r"(SmemAddr(bar))
       : "memory");
 }
 
