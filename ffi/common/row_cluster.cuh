@@ -3,15 +3,16 @@
 // 16-byte vectors) among ceil(width / S) blocks, each holding its share in
 // registers, S = kTeam * kVecs * V (the register-row layout of
 // ffi/common/row_regs.cuh, one team a block), and the row sums add the
-// blocks' team sums over distributed shared memory. Each
-// element is still read once and written once; the fallback row kernels
-// instead re-read what their registers cannot hold (35-41% of copy
-// bandwidth for 131072-wide bf16 forwards, the backward's 7%).
+// blocks' team sums over distributed shared memory. Each element is still
+// read once and written once; the fallback row kernels instead re-read what
+// their registers cannot hold (35-41% of copy bandwidth for 131072-wide bf16
+// forwards, the norm backward's 7%).
 //
-// Used by the layer/RMS-norm forward and backward and the softmax forward
-// (the softmax backward was slower this way: ffi/softmax/softmax.cu). The
-// forwards bound their cluster kernels to 2 blocks of 512 an SM (64
-// registers: 1024 threads of 16-byte loads in flight) and write
+// Used by the layer/RMS-norm forward and backward (one cluster a row, loads
+// straight into registers) and the softmax forward and backward (persistent
+// clusters streaming their rows through shared memory: RowFeed below). The
+// forwards and the softmax backward bound their cluster kernels to 2 blocks
+// of 512 an SM (64 registers: 1024 threads of 16-byte loads in flight) and write
 // `__launch_bounds__(kBlock, kCluster ? 1024 / kBlock : 0)`: a minimum of 0
 // is ptxas's default, while 1 let the register-row kernels grow (softmax
 // backward 128 -> 154 registers, 90% -> 75% of copy). The norm backward
