@@ -5,9 +5,11 @@
 //   (ffi/common/row_regs.cuh: 512 threads x 8 vectors) take the Reg kernels:
 //   one team a row, held in registers as packed elements; x (and dy) read once,
 //   the output written once.
-// - Aligned rows up to 8 times wider, forward: the same kernel split over the
-//   blocks of a cluster (ffi/common/row_cluster.cuh), each block a segment in
-//   registers, the (max, sum) states merged over distributed shared memory.
+// - Aligned rows up to 8 times wider (forward; the backward from 4 to 8
+//   blocks of half the width, below): the same kernels split over the blocks
+//   of a cluster (ffi/common/row_cluster.cuh), each block a share of the row
+//   in registers, streamed in through shared memory (RowFeed) while the
+//   previous row is reduced, the states merged over distributed shared memory.
 // - Other rows take the fallback row kernels (ffi/common/row_team.cuh): the
 //   first kCacheElems values a thread cached, and for longer rows (any length)
 //   an online max/sum pass (each thread rescales its running sum when its max
@@ -195,7 +197,8 @@ __device__ __forceinline__ float ThreadMax(const Row& r, int64_t n) {
 // Rows that fit the register layout (ffi/common/row_regs.cuh): one team a row,
 // x read once, y written once, one team reduction of (max, sum). kCluster:
 // a wider row split over the blocks of a cluster (ffi/common/row_cluster.cuh),
-// the (max, sum) states merged over them; cluster slots by row parity.
+// streamed (RowFeed), the (max, sum) states merged over them; cluster slots
+// by row parity.
 template <typename T, typename Row, bool kLog, bool kCluster = false>
 __global__ void __launch_bounds__(Row::kBlock, kCluster ? 1024 / Row::kBlock : 0)
     SoftmaxRegFwdKernel(SoftmaxFwdParams p) {
