@@ -25,7 +25,7 @@ CASES = [
     ((7, 3, 5), 1),
     ((6, 16, 64), 1),
     ((2, 40000), -1),
-    ((3, 32776), -1),  # split over a cluster (forward), shares of whole vectors
+    ((3, 32776), -1),  # forward split over a cluster, shares of whole vectors
     ((0, 8), -1),
 ]
 
@@ -57,8 +57,8 @@ def test_very_long_rows(device, n):
 
 # Rows split over clusters, more rows than clusters fit on the GPU (up to ~200
 # SMs), so that each persistent cluster streams several rows (RowFeed's next-
-# row copies), in shares that are not whole segments: bf16 50000 (2 blocks
-# forward, 4 backward) and 65544 (3 and 5), fp32 32776 (3 and 5).
+# row copies), in shares that are not whole segments: bf16 50000 (2 blocks)
+# and 65544 (3), fp32 32776 (3), forward and backward.
 @pytest.mark.parametrize("name", OPS)
 @pytest.mark.parametrize("shape,dtype", [((300, 50000), jnp.bfloat16), ((260, 65544), jnp.bfloat16),
                                          ((300, 32776), jnp.float32)], ids=str)

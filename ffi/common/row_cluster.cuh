@@ -8,11 +8,13 @@
 // their registers cannot hold (35-41% of copy bandwidth for 131072-wide bf16
 // forwards, the norm backward's 7%).
 //
-// Used by the layer/RMS-norm forward and backward (one cluster a row, loads
-// straight into registers) and the softmax forward and backward (persistent
-// clusters streaming their rows through shared memory: RowFeed below). The
-// forwards and the softmax backward bound their cluster kernels to 2 blocks
-// of 512 an SM (64 registers: 1024 threads of 16-byte loads in flight) and write
+// Used by the layer/RMS-norm forward (one cluster a row, loads straight into
+// registers) and backward (below), and the softmax forward and backward
+// (persistent clusters streaming their rows through shared memory: RowFeed
+// below). The
+// forwards bound their cluster kernels to 2 blocks of 512 an SM (64
+// registers: 1024 threads of 16-byte loads in flight; the softmax backward,
+// holding x and dy, to 1 block and 128 registers) and write
 // `__launch_bounds__(kBlock, kCluster ? 1024 / kBlock : 0)`: a minimum of 0
 // is ptxas's default, while 1 let the register-row kernels grow (softmax
 // backward 128 -> 154 registers, 90% -> 75% of copy). The norm backward

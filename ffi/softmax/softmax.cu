@@ -5,8 +5,8 @@
 //   (ffi/common/row_regs.cuh: 512 threads x 8 vectors) take the Reg kernels:
 //   one team a row, held in registers as packed elements; x (and dy) read once,
 //   the output written once.
-// - Aligned rows up to 8 times wider (forward; the backward from 4 to 8
-//   blocks of half the width, below): the same kernels split over the blocks
+// - Aligned rows up to 8 times wider (the backward's from 1.2 times: below):
+//   the same kernels split over the blocks
 //   of a cluster (ffi/common/row_cluster.cuh), each block a share of the row
 //   in registers, streamed in through shared memory (RowFeed) while the
 //   previous row is reduced, the states merged over distributed shared memory.
@@ -38,20 +38,22 @@ namespace {
 constexpr int kFwdCacheElems = 32;
 constexpr int kBwdCacheElems = 16;  // two tensors (x, dy) are cached
 
-// Vectors a thread in the cluster splits (512-thread blocks, up to 8 a
-// cluster, 2 an SM), both streaming their rows through shared memory
-// (RowFeed). Forward: rows up to 262144 bf16/fp16 (131072 fp32). Backward:
-// x and dy, 4 vectors of each (16384 bf16 a block), rows of 4 to 8 blocks,
-// 49160 to 131072 bf16/fp16 (24580 to 65536 fp32). H200, A/B against the
-// fallback that re-reads from L2 (us): 4096 x 131072 bf16 1305 -> 1116,
-// 2048 x 65536 bf16 334 -> 252, 4096 x 32768 fp32 600 -> 446; with 3 blocks
-// the fallback is as fast or faster (4096 x 40000 bf16 348 against 373,
-// 8192 x 20480 fp32 588 against 588), so it keeps those rows. The backward
-// with x and dy loaded straight into registers, not streamed, ran at 55-57%
-// of copy at 4096 x 131072 bf16, below the fallback (60%).
-constexpr int kFwdClusterVecs = 8;
-constexpr int kBwdClusterVecs = 4;
-constexpr int kBwdMinClusterBlocks = 4;
+// The cluster splits: 512-thread blocks of 8 vectors a thread, up to 8 a
+// cluster (rows up to 262144 bf16/fp16, 131072 fp32), streaming their rows
+// through shared memory (RowFeed). Forward: 2 blocks an SM (64 registers).
+// Backward: x and dy, 8 vectors of each, 1 block an SM (128 registers, 128
+// KiB of shared memory), for rows over 1.2 times the register layout.
+// H200, A/B (us, bwd): against the fallback that re-reads from L2, 4096 x
+// 131072 bf16 1305 -> 989, 2048 x 65536 bf16 334 -> 232, 4096 x 32768 fp32
+// 600 -> 410, 4096 x 40000 bf16 348 -> 333, 8192 x 20480 fp32 588 -> 544;
+// but 4096 x 32776 bf16 (two half-filled blocks) 261 -> 317, so rows up to
+// 1.2 times the layout keep the fallback. Against 4 vectors a thread and 2
+// blocks an SM (8-block clusters at 131072), these were 0.88-0.93. Loaded
+// straight into registers, not streamed, the backward ran at 55-57% of copy
+// at 4096 x 131072 bf16, below the fallback (60%).
+constexpr int kClusterVecs = 8;
+template <typename T>
+constexpr int64_t kBwdMinClusterWidth = RegRowMaxWidth<T>() * 6 / 5;
 
 // exp(x) as one multiply and one MUFU.EX2 (ex2.approx.ftz: ~2 ulp). Inputs
 // are x - max <= 0, so flushing denormal results to zero loses nothing that
@@ -349,7 +351,7 @@ __global__ void __launch_bounds__(RowTeam<kTeam>::kBlock) SoftmaxRowBwdKernel(So
 // a wider row split over the blocks of a cluster, streamed (RowFeed), the
 // states merged over the blocks; cluster slots by row parity.
 template <typename T, typename Row, bool kLog, bool kCluster = false>
-__global__ void __launch_bounds__(Row::kBlock, kCluster ? 1024 / Row::kBlock : 0)
+__global__ void __launch_bounds__(Row::kBlock, kCluster ? 1 : 0)
     SoftmaxRegBwdKernel(SoftmaxBwdParams p) {
   constexpr int V = Row::V;
   constexpr float kLog2e = 1.4426950408889634f;
@@ -494,20 +496,20 @@ using Int = std::integral_constant<int, N>;
 
 // Picks one direction's kernel: strided when the axis is not the last; the
 // register layout for rows read as 16-byte vectors that fit it; for wider
-// ones that split into kMinClusterBlocks to kMaxClusterBlocks blocks of
+// ones, from min_cluster_width up to kMaxClusterBlocks blocks of
 // kClusterVecs vectors a thread, the same kernel over a cluster of them
 // (cluster(Row{}, blocks)); the fallback row kernel otherwise (widest team
 // for aligned long rows).
-template <typename T, int kCacheElems, int kClusterVecs, int kMinClusterBlocks, typename Params,
-          typename Reg, typename Cluster, typename Row, typename Strided>
-cudaError_t LaunchAny(const Params& p, bool vec, Reg reg, Cluster cluster, Row row,
-                      Strided strided) {
+template <typename T, int kCacheElems, typename Params, typename Reg, typename Cluster,
+          typename Row, typename Strided>
+cudaError_t LaunchAny(const Params& p, bool vec, int64_t min_cluster_width, Reg reg,
+                      Cluster cluster, Row row, Strided strided) {
   constexpr int kVec = 16 / sizeof(T);
   if (p.inner != 1) return vec ? strided(Int<kVec>{}) : strided(Int<1>{});
   if (vec && p.n <= RegRowMaxWidth<T>()) return DispatchRegRow<T>(p.n, reg);
   using ClusterRow = RegRow<T, 512, kClusterVecs>;
   constexpr int64_t kSegment = RowSplit<ClusterRow, true>::kSegment;
-  if (vec && p.n > (kMinClusterBlocks - 1) * kSegment && p.n <= kMaxClusterBlocks * kSegment)
+  if (vec && p.n >= min_cluster_width && p.n <= kMaxClusterBlocks * kSegment)
     return cluster(ClusterRow{}, ClusterBlocks(p.n, kSegment));
   if (vec) return row(Int<512>{}, Int<kVec>{});
   return DispatchTeam(p.n, kCacheElems, [&](auto team) { return row(team, Int<1>{}); });
@@ -529,8 +531,8 @@ cudaError_t LaunchSoftmaxFwd(const SoftmaxFwdParams& p, cudaStream_t stream) {
     const bool vec = span % kVec == 0 && IsAligned(p.x, 16) && IsAligned(p.y, 16);
     auto run = [&](auto log) {
       constexpr bool kLog = decltype(log)::value;
-      return LaunchAny<T, kFwdCacheElems, kFwdClusterVecs, 1>(
-          p, vec,
+      return LaunchAny<T, kFwdCacheElems>(
+          p, vec, /*min_cluster_width=*/0,
           [&](auto row) {
             using Row = decltype(row);
             SoftmaxRegFwdKernel<T, Row, kLog><<<RowGrid(Row::kTeams, p.outer), Row::kBlock, 0, stream>>>(p);
@@ -569,8 +571,8 @@ cudaError_t LaunchSoftmaxBwd(const SoftmaxBwdParams& p, cudaStream_t stream) {
                      IsAligned(p.dx, 16);
     auto run = [&](auto log) {
       constexpr bool kLog = decltype(log)::value;
-      return LaunchAny<T, kBwdCacheElems, kBwdClusterVecs, kBwdMinClusterBlocks>(
-          p, vec,
+      return LaunchAny<T, kBwdCacheElems>(
+          p, vec, kBwdMinClusterWidth<T>,
           [&](auto row) {
             using Row = decltype(row);
             SoftmaxRegBwdKernel<T, Row, kLog><<<RowGrid(Row::kTeams, p.outer), Row::kBlock, 0, stream>>>(p);
