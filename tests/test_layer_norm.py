@@ -40,9 +40,10 @@ OPS = {
 # register-row backward: 1 and 2 vectors a thread, rows that end inside a
 # team's last vectors, and teams that visit several rows (6000 rows); rows
 # split over a cluster (20000; fp32 12288) into equal shares of whole
-# vectors (65544 bf16/f16: 5 blocks, the last one vector short), and past the
-# cluster path (65544 fp32). Forward cluster split: 2-3 blocks (32776), 8 full
-# blocks (262144 bf16/f16; fp32 and the backward take the fallback there).
+# vectors (65544 bf16/f16: 5 blocks, the last two vectors short), and past the
+# cluster path (65544 fp32). Forward cluster split: 2-3 blocks (32776; 65544 in
+# 3 equal shares), 8 full blocks (262144 bf16/f16; fp32 and the backward take
+# the fallback there).
 SHAPES = [(1, 1), (3, 7), (2, 3, 100), (64, 1024), (5, 4097), (16, 4096), (3, 12288), (2, 20000),
           (0, 16), (7, 200), (33, 520), (6000, 264), (2, 65544), (3, 32776), (1, 262144)]
 

@@ -13,7 +13,9 @@ import jax_dnn
 from helpers import DTYPES, check_fwd_bwd, cuda_hlo, on_gpu, randn
 
 # (shape, axis): 1 row, odd widths, tile remainders, widths that take each
-# team size and the uncached long-row path, and non-last axes (strided kernel).
+# team size, rows split over clusters, the backward's uncached long-row path
+# (rows up to 1.2 times the register layout: 32776 bf16/f16, 18000 fp32),
+# and non-last axes (strided kernel).
 CASES = [
     ((1, 1), -1),
     ((1, 7), -1),
@@ -26,6 +28,7 @@ CASES = [
     ((6, 16, 64), 1),
     ((2, 40000), -1),
     ((3, 32776), -1),  # forward split over a cluster, shares of whole vectors
+    ((2, 18000), -1),  # fp32: forward over 2 blocks, backward the fallback
     ((0, 8), -1),
 ]
 

@@ -15,7 +15,8 @@
 // forwards bound their cluster kernels to 2 blocks of 512 an SM (64
 // registers: 1024 threads of 16-byte loads in flight; the softmax backward,
 // holding x and dy, to 1 block and 128 registers) and write
-// `__launch_bounds__(kBlock, kCluster ? 1024 / kBlock : 0)`: a minimum of 0
+// `__launch_bounds__(kBlock, kCluster ? 1024 / kBlock : 0)` (softmax
+// backward `kCluster ? 1 : 0`): a minimum of 0
 // is ptxas's default, while 1 let the register-row kernels grow (softmax
 // backward 128 -> 154 registers, 90% -> 75% of copy). The norm backward
 // takes RowSplit's columns and RowTotal but orders its rows itself (its
@@ -41,7 +42,8 @@ inline int ClusterBlocks(int64_t width, int64_t segment) {
 
 // Which rows and columns a block handles. Without a cluster: the rows of its
 // team (one team a row, several teams a block) and all their columns. With
-// one: the rows of its cluster (one cluster a row) and its rank's segment.
+// one: the rows of its cluster (cluster, cluster + clusters, ...) and its
+// rank's share of the columns.
 template <typename Row, bool kCluster>
 struct RowSplit {
   static constexpr int64_t kSegment = int64_t{Row::kTeam} * Row::kVecs * Row::V;

@@ -4,7 +4,7 @@
 // A team of kTeam threads (a warp or more) owns one row; each thread holds
 // kVecs 16-byte vectors of it as raw packed elements (not widened to fp32:
 // half the registers for bf16/fp16) and issues all their loads before using
-// any. In the forwards blocks are not persistent: one team per row,
+// any. In the forwards outside clusters blocks are not persistent: one team per row,
 // max(1, 128 / kTeam) teams a block, and the hardware starts a new block as
 // soon as one retires. (The norm backward keeps its blocks, which hold
 // partial parameter gradients: ffi/layer_norm/layer_norm_bwd.cu.)

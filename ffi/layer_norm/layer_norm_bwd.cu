@@ -64,8 +64,8 @@ constexpr size_t RegBwdSmemBytes() {
 }
 
 // kCluster: rows wider than one team's registers are split over the blocks of
-// a cluster (one team a block, block rank = segment of kTeam * kVecs * V
-// columns); the row sums add the blocks' team sums over distributed shared
+// a cluster (one team a block, each an equal share of at most kTeam * kVecs *
+// V columns: RowSplit); the row sums add the blocks' team sums over distributed shared
 // memory (ClusterSum), and each cluster is one part of the partial sums.
 template <typename T, typename Row, bool kRms, bool kCluster = false>
 __global__ void __launch_bounds__(Row::kBlock, kRegThreadsPerSM / Row::kBlock)
