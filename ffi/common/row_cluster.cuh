@@ -11,16 +11,15 @@
 // Used by the layer/RMS-norm forward (one cluster a row, loads straight into
 // registers) and backward (below), and the softmax forward and backward
 // (persistent clusters streaming their rows through shared memory: RowFeed
-// below). The
-// forwards bound their cluster kernels to 2 blocks of 512 an SM (64
-// registers: 1024 threads of 16-byte loads in flight; the softmax backward,
-// holding x and dy, to 1 block and 128 registers) and write
-// `__launch_bounds__(kBlock, kCluster ? 1024 / kBlock : 0)` (softmax
-// backward `kCluster ? 1 : 0`): a minimum of 0
-// is ptxas's default, while 1 let the register-row kernels grow (softmax
-// backward 128 -> 154 registers, 90% -> 75% of copy). The norm backward
-// takes RowSplit's columns and RowTotal but orders its rows itself (its
-// blocks are persistent within a group of rows: layer_norm_bwd.cu).
+// below). The forwards bound their cluster kernels to 2 blocks of 512 an SM
+// (64 registers: 1024 threads of 16-byte loads in flight; the softmax
+// backward, holding x and dy, to 1 block and 128 registers) and write
+// `__launch_bounds__(kBlock, kCluster ? 1024 / kBlock : 0)` (softmax backward
+// `kCluster ? 1 : 0`): a minimum of 0 is ptxas's default, while 1 let the
+// register-row kernels grow (softmax backward 128 -> 154 registers, 90% ->
+// 75% of copy). The norm backward takes RowSplit's columns and RowTotal but
+// orders its rows itself (its blocks are persistent within a group of rows:
+// layer_norm_bwd.cu).
 #pragma once
 
 #include <cooperative_groups.h>
@@ -164,7 +163,7 @@ struct RowFeed<T, Row, true, kArrays> {
     hopper::BarrierWait(Bar(), phase);
     phase ^= 1;
     int a = 0;
-    (r.LoadShared(Buffer() + (a++) * kSegment * sizeof(T) / 16, ns), ...);
+    (r.LoadShared(Buffer(a++), ns), ...);
     // Every thread has its vectors before the buffers are refilled.
     __syncthreads();
     Fetch(row + step);
@@ -175,9 +174,10 @@ struct RowFeed<T, Row, true, kArrays> {
     __shared__ uint64_t bar;
     return &bar;
   }
-  __device__ static uint4* Buffer() {
+  // Array a's segment of the dynamic shared memory.
+  __device__ static uint4* Buffer(int a) {
     extern __shared__ uint4 row_feed_buffer[];
-    return row_feed_buffer;
+    return row_feed_buffer + a * (kSegment * sizeof(T) / 16);
   }
   // ns % V == 0: whole 16-byte vectors; row starts are 16-byte aligned.
   __device__ void Fetch(int64_t row) const {
@@ -186,7 +186,7 @@ struct RowFeed<T, Row, true, kArrays> {
     hopper::BarrierExpectTx(Bar(), kArrays * bytes);
 #pragma unroll
     for (int a = 0; a < kArrays; ++a)
-      hopper::BulkLoad(Buffer() + a * kSegment * sizeof(T) / 16, src[a] + row * n, bytes, Bar());
+      hopper::BulkLoad(Buffer(a), src[a] + row * n, bytes, Bar());
   }
 };
 

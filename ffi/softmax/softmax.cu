@@ -6,10 +6,10 @@
 //   one team a row, held in registers as packed elements; x (and dy) read once,
 //   the output written once.
 // - Aligned rows up to 8 times wider (the backward's from 1.2 times: below):
-//   the same kernels split over the blocks
-//   of a cluster (ffi/common/row_cluster.cuh), each block a share of the row
-//   in registers, streamed in through shared memory (RowFeed) while the
-//   previous row is reduced, the states merged over distributed shared memory.
+//   the same kernels split over the blocks of a cluster
+//   (ffi/common/row_cluster.cuh), each block a share of the row in registers,
+//   streamed in through shared memory (RowFeed) while the previous row is
+//   reduced, the states merged over distributed shared memory.
 // - Other rows take the fallback row kernels (ffi/common/row_team.cuh): the
 //   first kCacheElems values a thread cached, and for longer rows (any length)
 //   an online max/sum pass (each thread rescales its running sum when its max
