@@ -101,6 +101,15 @@ def main():
     x = jax.random.normal(key, (300, 50000), jnp.float32).astype(dtype)
     run(jax.jit(jax_dnn.softmax), x)
     run(jax.jit(jax_dnn.log_softmax), x)
+  # The norm backward's clusters streaming several rows each, with shared and
+  # with per-group parameters.
+  x = jax.random.normal(key, (300, 50000), jnp.float32).astype(jnp.bfloat16)
+  p = jnp.linspace(0.5, 1.5, 50000, dtype=jnp.bfloat16)
+  run(jax.jit(jax_dnn.layer_norm), x, p, p)
+  run(jax.jit(jax_dnn.rms_norm), x, p)
+  x = jax.random.normal(key, (3, 100, 20000), jnp.float32)
+  p = jnp.ones((3, 20000), jnp.float32)
+  run(jax.jit(jax.vmap(jax_dnn.layer_norm)), x, p, p)
   # More groups than blocks fit at once: one part a group in the norm backward.
   x = jax.random.normal(key, (300, 8, 1024), jnp.bfloat16)
   p = jnp.ones((300, 1024), jnp.bfloat16)

@@ -132,6 +132,33 @@ def test_grouped_parameter_gradients(device, name, groups, rows):
       np.testing.assert_array_equal(u, w)
 
 
+# The backward of rows split over clusters, more rows than clusters fit on the
+# GPU (up to ~200 SMs), so that each persistent cluster streams several rows
+# (RowFeed) and adds their parameter gradients: bf16 50000 (4 blocks), fp32
+# 20000 (3 blocks), in shares that are not whole segments; and per-group
+# parameters (vmap), 2-block clusters with several parts a group, the same bits
+# from two calls.
+@pytest.mark.parametrize("name", OPS)
+@pytest.mark.parametrize("shape,dtype", [((300, 50000), jnp.bfloat16), ((300, 20000), jnp.float32),
+                                         ((3, 100, 20000), jnp.bfloat16)], ids=str)
+def test_streamed_cluster_rows(device, name, shape, dtype):
+  if not on_gpu(device):
+    pytest.skip("kernel-only layout: the CPU path has no clusters")
+  ours, naive, nparams = OPS[name]
+  x = randn(13, shape, dtype, scale=2.0, offset=3.0)
+  if len(shape) == 3:
+    ours, naive = jax.vmap(ours), jax.vmap(naive)
+    params = [randn(40 + i, (shape[0], shape[-1]), dtype, scale=0.5, offset=1.0 - i)
+              for i in range(nparams)]
+  else:
+    params = _params(shape[-1], nparams, dtype)
+  assert check_fwd_bwd(device, ours, naive, (x, *params), dtype, what=name) >= 1
+  dy = randn(98, x.shape, dtype)
+  vjp = jax.jit(lambda *a: jax.vjp(ours, *a[:-1])[1](a[-1]))
+  for u, w in zip(vjp(x, *params, dy), vjp(x, *params, dy)):
+    np.testing.assert_array_equal(u, w)
+
+
 @pytest.mark.parametrize("name", OPS)
 def test_check_grads(device, name):
   ours, _, nparams = OPS[name]

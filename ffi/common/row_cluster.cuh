@@ -9,17 +9,19 @@
 // forwards, the norm backward's 7%).
 //
 // Used by the layer/RMS-norm forward (one cluster a row, loads straight into
-// registers) and backward (below), and the softmax forward and backward
-// (persistent clusters streaming their rows through shared memory: RowFeed
-// below). The forwards bound their cluster kernels to 2 blocks of 512 an SM
-// (64 registers: 1024 threads of 16-byte loads in flight; the softmax
-// backward, holding x and dy, to 1 block and 128 registers) and write
-// `__launch_bounds__(kBlock, kCluster ? 1024 / kBlock : 0)` (softmax backward
-// `kCluster ? 1 : 0`): a minimum of 0 is ptxas's default, while 1 let the
-// register-row kernels grow (softmax backward 128 -> 154 registers, 90% ->
-// 75% of copy). The norm backward takes RowSplit's columns and RowTotal but
-// orders its rows itself (its blocks are persistent within a group of rows:
-// layer_norm_bwd.cu).
+// registers), and by the softmax forward and backward and the layer/RMS-norm
+// backward (persistent clusters streaming their rows through shared memory:
+// RowFeed below). The forwards bound their cluster kernels to 2 blocks of 512
+// an SM (64 registers: 1024 threads of 16-byte loads in flight); the
+// backwards, holding x and dy, to 1 block and 128 registers. The softmax
+// kernels write `__launch_bounds__(kBlock, kCluster ? 1024 / kBlock : 0)`
+// (backward `kCluster ? 1 : 0`): a minimum of 0 is ptxas's default, while 1
+// let the register-row kernels grow (softmax backward 128 -> 154 registers,
+// 90% -> 75% of copy). The norm backward (layer_norm_bwd_cluster.cu) has its
+// own kernel: its clusters are persistent within a group of rows, each part
+// taking rows part, part + parts, ... so that a thread keeps its columns'
+// parameter-gradient sums in registers.
+
 #pragma once
 
 #include <cooperative_groups.h>
@@ -28,6 +30,7 @@
 #include <cstdint>
 
 #include "ffi/common/hopper.cuh"
+#include "ffi/common/row_team.cuh"
 
 namespace jax_dnn {
 
@@ -77,15 +80,25 @@ struct RowSplit {
 // rewritten only after a later cluster barrier, which every block reaches
 // after reading it: callers alternate two slots (by row parity, or by round
 // when a row takes two sums) and pass a last ClusterSync before exiting.
+//
+// Lane r of each warp loads block r's slot, all at once, and the warp merges
+// them through shuffles. Why: a loop of remote loads over the run-time block
+// count waited for each load before issuing the next (8 distributed shared
+// memory round trips in a row at 8 blocks), and loading all 8 slots into a
+// thread's registers first spilled the layer-norm backward (256 bytes).
 template <typename State>
 __device__ State ClusterSum(const State& st, State* slot) {
   namespace cg = cooperative_groups;
   cg::cluster_group cluster = cg::this_cluster();
   if (threadIdx.x == 0) *slot = st;
   cluster.sync();
-  State total = *cluster.map_shared_rank(slot, 0);
-  for (unsigned r = 1; r < cluster.num_blocks(); ++r)
-    total = State::Merge(total, *cluster.map_shared_rank(slot, r));
+  const unsigned blocks = cluster.num_blocks();
+  const unsigned lane = threadIdx.x % 32;
+  const State mine = *cluster.map_shared_rank(slot, lane < blocks ? lane : 0);
+  State total = ShuffleState(mine, 0, /*down=*/false);
+#pragma unroll
+  for (unsigned r = 1; r < kMaxClusterBlocks; ++r)
+    if (r < blocks) total = State::Merge(total, ShuffleState(mine, r, /*down=*/false));
   return total;
 }
 

@@ -52,4 +52,13 @@ struct LayerNormBwdParams {
 cudaError_t LaunchLayerNormFwd(const LayerNormFwdParams& p, cudaStream_t stream);
 cudaError_t LaunchLayerNormBwd(const LayerNormBwdParams& p, cudaStream_t stream);
 
+// The backward's register rows hold up to this many 16-byte vectors of x and
+// of dy a thread, in teams of up to 512 threads; wider rows (up to 8 times)
+// split over the blocks of a cluster.
+constexpr int kNormBwdVecs = 4;
+// The cluster form (layer_norm_bwd_cluster.cu), for aligned rows wider than
+// one 512-thread team: sets p.parts to the clusters a group used, whose
+// partial sums the caller adds.
+cudaError_t LaunchLayerNormClusterBwd(LayerNormBwdParams& p, cudaStream_t stream);
+
 }  // namespace jax_dnn

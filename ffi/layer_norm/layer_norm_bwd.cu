@@ -30,11 +30,10 @@
 // bound) and wider teams with fewer vectors; the earlier bulk-copy pipeline
 // kernel (now gone) took 194 us under ncu where this takes 112-114 us (80%
 // of copy in benchmarks/RESULTS.md, with the column sums).
-// Aligned rows up to 8 times wider split over the blocks of a cluster, each
-// block a segment in registers as above, the row sums added over distributed
-// shared memory. Other rows take LayerNormBwdKernel, a row team caching
-// kCacheElems fp32 a thread that re-reads the uncached tail of a wide row
-// (4096 x 131072 bf16: 7% of copy).
+// Aligned rows up to 8 times wider split over the blocks of a cluster
+// (layer_norm_bwd_cluster.cu). Other rows take LayerNormBwdKernel, a row team
+// caching kCacheElems fp32 a thread that re-reads the uncached tail of a wide
+// row (4096 x 131072 bf16: 7% of copy).
 #include <algorithm>
 #include <type_traits>
 
@@ -63,11 +62,7 @@ constexpr size_t RegBwdSmemBytes() {
   return sizeof(float4) * Row::kVecs * (Row::V / 4) * Row::kTeam * (1 + Row::kTeams * kSums);
 }
 
-// kCluster: rows wider than one team's registers are split over the blocks of
-// a cluster (one team a block, each an equal share of at most kTeam * kVecs *
-// V columns: RowSplit); the row sums add the blocks' team sums over distributed shared
-// memory (ClusterSum), and each cluster is one part of the partial sums.
-template <typename T, typename Row, bool kRms, bool kCluster = false>
+template <typename T, typename Row, bool kRms>
 __global__ void __launch_bounds__(Row::kBlock, kRegThreadsPerSM / Row::kBlock)
     LayerNormRegBwdKernel(LayerNormBwdParams p) {
   constexpr int V = Row::V;
@@ -89,27 +84,20 @@ __global__ void __launch_bounds__(Row::kBlock, kRegThreadsPerSM / Row::kBlock)
   };
   const int acc0 = 1 + team * kSums;  // this team's first accumulator slice
 
-  static_assert(!kCluster || Row::kTeams == 1, "a cluster block is one team");
-  const int64_t n = p.width;  // the row
+  // A block is a (group, part) and covers the whole row.
+  const int64_t n = p.width;
   const int64_t rows_per_group = p.rows / p.groups;
-  // Without a cluster a block is a (group, part) and covers the whole row;
-  // with one, a cluster is, and each block covers its segment [col0, col0 + ns)
-  // (RowSplit's columns; its rows are the forwards' order, not used here).
-  const RowSplit<Row, kCluster> split(n);
-  const int64_t col0 = split.col0, ns = split.width;
-  const int64_t unit =  // the (group, part)
-      kCluster ? blockIdx.x / cooperative_groups::this_cluster().num_blocks() : blockIdx.x;
+  const int64_t unit = blockIdx.x;
   const int64_t group = unit / p.parts;
   const int64_t part = unit % p.parts;
   const float inv_n = 1.f / static_cast<float>(n);
-  __shared__ float cluster_slots[kCluster ? 2 : 1][sizeof(State) / sizeof(float)];
-  // Stage the group's scale (zeros past the segment: ns % V == 0, so a float4
-  // is wholly in or out) and zero this thread's accumulators.
-  const float* scale = p.scale + group * n + col0;
+  // Stage the group's scale (zeros past the row: n % V == 0, so a float4 is
+  // wholly in or out) and zero this thread's accumulators.
+  const float* scale = p.scale + group * n;
   for (int i = threadIdx.x; i < kSlice; i += Row::kBlock) {
     const int vq = i / kTeam;
     const int64_t col = (int64_t{vq / kQuads} * kTeam + i % kTeam) * V + 4 * (vq % kQuads);
-    smem[i] = col < ns ? *reinterpret_cast<const float4*>(scale + col) : make_float4(0.f, 0.f, 0.f, 0.f);
+    smem[i] = col < n ? *reinterpret_cast<const float4*>(scale + col) : make_float4(0.f, 0.f, 0.f, 0.f);
   }
 #pragma unroll
   for (int s = 0; s < kSums; ++s)
@@ -127,15 +115,15 @@ __global__ void __launch_bounds__(Row::kBlock, kRegThreadsPerSM / Row::kBlock)
   };
 
   const int64_t first_row = group * rows_per_group;
-  const T* x_base = static_cast<const T*>(p.x) + first_row * n + col0;
-  const T* dy_base = static_cast<const T*>(p.dy) + first_row * n + col0;
-  T* dx_base = static_cast<T*>(p.dx) + first_row * n + col0;
+  const T* x_base = static_cast<const T*>(p.x) + first_row * n;
+  const T* dy_base = static_cast<const T*>(p.dy) + first_row * n;
+  T* dx_base = static_cast<T*>(p.dx) + first_row * n;
   const int64_t step = p.parts * Row::kTeams;
   int64_t local = part * Row::kTeams + team;
   Row x, dy;
   if (local < rows_per_group) {
-    x.Load(x_base + local * n, ns);
-    dy.Load(dy_base + local * n, ns);
+    x.Load(x_base + local * n, n);
+    dy.Load(dy_base + local * n, n);
   }
   int parity = 0;
   for (; local < rows_per_group; local += step, parity ^= 1) {
@@ -143,8 +131,8 @@ __global__ void __launch_bounds__(Row::kBlock, kRegThreadsPerSM / Row::kBlock)
     // overlaps this row's reduction and stores.
     Row x_next, dy_next;
     if (local + step < rows_per_group) {
-      x_next.Load(x_base + (local + step) * n, ns);
-      dy_next.Load(dy_base + (local + step) * n, ns);
+      x_next.Load(x_base + (local + step) * n, n);
+      dy_next.Load(dy_base + (local + step) * n, n);
     }
     // This thread's share of the statistics and of the two row sums.
     State st;
@@ -156,7 +144,7 @@ __global__ void __launch_bounds__(Row::kBlock, kRegThreadsPerSM / Row::kBlock)
         // Vectors past the row are zeros and add nothing, but the branch keeps
         // ptxas from hoisting every vector's unpacking at once (without it the
         // 16-bit kernels spilled up to 88 bytes under the 128-register bound).
-        if (!Row::In(v, ns)) continue;
+        if (!Row::In(v, n)) continue;
         float f[V], d[V], g[V];
         x.Get(v, f);
         dy.Get(v, d);
@@ -174,12 +162,12 @@ __global__ void __launch_bounds__(Row::kBlock, kRegThreadsPerSM / Row::kBlock)
 #pragma unroll
         for (int i = 0; i < V; ++i) sum.s += f[i];
       }
-      sum = RowTotal<kCluster, Row>(sum, mean_slots, 0, reinterpret_cast<Sum1*>(cluster_slots[0]));
+      sum = Row::Reduce(sum, mean_slots, 0);
       mean = sum.s * inv_n;
       float m2 = 0.f, gsum = 0.f, gx = 0.f;
 #pragma unroll
       for (int v = 0; v < Row::kVecs; ++v) {
-        if (!Row::In(v, ns)) continue;
+        if (!Row::In(v, n)) continue;
         float f[V], d[V], g[V];
         x.Get(v, f);
         dy.Get(v, d);
@@ -192,10 +180,7 @@ __global__ void __launch_bounds__(Row::kBlock, kRegThreadsPerSM / Row::kBlock)
       }
       st = {m2, gsum, gx};
     }
-    // The cluster slots alternate: RMS norm's one sum a row by row parity,
-    // layer norm's two sums a row by round.
-    st = RowTotal<kCluster, Row>(st, slots, kRms ? parity : 0,
-                                 reinterpret_cast<State*>(cluster_slots[kRms ? parity : 1]));
+    st = Row::Reduce(st, slots, kRms ? parity : 0);
     float rstd, mean_g = 0.f, mean_gx;
     if constexpr (kRms) {
       rstd = rsqrtf(st.ss * inv_n + p.epsilon);
@@ -209,7 +194,7 @@ __global__ void __launch_bounds__(Row::kBlock, kRegThreadsPerSM / Row::kBlock)
     T* dx = dx_base + local * n + lane * V;
 #pragma unroll
     for (int v = 0; v < Row::kVecs; ++v) {
-      if (!Row::In(v, ns)) continue;
+      if (!Row::In(v, n)) continue;
       float f[V], d[V], g[V], out[V];
       x.Get(v, f);
       dy.Get(v, d);
@@ -235,14 +220,11 @@ __global__ void __launch_bounds__(Row::kBlock, kRegThreadsPerSM / Row::kBlock)
     dy = dy_next;
   }
 
-  // Peers may still read this block's cluster slots until all have passed a
-  // last cluster barrier.
-  if constexpr (kCluster) ClusterSync();
   // The block's row of partials: team 0 adds the other teams' sums in team
   // order (fixed: deterministic).
   if constexpr (Row::kTeams > 1) __syncthreads();
   if (team != 0) return;
-  float* partial = p.partials + unit * kSums * n + col0;
+  float* partial = p.partials + unit * kSums * n;
 #pragma unroll
   for (int s = 0; s < kSums; ++s) {
 #pragma unroll
@@ -250,7 +232,7 @@ __global__ void __launch_bounds__(Row::kBlock, kRegThreadsPerSM / Row::kBlock)
 #pragma unroll
       for (int q = 0; q < kQuads; ++q) {
         const int64_t col = Row::Col(v) + 4 * q;
-        if (col >= ns) continue;
+        if (col >= n) continue;
         float4 a = at(1 + s, v, q);
         for (int t = 1; t < Row::kTeams; ++t) {
           const float4 b = smem[(1 + t * kSums + s) * kSlice + (v * kQuads + q) * kTeam + lane];
@@ -468,11 +450,9 @@ __global__ void __launch_bounds__(RowTeam<kTeam>::kBlock)
   }
 }
 
-// Up to 4 vectors a thread (of x and of dy each).
-constexpr int kRegBwdMaxVecs = 4;
 template <typename T>
 constexpr int64_t RegBwdMaxWidth() {
-  return RegRowMaxWidth<T, kRegBwdMaxVecs>();
+  return RegRowMaxWidth<T, kNormBwdVecs>();
 }
 
 // Launches the register-row kernel with as many blocks a group as fit on the
@@ -480,7 +460,7 @@ constexpr int64_t RegBwdMaxWidth() {
 // team visits the same number of rows; sets p.parts to the blocks used.
 template <typename T, bool kRms>
 cudaError_t LaunchReg(LayerNormBwdParams& p, cudaStream_t stream) {
-  return DispatchRegRow<T, kRegBwdMaxVecs, kRegMinBlock>(p.width, [&](auto row) {
+  return DispatchRegRow<T, kNormBwdVecs, kRegMinBlock>(p.width, [&](auto row) {
     using Row = decltype(row);
     auto kernel = LayerNormRegBwdKernel<T, Row, kRms>;
     const size_t smem = RegBwdSmemBytes<Row, kRms ? 1 : 2>();
@@ -505,36 +485,6 @@ cudaError_t LaunchReg(LayerNormBwdParams& p, cudaStream_t stream) {
 template <typename T>
 constexpr int64_t ClusterBwdMaxWidth() {
   return kMaxClusterBlocks * RegBwdMaxWidth<T>();
-}
-
-// Rows wider than RegBwdMaxWidth<T>(): clusters of ceil(width / that) blocks,
-// as many a group as fit at once (at most p.parts); sets p.parts to the
-// clusters a group used.
-template <typename T, bool kRms>
-cudaError_t LaunchCluster(LayerNormBwdParams& p, cudaStream_t stream) {
-  using Row = RegRow<T, 512, kRegBwdMaxVecs, kRegMinBlock>;
-  auto kernel = LayerNormRegBwdKernel<T, Row, kRms, true>;
-  const size_t smem = RegBwdSmemBytes<Row, kRms ? 1 : 2>();
-  cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                       static_cast<int>(smem));
-  if (e != cudaSuccess) return e;
-  const int blocks = ClusterBlocks(p.width, RegBwdMaxWidth<T>());
-  ClusterLaunch launch(blocks, Row::kBlock, smem, stream);
-  cudaLaunchConfig_t& cfg = launch.cfg;
-  int resident = 0;
-  e = cudaOccupancyMaxActiveClusters(&resident, kernel, &cfg);
-  if (e != cudaSuccess) return e;
-  if (resident < 1) return cudaErrorInvalidConfiguration;
-  const int64_t rows_per_group = p.rows / p.groups;
-  int64_t parts = std::max<int64_t>(1, resident / p.groups);
-  parts = std::min({parts, p.parts, rows_per_group});
-  const int64_t per_part = (rows_per_group + parts - 1) / parts;
-  parts = (rows_per_group + per_part - 1) / per_part;
-  if (p.groups * parts * blocks > (int64_t{1} << 31) - 1) return cudaErrorInvalidValue;
-  p.parts = parts;
-  cfg.gridDim = dim3(static_cast<unsigned>(p.groups * parts * blocks));
-  e = cudaLaunchKernelEx(&cfg, kernel, p);
-  return e != cudaSuccess ? e : cudaGetLastError();
 }
 
 // The fallback: one block per (group, part) of the workspace.
@@ -569,8 +519,7 @@ cudaError_t LaunchLayerNormBwd(const LayerNormBwdParams& params, cudaStream_t st
                      IsAligned(p.dx, 16) && IsAligned(p.scale, sizeof(float) * kVec);
     if (vec && p.width <= RegBwdMaxWidth<T>())
       return p.rms ? LaunchReg<T, true>(p, stream) : LaunchReg<T, false>(p, stream);
-    if (vec && p.width <= ClusterBwdMaxWidth<T>())
-      return p.rms ? LaunchCluster<T, true>(p, stream) : LaunchCluster<T, false>(p, stream);
+    if (vec && p.width <= ClusterBwdMaxWidth<T>()) return LaunchLayerNormClusterBwd(p, stream);
     if (p.rms) return vec ? Launch<T, kVec, true>(p, stream) : Launch<T, 1, true>(p, stream);
     return vec ? Launch<T, kVec, false>(p, stream) : Launch<T, 1, false>(p, stream);
   });

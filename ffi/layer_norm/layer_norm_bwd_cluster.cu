@@ -1,0 +1,270 @@
+// Layer norm / RMS norm backward of rows wider than the register layout
+// (16384 < width <= 131072 bf16/fp16, 8192 < width <= 65536 fp32, read as
+// 16-byte vectors): the math of layer_norm_bwd.cu, each row split over the
+// blocks of a cluster (ffi/common/row_cluster.cuh).
+//
+// A block is one team of 512 threads holding an equal share of the row
+// (RowSplit, at most 512 x 4 vectors of x and of dy); the row sums add the
+// blocks' team sums over distributed shared memory (RMS norm: one exchange a
+// row; layer norm: one or two, below). Clusters are persistent within a group of
+// rows, so each thread keeps the same columns in every row it visits:
+//   - the next row's x and dy stream into shared memory (RowFeed) while this
+//     one is reduced and written;
+//   - the dscale/dbias partial sums of its 32 (bf16) or 16 (fp32) columns
+//     accumulate in registers, and each block writes its share of one row of
+//     partials at the end (column_sum.cu adds them in a fixed order);
+//   - the group's scale is staged in shared memory once.
+// Why: the earlier form kept the partial sums and scale in shared memory (192
+// KiB at 131072 bf16), loaded the next row into registers, and ran at 39%
+// (layer norm) and 55% (RMS norm) of copy bandwidth at 4096 x 131072 bf16;
+// with the partials in registers, the shared memory holds the streamed row
+// (H200 A/B against that form, us: 4096 x 131072 bf16 layer norm 1984 ->
+// 1754, RMS norm 1405 -> 1079; with ClusterSum's loads in parallel, below).
+#include <algorithm>
+#include <type_traits>
+
+#include "ffi/common/row_cluster.cuh"
+#include "ffi/common/row_regs.cuh"
+#include "ffi/layer_norm/layer_norm.h"
+#include "ffi/layer_norm/layer_norm_stats.cuh"
+
+namespace jax_dnn {
+namespace {
+
+template <typename T>
+using ClusterRow = RegRow<T, 512, kNormBwdVecs>;
+
+template <typename T, int kArrays = 2>
+using Feed = RowFeed<T, ClusterRow<T>, true, kArrays>;
+
+// Dynamic shared memory: the feed's row buffers, then the block's share of
+// scale as [vector][quad][lane] float4s (consecutive lanes on consecutive 16
+// bytes: no bank conflicts).
+template <typename T>
+constexpr size_t ScaleOffset() {
+  return Feed<T>::kSmemBytes;
+}
+template <typename T>
+constexpr size_t SmemBytes() {
+  return ScaleOffset<T>() + sizeof(float) * RowSplit<ClusterRow<T>, true>::kSegment;
+}
+
+// Layer norm's row sums about the mean: kOneExchange, each block finds the
+// mean of its share and the sums about it (block barriers only) and the
+// blocks' (n, mean, M2, G, S) merge over one cluster exchange (Chan's formula,
+// MeanM2Grad); otherwise a cluster-wide sum gives the row mean, then a second
+// exchange the sums about it. H200, A/B (us): one exchange was faster at 2-6
+// blocks of bf16 (4096 x 40000 and 8192 x 20480: 0.83, 2048 x 65536 and 4096 x
+// 98304: 0.92) but slower at 8 (4096 x 131072: 1.05) and for fp32 at 2 and 4
+// blocks (1.07-1.08; 3 blocks 0.92): the launch picks it for 16-bit rows of
+// fewer than 8 blocks (7 not measured). Why it loses where it does was not
+// found.
+//
+// 1 block an SM: 128 registers for a share of x and dy (32 registers at
+// 16 bits) and the partial sums (64 for layer norm).
+template <typename T, bool kRms, bool kOneExchange = false>
+__global__ void __launch_bounds__(512, 1) LayerNormClusterBwdKernel(LayerNormBwdParams p) {
+  using Row = ClusterRow<T>;
+  constexpr int V = Row::V;
+  constexpr int kQuads = V / 4;  // float4s a vector
+  constexpr int kSums = kRms ? 1 : 2;
+  using State = std::conditional_t<kRms, SumSqGrad, CenteredGrad>;
+  __shared__ typename Row::template Slots<State> slots;
+  __shared__ typename Row::template Slots<Sum1> mean_slots;
+  // One exchange a row (RMS norm, kOneExchange) alternates the cluster slots by
+  // row parity; two alternate by round (the mean's in [0], the State's in [1]).
+  __shared__ float cluster_slots[2][sizeof(MeanM2Grad) / sizeof(float)];
+  extern __shared__ uint4 dynamic_smem[];
+  float4* const scale_smem = reinterpret_cast<float4*>(dynamic_smem + ScaleOffset<T>() / 16);
+  const int lane = Row::Lane();
+  auto scale_at = [&](int v, int q) -> float4& {
+    return scale_smem[(v * kQuads + q) * Row::kTeam + lane];
+  };
+
+  const int64_t n = p.width;
+  const int64_t rows_per_group = p.rows / p.groups;
+  RowSplit<Row, true> split(n);
+  const int64_t col0 = split.col0, ns = split.width;
+  const int64_t unit = split.row0;  // the cluster: a (group, part)
+  const int64_t group = unit / p.parts;
+  const int64_t part = unit % p.parts;
+  // This part's rows of the group: part, part + parts, ...
+  split.row0 = part;
+  split.row_step = p.parts;
+  const int64_t first = group * rows_per_group * n;
+  Feed<T> feed({static_cast<const T*>(p.x) + first, static_cast<const T*>(p.dy) + first}, n,
+               split, rows_per_group);
+
+  // Stage the group's scale (zeros past the share: ns % V == 0, so a float4 is
+  // wholly in or out).
+  const float* scale = p.scale + group * n + col0;
+  for (int i = threadIdx.x; i < Row::kVecs * kQuads * Row::kTeam; i += Row::kBlock) {
+    const int vq = i / Row::kTeam;
+    const int64_t col = (int64_t{vq / kQuads} * Row::kTeam + i % Row::kTeam) * V + 4 * (vq % kQuads);
+    scale_smem[i] =
+        col < ns ? *reinterpret_cast<const float4*>(scale + col) : make_float4(0.f, 0.f, 0.f, 0.f);
+  }
+  __syncthreads();
+  auto get_scale = [&](int v, float (&g)[V]) {
+#pragma unroll
+    for (int q = 0; q < kQuads; ++q) {
+      const float4 a = scale_at(v, q);
+      g[4 * q] = a.x, g[4 * q + 1] = a.y, g[4 * q + 2] = a.z, g[4 * q + 3] = a.w;
+    }
+  };
+
+  float acc[kSums][Row::kVecs][V] = {};
+  const float inv_n = 1.f / static_cast<float>(n);
+  T* const dx_base = static_cast<T*>(p.dx) + first + col0;
+  int parity = 0;
+  for (int64_t row = split.row0; row < rows_per_group; row += split.row_step, parity ^= 1) {
+    Row x, dy;
+    feed.Get(row, x, dy);
+    State st;
+    float mean = 0.f;
+    if constexpr (kRms) {
+      float ss = 0.f, sgx = 0.f;
+#pragma unroll
+      for (int v = 0; v < Row::kVecs; ++v) {
+        if (!Row::In(v, ns)) continue;
+        float f[V], d[V], g[V];
+        x.Get(v, f);
+        dy.Get(v, d);
+        get_scale(v, g);
+#pragma unroll
+        for (int i = 0; i < V; ++i) ss += f[i] * f[i], sgx += d[i] * g[i] * f[i];
+      }
+      st = {ss, sgx};
+    } else {
+      Sum1 sum = {0.f};
+#pragma unroll
+      for (int v = 0; v < Row::kVecs; ++v) {
+        float f[V];
+        x.Get(v, f);  // zeros past the share
+#pragma unroll
+        for (int i = 0; i < V; ++i) sum.s += f[i];
+      }
+      // The mean the sums are taken about: the block's share's, or the row's.
+      if constexpr (kOneExchange) {
+        sum = Row::Reduce(sum, mean_slots, 0);
+        mean = sum.s / static_cast<float>(ns);
+      } else {
+        sum = RowTotal<true, Row>(sum, mean_slots, 0, reinterpret_cast<Sum1*>(cluster_slots[0]));
+        mean = sum.s * inv_n;
+      }
+      float m2 = 0.f, gsum = 0.f, gx = 0.f;
+#pragma unroll
+      for (int v = 0; v < Row::kVecs; ++v) {
+        if (!Row::In(v, ns)) continue;
+        float f[V], d[V], g[V];
+        x.Get(v, f);
+        dy.Get(v, d);
+        get_scale(v, g);
+#pragma unroll
+        for (int i = 0; i < V; ++i) {
+          const float c = f[i] - mean, gi = d[i] * g[i];
+          m2 += c * c, gsum += gi, gx += gi * c;
+        }
+      }
+      st = {m2, gsum, gx};
+      if constexpr (kOneExchange) {
+        st = Row::Reduce(st, slots, 0);
+        const MeanM2Grad all =
+            ClusterSum(MeanM2Grad{static_cast<float>(ns), mean, st.m2, st.g, st.s},
+                       reinterpret_cast<MeanM2Grad*>(cluster_slots[parity]));
+        mean = all.mean;
+        st = {all.m2, all.g, all.s};
+      } else {
+        st = RowTotal<true, Row>(st, slots, 0, reinterpret_cast<State*>(cluster_slots[1]));
+      }
+    }
+    if constexpr (kRms)
+      st = RowTotal<true, Row>(st, slots, parity, reinterpret_cast<State*>(cluster_slots[parity]));
+    float rstd, mean_g = 0.f, mean_gx;
+    if constexpr (kRms) {
+      rstd = rsqrtf(st.ss * inv_n + p.epsilon);
+      mean_gx = st.sgx * rstd * inv_n;
+    } else {
+      rstd = rsqrtf(st.m2 * inv_n + p.epsilon);
+      mean_g = st.g * inv_n;
+      mean_gx = st.s * rstd * inv_n;
+    }
+    T* dx = dx_base + row * n;
+#pragma unroll
+    for (int v = 0; v < Row::kVecs; ++v) {
+      if (!Row::In(v, ns)) continue;
+      float f[V], d[V], g[V], out[V];
+      x.Get(v, f);
+      dy.Get(v, d);
+      get_scale(v, g);
+#pragma unroll
+      for (int i = 0; i < V; ++i) {
+        const float xhat = (f[i] - mean) * rstd;
+        out[i] = rstd * (d[i] * g[i] - mean_g - xhat * mean_gx);
+        acc[0][v][i] += d[i] * xhat;
+        if constexpr (!kRms) acc[kSums - 1][v][i] += d[i];
+      }
+      StoreOrdered16<T>(dx + Row::Col(v), out);
+    }
+  }
+  // Peers may still read this block's cluster slots until all have passed a
+  // last cluster barrier.
+  ClusterSync();
+  float* partial = p.partials + unit * kSums * n + col0;
+#pragma unroll
+  for (int s = 0; s < kSums; ++s) {
+#pragma unroll
+    for (int v = 0; v < Row::kVecs; ++v) {
+      if (!Row::In(v, ns)) continue;
+#pragma unroll
+      for (int q = 0; q < kQuads; ++q)
+        *reinterpret_cast<float4*>(partial + s * n + Row::Col(v) + 4 * q) =
+            make_float4(acc[s][v][4 * q], acc[s][v][4 * q + 1], acc[s][v][4 * q + 2],
+                        acc[s][v][4 * q + 3]);
+    }
+  }
+}
+
+template <typename T, bool kRms, bool kOneExchange = false>
+cudaError_t Launch(LayerNormBwdParams& p, cudaStream_t stream) {
+  auto kernel = LayerNormClusterBwdKernel<T, kRms, kOneExchange>;
+  constexpr size_t kSmem = SmemBytes<T>();
+  cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                       static_cast<int>(kSmem));
+  if (e != cudaSuccess) return e;
+  const int blocks = ClusterBlocks(p.width, RowSplit<ClusterRow<T>, true>::kSegment);
+  if (blocks < 2 || blocks > kMaxClusterBlocks) return cudaErrorInvalidValue;
+  ClusterLaunch launch(blocks, ClusterRow<T>::kBlock, kSmem, stream);
+  int resident = 0;
+  e = cudaOccupancyMaxActiveClusters(&resident, kernel, &launch.cfg);
+  if (e != cudaSuccess) return e;
+  if (resident < 1) return cudaErrorInvalidConfiguration;
+  // As many clusters a group as fit at once (at most the workspace's parts),
+  // trimmed so that every part visits the same number of rows.
+  const int64_t rows_per_group = p.rows / p.groups;
+  int64_t parts = std::max<int64_t>(1, resident / p.groups);
+  parts = std::min({parts, p.parts, rows_per_group});
+  const int64_t per_part = (rows_per_group + parts - 1) / parts;
+  parts = (rows_per_group + per_part - 1) / per_part;
+  if (p.groups * parts * blocks > (int64_t{1} << 31) - 1) return cudaErrorInvalidValue;
+  p.parts = parts;
+  launch.cfg.gridDim = dim3(static_cast<unsigned>(p.groups * parts * blocks));
+  e = cudaLaunchKernelEx(&launch.cfg, kernel, p);
+  return e != cudaSuccess ? e : cudaGetLastError();
+}
+
+}  // namespace
+
+cudaError_t LaunchLayerNormClusterBwd(LayerNormBwdParams& p, cudaStream_t stream) {
+  return DispatchDType(p.dtype, [&](auto tag) {
+    using T = typename decltype(tag)::type;
+    if (p.rms) return Launch<T, true>(p, stream);
+    if constexpr (sizeof(T) == 2) {
+      const int blocks = ClusterBlocks(p.width, RowSplit<ClusterRow<T>, true>::kSegment);
+      if (blocks < kMaxClusterBlocks) return Launch<T, false, true>(p, stream);
+    }
+    return Launch<T, false>(p, stream);
+  });
+}
+
+}  // namespace jax_dnn
