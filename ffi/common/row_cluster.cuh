@@ -121,7 +121,7 @@ __device__ __forceinline__ State RowTotal(State st, Slots& slots, int parity, St
 // Without a cluster a team loads its rows straight into registers; the blocks
 // are not persistent, and the hardware overlaps one block's loads with
 // another's reduction as blocks retire and start.
-template <typename T, typename Row, bool kCluster, int kArrays = 1>
+template <typename T, typename Row, bool kCluster, int kArrays = 1, int kStages = 1>
 struct RowFeed {
   static constexpr size_t kSmemBytes = 0;
   const T* src[kArrays];
@@ -142,21 +142,23 @@ struct RowFeed {
 
 // With a cluster the grid is persistent (LaunchRowClusters with kSmemBytes:
 // as many clusters as fit at once), and each block streams its segments of
-// the next row into shared memory with the bulk copy engine (one copy an
-// array, one mbarrier) while it reduces and writes this one; Get waits for
-// them, moves them to registers and starts the next row's. Why: a block of a
-// cluster row waits for its own loads and then for its peers at the cluster
-// barrier; with loads issued only at a row's start the softmax forward ran at
-// 71% of copy bandwidth at 4096 x 131072 bf16, 8% slower than streamed
-// (benchmarks/RESULTS.md, where the layer/RMS norm forwards, whose fp32
-// parameters are re-read through L1 for every row, gained less or lost).
-template <typename T, typename Row, int kArrays>
-struct RowFeed<T, Row, true, kArrays> {
+// the next kStages rows into shared memory with the bulk copy engine (one
+// copy an array, one mbarrier a stage) while it reduces and writes this one;
+// Get waits for this row's stage, moves it to registers and refills the stage
+// with the row kStages ahead. Why: a block of a cluster row waits for its own
+// loads and then for its peers at the cluster barrier; with loads issued only
+// at a row's start the softmax forward ran at 71% of copy bandwidth at 4096 x
+// 131072 bf16, 8% slower than streamed (benchmarks/RESULTS.md, where the
+// layer/RMS norm forwards, whose fp32 parameters are re-read through L1 for
+// every row, gained less or lost).
+template <typename T, typename Row, int kArrays, int kStages>
+struct RowFeed<T, Row, true, kArrays, kStages> {
   static constexpr int64_t kSegment = RowSplit<Row, true>::kSegment;
-  static constexpr size_t kSmemBytes = kArrays * kSegment * sizeof(T);
+  static constexpr size_t kSmemBytes = kStages * kArrays * kSegment * sizeof(T);
   const T* src[kArrays];  // this block's first column of row 0
   int64_t n, ns, step, rows;
-  uint32_t phase = 0;
+  uint32_t phases = 0;  // bit s: the parity stage s completes next
+  int stage = 0;        // the stage of the next Get
 
   __device__ RowFeed(const T* const (&src_)[kArrays], int64_t n_, const RowSplit<Row, true>& split,
                      int64_t rows_)
@@ -164,42 +166,45 @@ struct RowFeed<T, Row, true, kArrays> {
 #pragma unroll
     for (int a = 0; a < kArrays; ++a) src[a] = src_[a] + split.col0;
     if (threadIdx.x == 0) {
-      hopper::BarrierInit(Bar(), 1);
+#pragma unroll
+      for (int s = 0; s < kStages; ++s) hopper::BarrierInit(Bar(s), 1);
       hopper::FenceBarrierInit();
     }
     __syncthreads();
-    Fetch(split.row0);
+#pragma unroll
+    for (int s = 0; s < kStages; ++s) Fetch(split.row0 + s * step, s);
   }
   template <typename... Rows>
   __device__ void Get(int64_t row, Rows&... r) {
     static_assert(sizeof...(Rows) == kArrays, "one Row an array");
-    hopper::BarrierWait(Bar(), phase);
-    phase ^= 1;
+    hopper::BarrierWait(Bar(stage), (phases >> stage) & 1);
+    phases ^= 1u << stage;
     int a = 0;
-    (r.LoadShared(Buffer(a++), ns), ...);
+    (r.LoadShared(Buffer(stage, a++), ns), ...);
     // Every thread has its vectors before the buffers are refilled.
     __syncthreads();
-    Fetch(row + step);
+    Fetch(row + kStages * step, stage);
+    stage = stage + 1 == kStages ? 0 : stage + 1;
   }
 
  private:
-  __device__ static uint64_t* Bar() {
-    __shared__ uint64_t bar;
-    return &bar;
+  __device__ static uint64_t* Bar(int s) {
+    __shared__ uint64_t bar[kStages];
+    return &bar[s];
   }
-  // Array a's segment of the dynamic shared memory.
-  __device__ static uint4* Buffer(int a) {
+  // Stage s's segment of array a in the dynamic shared memory.
+  __device__ static uint4* Buffer(int s, int a) {
     extern __shared__ uint4 row_feed_buffer[];
-    return row_feed_buffer + a * (kSegment * sizeof(T) / 16);
+    return row_feed_buffer + (s * kArrays + a) * (kSegment * sizeof(T) / 16);
   }
   // ns % V == 0: whole 16-byte vectors; row starts are 16-byte aligned.
-  __device__ void Fetch(int64_t row) const {
+  __device__ void Fetch(int64_t row, int s) const {
     if (threadIdx.x != 0 || row >= rows) return;
     const uint32_t bytes = static_cast<uint32_t>(ns * sizeof(T));
-    hopper::BarrierExpectTx(Bar(), kArrays * bytes);
+    hopper::BarrierExpectTx(Bar(s), kArrays * bytes);
 #pragma unroll
     for (int a = 0; a < kArrays; ++a)
-      hopper::BulkLoad(Buffer(a), src[a] + row * n, bytes, Bar());
+      hopper::BulkLoad(Buffer(s, a), src[a] + row * n, bytes, Bar(s));
   }
 };
 

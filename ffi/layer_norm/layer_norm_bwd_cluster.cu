@@ -8,8 +8,8 @@
 // blocks' team sums over distributed shared memory (RMS norm: one exchange a
 // row; layer norm: one or two, below). Clusters are persistent within a group of
 // rows, so each thread keeps the same columns in every row it visits:
-//   - the next row's x and dy stream into shared memory (RowFeed) while this
-//     one is reduced and written;
+//   - the next two rows' x and dy stream into shared memory (RowFeed) while
+//     this one is reduced and written;
 //   - the dscale/dbias partial sums of its 32 (bf16) or 16 (fp32) columns
 //     accumulate in registers, and each block writes its share of one row of
 //     partials at the end (column_sum.cu adds them in a fixed order);
@@ -17,9 +17,12 @@
 // Why: the earlier form kept the partial sums and scale in shared memory (192
 // KiB at 131072 bf16), loaded the next row into registers, and ran at 39%
 // (layer norm) and 55% (RMS norm) of copy bandwidth at 4096 x 131072 bf16;
-// with the partials in registers, the shared memory holds the streamed row
-// (H200 A/B against that form, us: 4096 x 131072 bf16 layer norm 1984 ->
-// 1754, RMS norm 1405 -> 1079; with ClusterSum's loads in parallel, below).
+// with the partials in registers, the shared memory holds two streamed rows.
+// H200 A/B against that form (us, bwd): 4096 x 131072 bf16 layer norm 2003 ->
+// 1757, RMS norm 1409 -> 1103; 2048 x 65536 bf16 471 -> 323, 338 -> 274; 4096
+// x 32768 fp32 640 -> 536, 590 -> 476. Streaming one row ahead instead of two
+// gained little on some H200s and ~20% on another (the same code, A/B on each
+// machine: 0.98-1.04 against 0.77-0.87 for RMS norm).
 #include <algorithm>
 #include <type_traits>
 
@@ -34,12 +37,13 @@ namespace {
 template <typename T>
 using ClusterRow = RegRow<T, 512, kNormBwdVecs>;
 
-template <typename T, int kArrays = 2>
-using Feed = RowFeed<T, ClusterRow<T>, true, kArrays>;
+// x and dy, two rows ahead.
+template <typename T>
+using Feed = RowFeed<T, ClusterRow<T>, true, 2, 2>;
 
-// Dynamic shared memory: the feed's row buffers, then the block's share of
-// scale as [vector][quad][lane] float4s (consecutive lanes on consecutive 16
-// bytes: no bank conflicts).
+// Dynamic shared memory: the feed's row buffers (128 KiB), then the block's
+// share of scale (64 KiB at 16 bits, 32 KiB at fp32) as [vector][quad][lane]
+// float4s (consecutive lanes on consecutive 16 bytes: no bank conflicts).
 template <typename T>
 constexpr size_t ScaleOffset() {
   return Feed<T>::kSmemBytes;
@@ -53,12 +57,12 @@ constexpr size_t SmemBytes() {
 // mean of its share and the sums about it (block barriers only) and the
 // blocks' (n, mean, M2, G, S) merge over one cluster exchange (Chan's formula,
 // MeanM2Grad); otherwise a cluster-wide sum gives the row mean, then a second
-// exchange the sums about it. H200, A/B (us): one exchange was faster at 2-6
-// blocks of bf16 (4096 x 40000 and 8192 x 20480: 0.83, 2048 x 65536 and 4096 x
-// 98304: 0.92) but slower at 8 (4096 x 131072: 1.05) and for fp32 at 2 and 4
-// blocks (1.07-1.08; 3 blocks 0.92): the launch picks it for 16-bit rows of
-// fewer than 8 blocks (7 not measured). Why it loses where it does was not
-// found.
+// exchange the sums about it. The launch takes one exchange for rows of fewer
+// than 8 blocks. H200, A/B (us), one exchange against two: fp32 8192 x 16384,
+// 8192 x 20000, 4096 x 32768 (2-4 blocks) 0.81-0.86; measured with an
+// earlier form (the feed one row ahead), bf16 4096 x 40000 and 8192 x 20480 0.83, 2048 x
+// 65536 and 4096 x 98304 0.92, but 4096 x 131072 (8 blocks) 1.05, so 8 blocks
+// keep two (7 not measured; why one exchange loses at 8 was not found).
 //
 // 1 block an SM: 128 registers for a share of x and dy (32 registers at
 // 16 bits) and the partial sums (64 for layer norm).
@@ -259,10 +263,8 @@ cudaError_t LaunchLayerNormClusterBwd(LayerNormBwdParams& p, cudaStream_t stream
   return DispatchDType(p.dtype, [&](auto tag) {
     using T = typename decltype(tag)::type;
     if (p.rms) return Launch<T, true>(p, stream);
-    if constexpr (sizeof(T) == 2) {
-      const int blocks = ClusterBlocks(p.width, RowSplit<ClusterRow<T>, true>::kSegment);
-      if (blocks < kMaxClusterBlocks) return Launch<T, false, true>(p, stream);
-    }
+    const int blocks = ClusterBlocks(p.width, RowSplit<ClusterRow<T>, true>::kSegment);
+    if (blocks < kMaxClusterBlocks) return Launch<T, false, true>(p, stream);
     return Launch<T, false>(p, stream);
   });
 }
