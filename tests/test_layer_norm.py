@@ -134,13 +134,14 @@ def test_grouped_parameter_gradients(device, name, groups, rows):
 
 # The backward of rows split over clusters, more rows than clusters fit on the
 # GPU (up to ~200 SMs), so that each persistent cluster streams several rows
-# (RowFeed) and adds their parameter gradients: bf16 50000 (4 blocks), fp32
-# 20000 (3 blocks), in shares that are not whole segments (layer norm: one
-# cluster exchange a row); bf16 131072 and fp32 65536 (8 blocks: two
-# exchanges); and per-group parameters (vmap), 2-block clusters with several
-# parts a group; the same bits from two calls.
+# (RowFeed) and adds their parameter gradients: bf16 and fp16 50000 (4
+# blocks), bf16 100000 (7), fp32 20000 (3), in shares that are not whole
+# segments (layer norm: one cluster exchange a row); bf16 131072 and fp32
+# 65536 (8 blocks: two exchanges); and per-group parameters (vmap), 2-block
+# clusters with several parts a group; the same bits from two calls.
 @pytest.mark.parametrize("name", OPS)
-@pytest.mark.parametrize("shape,dtype", [((300, 50000), jnp.bfloat16), ((300, 20000), jnp.float32),
+@pytest.mark.parametrize("shape,dtype", [((300, 50000), jnp.bfloat16), ((300, 50000), jnp.float16),
+                                         ((60, 100000), jnp.bfloat16), ((300, 20000), jnp.float32),
                                          ((40, 131072), jnp.bfloat16), ((40, 65536), jnp.float32),
                                          ((3, 100, 20000), jnp.bfloat16)], ids=str)
 def test_streamed_cluster_rows(device, name, shape, dtype):

@@ -86,6 +86,7 @@ struct RowSplit {
 // count waited for each load before issuing the next (8 distributed shared
 // memory round trips in a row at 8 blocks), and loading all 8 slots into a
 // thread's registers first spilled the layer-norm backward (256 bytes).
+// Clusters have at most kMaxClusterBlocks blocks (the launches check).
 template <typename State>
 __device__ State ClusterSum(const State& st, State* slot) {
   namespace cg = cooperative_groups;
@@ -141,7 +142,8 @@ struct RowFeed {
 };
 
 // With a cluster the grid is persistent (LaunchRowClusters with kSmemBytes:
-// as many clusters as fit at once), and each block streams its segments of
+// as many clusters as fit at once; the norm backward launches its own), and
+// each block streams its segments of
 // the next kStages rows into shared memory with the bulk copy engine (one
 // copy an array, one mbarrier a stage) while it reduces and writes this one;
 // Get waits for this row's stage, moves it to registers and refills the stage

@@ -45,7 +45,8 @@ struct LayerNormBwdParams {
   int64_t rows;
   int64_t width;
   int64_t groups;
-  int64_t parts;  // blocks per group; each writes one row of partial sums
+  int64_t parts;  // blocks (cluster path: clusters) per group; each writes one
+                  // row of partial sums (a cluster's blocks their columns of it)
   float epsilon;
 };
 

@@ -456,8 +456,9 @@ constexpr int64_t RegBwdMaxWidth() {
 }
 
 // Launches the register-row kernel with as many blocks a group as fit on the
-// device at once (at most p.parts, the workspace's), trimmed so that every
-// team visits the same number of rows; sets p.parts to the blocks used.
+// device at once (at most p.parts, the workspace's), trimmed to the fewest
+// blocks that keep the most rows a team visits (teams visit at most one row
+// fewer than that); sets p.parts to the blocks used.
 template <typename T, bool kRms>
 cudaError_t LaunchReg(LayerNormBwdParams& p, cudaStream_t stream) {
   return DispatchRegRow<T, kNormBwdVecs, kRegMinBlock>(p.width, [&](auto row) {

@@ -20,9 +20,10 @@
 // with the partials in registers, the shared memory holds two streamed rows.
 // H200 A/B against that form (us, bwd): 4096 x 131072 bf16 layer norm 2003 ->
 // 1757, RMS norm 1409 -> 1103; 2048 x 65536 bf16 471 -> 323, 338 -> 274; 4096
-// x 32768 fp32 640 -> 536, 590 -> 476. Streaming one row ahead instead of two
-// gained little on some H200s and ~20% on another (the same code, A/B on each
-// machine: 0.98-1.04 against 0.77-0.87 for RMS norm).
+// x 32768 fp32 640 -> 536, 590 -> 476. An earlier form streaming one row
+// ahead (not two) was 0.77-0.87 of the old kernel's time for RMS norm on one
+// H200 but 0.98-1.04 on two others, the old kernel's time being the same on
+// all three.
 #include <algorithm>
 #include <type_traits>
 
@@ -52,6 +53,8 @@ template <typename T>
 constexpr size_t SmemBytes() {
   return ScaleOffset<T>() + sizeof(float) * RowSplit<ClusterRow<T>, true>::kSegment;
 }
+// Within sm_90's 227 KiB a block, with room for the static shared memory.
+static_assert(SmemBytes<__nv_bfloat16>() <= 226 * 1024 && SmemBytes<float>() <= 226 * 1024);
 
 // Layer norm's row sums about the mean: kOneExchange, each block finds the
 // mean of its share and the sums about it (block barriers only) and the
@@ -244,7 +247,7 @@ cudaError_t Launch(LayerNormBwdParams& p, cudaStream_t stream) {
   if (e != cudaSuccess) return e;
   if (resident < 1) return cudaErrorInvalidConfiguration;
   // As many clusters a group as fit at once (at most the workspace's parts),
-  // trimmed so that every part visits the same number of rows.
+  // trimmed to the fewest parts that keep the most rows a part.
   const int64_t rows_per_group = p.rows / p.groups;
   int64_t parts = std::max<int64_t>(1, resident / p.groups);
   parts = std::min({parts, p.parts, rows_per_group});
