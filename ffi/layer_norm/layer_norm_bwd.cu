@@ -43,6 +43,7 @@
 #include "ffi/common/row_regs.cuh"
 #include "ffi/common/row_team.cuh"
 #include "ffi/layer_norm/layer_norm.h"
+#include "ffi/layer_norm/layer_norm_bwd_row.cuh"
 #include "ffi/layer_norm/layer_norm_stats.cuh"
 
 namespace jax_dnn {
@@ -91,14 +92,9 @@ __global__ void __launch_bounds__(Row::kBlock, kRegThreadsPerSM / Row::kBlock)
   const int64_t group = unit / p.parts;
   const int64_t part = unit % p.parts;
   const float inv_n = 1.f / static_cast<float>(n);
-  // Stage the group's scale (zeros past the row: n % V == 0, so a float4 is
-  // wholly in or out) and zero this thread's accumulators.
-  const float* scale = p.scale + group * n;
-  for (int i = threadIdx.x; i < kSlice; i += Row::kBlock) {
-    const int vq = i / kTeam;
-    const int64_t col = (int64_t{vq / kQuads} * kTeam + i % kTeam) * V + 4 * (vq % kQuads);
-    smem[i] = col < n ? *reinterpret_cast<const float4*>(scale + col) : make_float4(0.f, 0.f, 0.f, 0.f);
-  }
+  // Stage the group's scale (slice 0) and zero this thread's accumulators.
+  const ScaleSlice<Row> scale{smem};
+  scale.Stage(p.scale + group * n, n);
 #pragma unroll
   for (int s = 0; s < kSums; ++s)
 #pragma unroll
@@ -106,13 +102,6 @@ __global__ void __launch_bounds__(Row::kBlock, kRegThreadsPerSM / Row::kBlock)
 #pragma unroll
       for (int q = 0; q < kQuads; ++q) at(acc0 + s, v, q) = make_float4(0.f, 0.f, 0.f, 0.f);
   __syncthreads();
-  auto get_scale = [&](int v, float (&g)[V]) {
-#pragma unroll
-    for (int q = 0; q < kQuads; ++q) {
-      const float4 a = at(0, v, q);
-      g[4 * q] = a.x, g[4 * q + 1] = a.y, g[4 * q + 2] = a.z, g[4 * q + 3] = a.w;
-    }
-  };
 
   const int64_t first_row = group * rows_per_group;
   const T* x_base = static_cast<const T*>(p.x) + first_row * n;
@@ -138,58 +127,13 @@ __global__ void __launch_bounds__(Row::kBlock, kRegThreadsPerSM / Row::kBlock)
     State st;
     float mean = 0.f;
     if constexpr (kRms) {
-      float ss = 0.f, sgx = 0.f;
-#pragma unroll
-      for (int v = 0; v < Row::kVecs; ++v) {
-        // Vectors past the row are zeros and add nothing, but the branch keeps
-        // ptxas from hoisting every vector's unpacking at once (without it the
-        // 16-bit kernels spilled up to 88 bytes under the 128-register bound).
-        if (!Row::In(v, n)) continue;
-        float f[V], d[V], g[V];
-        x.Get(v, f);
-        dy.Get(v, d);
-        get_scale(v, g);
-#pragma unroll
-        for (int i = 0; i < V; ++i) ss += f[i] * f[i], sgx += d[i] * g[i] * f[i];
-      }
-      st = {ss, sgx};
+      st = ThreadSumSqGrad(x, dy, scale, n);
     } else {
-      Sum1 sum = {0.f};
-#pragma unroll
-      for (int v = 0; v < Row::kVecs; ++v) {
-        float f[V];
-        x.Get(v, f);  // zeros past the row
-#pragma unroll
-        for (int i = 0; i < V; ++i) sum.s += f[i];
-      }
-      sum = Row::Reduce(sum, mean_slots, 0);
-      mean = sum.s * inv_n;
-      float m2 = 0.f, gsum = 0.f, gx = 0.f;
-#pragma unroll
-      for (int v = 0; v < Row::kVecs; ++v) {
-        if (!Row::In(v, n)) continue;
-        float f[V], d[V], g[V];
-        x.Get(v, f);
-        dy.Get(v, d);
-        get_scale(v, g);
-#pragma unroll
-        for (int i = 0; i < V; ++i) {
-          const float c = f[i] - mean, gi = d[i] * g[i];
-          m2 += c * c, gsum += gi, gx += gi * c;
-        }
-      }
-      st = {m2, gsum, gx};
+      mean = Row::Reduce(ThreadSum(x), mean_slots, 0).s * inv_n;
+      st = ThreadCenteredGrad(x, dy, scale, n, mean);
     }
     st = Row::Reduce(st, slots, kRms ? parity : 0);
-    float rstd, mean_g = 0.f, mean_gx;
-    if constexpr (kRms) {
-      rstd = rsqrtf(st.ss * inv_n + p.epsilon);
-      mean_gx = st.sgx * rstd * inv_n;
-    } else {
-      rstd = rsqrtf(st.m2 * inv_n + p.epsilon);
-      mean_g = st.g * inv_n;
-      mean_gx = st.s * rstd * inv_n;
-    }
+    const auto [rstd, mean_g, mean_gx] = BwdCoeffs(st, inv_n, p.epsilon);
     // dx, and the partial sums of dy * xhat (and dy) in shared memory.
     T* dx = dx_base + local * n + lane * V;
 #pragma unroll
@@ -198,7 +142,7 @@ __global__ void __launch_bounds__(Row::kBlock, kRegThreadsPerSM / Row::kBlock)
       float f[V], d[V], g[V], out[V];
       x.Get(v, f);
       dy.Get(v, d);
-      get_scale(v, g);
+      scale.Get(v, g);
 #pragma unroll
       for (int i = 0; i < V; ++i) {
         f[i] = (f[i] - mean) * rstd;  // xhat

@@ -30,6 +30,7 @@
 #include "ffi/common/row_cluster.cuh"
 #include "ffi/common/row_regs.cuh"
 #include "ffi/layer_norm/layer_norm.h"
+#include "ffi/layer_norm/layer_norm_bwd_row.cuh"
 #include "ffi/layer_norm/layer_norm_stats.cuh"
 
 namespace jax_dnn {
@@ -43,8 +44,7 @@ template <typename T>
 using Feed = RowFeed<T, ClusterRow<T>, true, 2, 2>;
 
 // Dynamic shared memory: the feed's row buffers (128 KiB), then the block's
-// share of scale (64 KiB at 16 bits, 32 KiB at fp32) as [vector][quad][lane]
-// float4s (consecutive lanes on consecutive 16 bytes: no bank conflicts).
+// share of scale (64 KiB at 16 bits, 32 KiB at fp32; ScaleSlice).
 template <typename T>
 constexpr size_t ScaleOffset() {
   return Feed<T>::kSmemBytes;
@@ -82,11 +82,7 @@ __global__ void __launch_bounds__(512, 1) LayerNormClusterBwdKernel(LayerNormBwd
   // row parity; two alternate by round (the mean's in [0], the State's in [1]).
   __shared__ float cluster_slots[2][sizeof(MeanM2Grad) / sizeof(float)];
   extern __shared__ uint4 dynamic_smem[];
-  float4* const scale_smem = reinterpret_cast<float4*>(dynamic_smem + ScaleOffset<T>() / 16);
-  const int lane = Row::Lane();
-  auto scale_at = [&](int v, int q) -> float4& {
-    return scale_smem[(v * kQuads + q) * Row::kTeam + lane];
-  };
+  const ScaleSlice<Row> scale{reinterpret_cast<float4*>(dynamic_smem + ScaleOffset<T>() / 16)};
 
   const int64_t n = p.width;
   const int64_t rows_per_group = p.rows / p.groups;
@@ -102,23 +98,9 @@ __global__ void __launch_bounds__(512, 1) LayerNormClusterBwdKernel(LayerNormBwd
   Feed<T> feed({static_cast<const T*>(p.x) + first, static_cast<const T*>(p.dy) + first}, n,
                split, rows_per_group);
 
-  // Stage the group's scale (zeros past the share: ns % V == 0, so a float4 is
-  // wholly in or out).
-  const float* scale = p.scale + group * n + col0;
-  for (int i = threadIdx.x; i < Row::kVecs * kQuads * Row::kTeam; i += Row::kBlock) {
-    const int vq = i / Row::kTeam;
-    const int64_t col = (int64_t{vq / kQuads} * Row::kTeam + i % Row::kTeam) * V + 4 * (vq % kQuads);
-    scale_smem[i] =
-        col < ns ? *reinterpret_cast<const float4*>(scale + col) : make_float4(0.f, 0.f, 0.f, 0.f);
-  }
+  // Stage the group's scale, this block's share of it.
+  scale.Stage(p.scale + group * n + col0, ns);
   __syncthreads();
-  auto get_scale = [&](int v, float (&g)[V]) {
-#pragma unroll
-    for (int q = 0; q < kQuads; ++q) {
-      const float4 a = scale_at(v, q);
-      g[4 * q] = a.x, g[4 * q + 1] = a.y, g[4 * q + 2] = a.z, g[4 * q + 3] = a.w;
-    }
-  };
 
   float acc[kSums][Row::kVecs][V] = {};
   const float inv_n = 1.f / static_cast<float>(n);
@@ -130,50 +112,17 @@ __global__ void __launch_bounds__(512, 1) LayerNormClusterBwdKernel(LayerNormBwd
     State st;
     float mean = 0.f;
     if constexpr (kRms) {
-      float ss = 0.f, sgx = 0.f;
-#pragma unroll
-      for (int v = 0; v < Row::kVecs; ++v) {
-        if (!Row::In(v, ns)) continue;
-        float f[V], d[V], g[V];
-        x.Get(v, f);
-        dy.Get(v, d);
-        get_scale(v, g);
-#pragma unroll
-        for (int i = 0; i < V; ++i) ss += f[i] * f[i], sgx += d[i] * g[i] * f[i];
-      }
-      st = {ss, sgx};
+      st = ThreadSumSqGrad(x, dy, scale, ns);
     } else {
-      Sum1 sum = {0.f};
-#pragma unroll
-      for (int v = 0; v < Row::kVecs; ++v) {
-        float f[V];
-        x.Get(v, f);  // zeros past the share
-#pragma unroll
-        for (int i = 0; i < V; ++i) sum.s += f[i];
-      }
       // The mean the sums are taken about: the block's share's, or the row's.
+      const Sum1 sum = ThreadSum(x);
       if constexpr (kOneExchange) {
-        sum = Row::Reduce(sum, mean_slots, 0);
-        mean = sum.s / static_cast<float>(ns);
+        mean = Row::Reduce(sum, mean_slots, 0).s / static_cast<float>(ns);
       } else {
-        sum = RowTotal<true, Row>(sum, mean_slots, 0, reinterpret_cast<Sum1*>(cluster_slots[0]));
-        mean = sum.s * inv_n;
+        mean = RowTotal<true, Row>(sum, mean_slots, 0, reinterpret_cast<Sum1*>(cluster_slots[0])).s *
+               inv_n;
       }
-      float m2 = 0.f, gsum = 0.f, gx = 0.f;
-#pragma unroll
-      for (int v = 0; v < Row::kVecs; ++v) {
-        if (!Row::In(v, ns)) continue;
-        float f[V], d[V], g[V];
-        x.Get(v, f);
-        dy.Get(v, d);
-        get_scale(v, g);
-#pragma unroll
-        for (int i = 0; i < V; ++i) {
-          const float c = f[i] - mean, gi = d[i] * g[i];
-          m2 += c * c, gsum += gi, gx += gi * c;
-        }
-      }
-      st = {m2, gsum, gx};
+      st = ThreadCenteredGrad(x, dy, scale, ns, mean);
       if constexpr (kOneExchange) {
         st = Row::Reduce(st, slots, 0);
         const MeanM2Grad all =
@@ -187,15 +136,7 @@ __global__ void __launch_bounds__(512, 1) LayerNormClusterBwdKernel(LayerNormBwd
     }
     if constexpr (kRms)
       st = RowTotal<true, Row>(st, slots, parity, reinterpret_cast<State*>(cluster_slots[parity]));
-    float rstd, mean_g = 0.f, mean_gx;
-    if constexpr (kRms) {
-      rstd = rsqrtf(st.ss * inv_n + p.epsilon);
-      mean_gx = st.sgx * rstd * inv_n;
-    } else {
-      rstd = rsqrtf(st.m2 * inv_n + p.epsilon);
-      mean_g = st.g * inv_n;
-      mean_gx = st.s * rstd * inv_n;
-    }
+    const auto [rstd, mean_g, mean_gx] = BwdCoeffs(st, inv_n, p.epsilon);
     T* dx = dx_base + row * n;
 #pragma unroll
     for (int v = 0; v < Row::kVecs; ++v) {
@@ -203,7 +144,7 @@ __global__ void __launch_bounds__(512, 1) LayerNormClusterBwdKernel(LayerNormBwd
       float f[V], d[V], g[V], out[V];
       x.Get(v, f);
       dy.Get(v, d);
-      get_scale(v, g);
+      scale.Get(v, g);
 #pragma unroll
       for (int i = 0; i < V; ++i) {
         const float xhat = (f[i] - mean) * rstd;

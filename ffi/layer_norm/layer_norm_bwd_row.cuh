@@ -1,0 +1,120 @@
+// One thread's part of the layer/RMS-norm backward on a register row (RegRow,
+// ffi/common/row_regs.cuh): the group's scale staged in shared memory, the
+// per-thread row sums, and the dx coefficients. Shared by the register-row
+// kernel (layer_norm_bwd.cu) and its cluster form (layer_norm_bwd_cluster.cu),
+// which differ in where the rows come from and where the partial parameter
+// gradients accumulate.
+#pragma once
+
+#include <cstdint>
+
+#include "ffi/common/row_regs.cuh"
+#include "ffi/layer_norm/layer_norm_stats.cuh"
+
+namespace jax_dnn {
+
+// One team's columns of the group's scale in shared memory, as
+// [vector][quad][lane] float4s (consecutive lanes on consecutive 16 bytes: no
+// bank conflicts).
+template <typename Row>
+struct ScaleSlice {
+  static constexpr int kQuads = Row::V / 4;  // float4s a vector
+  static constexpr int kFloat4s = Row::kVecs * kQuads * Row::kTeam;
+  float4* s;
+  int lane = Row::Lane();
+
+  // Copies scale[0, ns), zeros past it (ns % V == 0, so a float4 is wholly in
+  // or out). All the block's threads call it; the caller synchronizes.
+  __device__ void Stage(const float* scale, int64_t ns) const {
+    for (int i = threadIdx.x; i < kFloat4s; i += Row::kBlock) {
+      const int vq = i / Row::kTeam;
+      const int64_t col =
+          (int64_t{vq / kQuads} * Row::kTeam + i % Row::kTeam) * Row::V + 4 * (vq % kQuads);
+      s[i] = col < ns ? *reinterpret_cast<const float4*>(scale + col) : make_float4(0.f, 0.f, 0.f, 0.f);
+    }
+  }
+  // This lane's scale for its vector v.
+  __device__ void Get(int v, float (&g)[Row::V]) const {
+#pragma unroll
+    for (int q = 0; q < kQuads; ++q) {
+      const float4 a = s[(v * kQuads + q) * Row::kTeam + lane];
+      g[4 * q] = a.x, g[4 * q + 1] = a.y, g[4 * q + 2] = a.z, g[4 * q + 3] = a.w;
+    }
+  }
+};
+
+// RMS norm: this thread's sum x^2 and sum g x (g = dy * scale) over its
+// vectors of the first ns columns.
+template <typename Row, typename Scale>
+__device__ __forceinline__ SumSqGrad ThreadSumSqGrad(const Row& x, const Row& dy,
+                                                     const Scale& scale, int64_t ns) {
+  constexpr int V = Row::V;
+  float ss = 0.f, sgx = 0.f;
+#pragma unroll
+  for (int v = 0; v < Row::kVecs; ++v) {
+    // Vectors past the row are zeros and add nothing, but the branch keeps
+    // ptxas from hoisting every vector's unpacking at once (without it the
+    // 16-bit kernels spilled up to 88 bytes under the 128-register bound).
+    if (!Row::In(v, ns)) continue;
+    float f[V], d[V], g[V];
+    x.Get(v, f);
+    dy.Get(v, d);
+    scale.Get(v, g);
+#pragma unroll
+    for (int i = 0; i < V; ++i) ss += f[i] * f[i], sgx += d[i] * g[i] * f[i];
+  }
+  return {ss, sgx};
+}
+
+// Layer norm, first pass: this thread's sum of x (vectors past the row are
+// zeros).
+template <typename Row>
+__device__ __forceinline__ Sum1 ThreadSum(const Row& x) {
+  Sum1 sum = {0.f};
+#pragma unroll
+  for (int v = 0; v < Row::kVecs; ++v) {
+    float f[Row::V];
+    x.Get(v, f);
+#pragma unroll
+    for (int i = 0; i < Row::V; ++i) sum.s += f[i];
+  }
+  return sum;
+}
+
+// Layer norm, second pass: this thread's sums about `mean` (CenteredGrad).
+template <typename Row, typename Scale>
+__device__ __forceinline__ CenteredGrad ThreadCenteredGrad(const Row& x, const Row& dy,
+                                                           const Scale& scale, int64_t ns,
+                                                           float mean) {
+  constexpr int V = Row::V;
+  float m2 = 0.f, gsum = 0.f, gx = 0.f;
+#pragma unroll
+  for (int v = 0; v < Row::kVecs; ++v) {
+    if (!Row::In(v, ns)) continue;
+    float f[V], d[V], g[V];
+    x.Get(v, f);
+    dy.Get(v, d);
+    scale.Get(v, g);
+#pragma unroll
+    for (int i = 0; i < V; ++i) {
+      const float c = f[i] - mean, gi = d[i] * g[i];
+      m2 += c * c, gsum += gi, gx += gi * c;
+    }
+  }
+  return {m2, gsum, gx};
+}
+
+// dx = rstd * (dy * scale - mean_g - xhat * mean_gx), from the row's totals.
+struct NormBwdCoeffs {
+  float rstd, mean_g, mean_gx;
+};
+__device__ __forceinline__ NormBwdCoeffs BwdCoeffs(const SumSqGrad& st, float inv_n, float eps) {
+  const float rstd = rsqrtf(st.ss * inv_n + eps);
+  return {rstd, 0.f, st.sgx * rstd * inv_n};
+}
+__device__ __forceinline__ NormBwdCoeffs BwdCoeffs(const CenteredGrad& st, float inv_n, float eps) {
+  const float rstd = rsqrtf(st.m2 * inv_n + eps);
+  return {rstd, st.g * inv_n, st.s * rstd * inv_n};
+}
+
+}  // namespace jax_dnn
