@@ -231,6 +231,19 @@ struct ClusterLaunch {
   ClusterLaunch& operator=(const ClusterLaunch&) = delete;
 };
 
+// How many clusters of `launch`'s shape fit on the device at once (at least
+// one, else an error), after raising the kernel's dynamic shared memory limit
+// to the launch's.
+template <typename Kernel>
+cudaError_t ResidentClusters(Kernel kernel, const ClusterLaunch& launch, int* resident) {
+  cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                       static_cast<int>(launch.cfg.dynamicSmemBytes));
+  if (e != cudaSuccess) return e;
+  e = cudaOccupancyMaxActiveClusters(resident, kernel, &launch.cfg);
+  if (e != cudaSuccess) return e;
+  return *resident < 1 ? cudaErrorInvalidConfiguration : cudaSuccess;
+}
+
 // Clusters of `blocks` blocks for the cluster row kernels. A kernel that
 // streams its rows (RowFeed, smem = its kSmemBytes > 0) is persistent: as
 // many clusters as fit at once. One that loads them directly (smem = 0) gets
@@ -248,13 +261,9 @@ cudaError_t LaunchRowClusters(Kernel kernel, int blocks, int block_threads, size
   ClusterLaunch launch(blocks, block_threads, smem, stream);
   int64_t max_clusters = (int64_t{1} << 30) / blocks;
   if (smem > 0) {
-    cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                         static_cast<int>(smem));
-    if (e != cudaSuccess) return e;
     int resident = 0;
-    e = cudaOccupancyMaxActiveClusters(&resident, kernel, &launch.cfg);
+    const cudaError_t e = ResidentClusters(kernel, launch, &resident);
     if (e != cudaSuccess) return e;
-    if (resident < 1) return cudaErrorInvalidConfiguration;
     max_clusters = resident;
   }
   const int64_t clusters = rows < max_clusters ? rows : max_clusters;

@@ -176,17 +176,12 @@ __global__ void __launch_bounds__(512, 1) LayerNormClusterBwdKernel(LayerNormBwd
 template <typename T, bool kRms, bool kOneExchange = false>
 cudaError_t Launch(LayerNormBwdParams& p, cudaStream_t stream) {
   auto kernel = LayerNormClusterBwdKernel<T, kRms, kOneExchange>;
-  constexpr size_t kSmem = SmemBytes<T>();
-  cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                       static_cast<int>(kSmem));
-  if (e != cudaSuccess) return e;
   const int blocks = ClusterBlocks(p.width, RowSplit<ClusterRow<T>, true>::kSegment);
   if (blocks < 2 || blocks > kMaxClusterBlocks) return cudaErrorInvalidValue;
-  ClusterLaunch launch(blocks, ClusterRow<T>::kBlock, kSmem, stream);
+  ClusterLaunch launch(blocks, ClusterRow<T>::kBlock, SmemBytes<T>(), stream);
   int resident = 0;
-  e = cudaOccupancyMaxActiveClusters(&resident, kernel, &launch.cfg);
+  cudaError_t e = ResidentClusters(kernel, launch, &resident);
   if (e != cudaSuccess) return e;
-  if (resident < 1) return cudaErrorInvalidConfiguration;
   // As many clusters a group as fit at once (at most the workspace's parts),
   // trimmed to the fewest parts that keep the most rows a part.
   const int64_t rows_per_group = p.rows / p.groups;
