@@ -79,6 +79,31 @@ __device__ __forceinline__ void ClusterSync() {
   asm volatile("barrier.cluster.arrive.release;\n\tbarrier.cluster.wait.acquire;" ::: "memory");
 }
 
+// The same barrier without the release: a CTA's earlier writes are not made
+// visible by it, so it does not wait for them to complete (the release form
+// waits for every outstanding store, this CTA's global ones included). For
+// ordering through mbarriers instead (a barrier's initialization, with
+// FenceBarrierInit; st.async pushes), and for keeping CTAs alive.
+__device__ __forceinline__ void ClusterSyncRelaxed() {
+  asm volatile("barrier.cluster.arrive.relaxed;\n\tbarrier.cluster.wait.acquire;" ::: "memory");
+}
+
+// The address of `p`'s offset in the shared memory of cluster CTA `cta`.
+__device__ __forceinline__ uint32_t MapShared(const void* p, uint32_t cta) {
+  uint32_t r;
+  asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(r) : "r"(SmemAddr(p)), "r"(cta));
+  return r;
+}
+
+// Stores 32 bits at `remote` (a MapShared address) and completes 4 bytes of
+// the transaction count of the barrier at `remote_bar` (in the same CTA).
+__device__ __forceinline__ void StoreAsync32(uint32_t remote, uint32_t v, uint32_t remote_bar) {
+  asm volatile("st.async.shared::cluster.mbarrier::complete_tx::bytes.b32 [%0], %1, [%2];" ::"r"(
+                   remote),
+               "r"(v), "r"(remote_bar)
+               : "memory");
+}
+
 // Arrives on the barrier at `bar`'s offset in the shared memory of cluster
 // CTA `cta` (this one's included).
 __device__ __forceinline__ void BarrierArriveCluster(uint64_t* bar, uint32_t cta) {

@@ -76,43 +76,115 @@ struct RowSplit {
 };
 
 // Sums a State over the blocks of the cluster, in block-rank order (the same
-// bits in every block). `slot` is this block's shared copy. A slot is
-// rewritten only after a later cluster barrier, which every block reaches
-// after reading it: callers alternate two slots (by row parity, or by round
-// when a row takes two sums) and pass a last ClusterSync before exiting.
+// bits in every block), once a round (Sum). Each block pushes its State into
+// every block's inbox (st.async into distributed shared memory, completing
+// bytes on the receiver's mbarrier) and waits on its own inbox's mbarrier:
+// lane r of each warp then reads block r's State locally and the warp merges
+// them through shuffles.
 //
-// Lane r of each warp loads block r's slot, all at once, and the warp merges
-// them through shuffles. Why: a loop of remote loads over the run-time block
-// count waited for each load before issuing the next (8 distributed shared
-// memory round trips in a row at 8 blocks), and loading all 8 slots into a
-// thread's registers first spilled the layer-norm backward (256 bytes).
+// Why: the pull form (each block wrote its slot, a cluster barrier, each read
+// its peers' slots) spent its time in the barrier's release, which waits for
+// every store the block has outstanding: the rows written before (ncu,
+// 4096 x 131072 bf16 layer norm backward on an H200: 32% of the warps' stall
+// samples on that barrier). A push needs no fence and no cluster barrier.
+//
+// Inboxes are double-buffered by round: a block pushes round k + 2 into a
+// peer's slot only after the peer's round k + 1 push reached it, which the
+// peer issues after reading its round k inbox, provided the callers reach a
+// block barrier between consecutive Sums (Row::Reduce has one, and every
+// caller reduces over the block before a Sum). Kernels construct their
+// exchanges, then call ClusterSyncRelaxed() before the first Sum (the peers'
+// mbarriers are initialized) and again before exiting (every push has landed).
 // Clusters have at most kMaxClusterBlocks blocks (the launches check).
-template <typename State>
-__device__ State ClusterSum(const State& st, State* slot) {
-  namespace cg = cooperative_groups;
-  cg::cluster_group cluster = cg::this_cluster();
-  if (threadIdx.x == 0) *slot = st;
-  cluster.sync();
-  const unsigned blocks = cluster.num_blocks();
-  const unsigned lane = threadIdx.x % 32;
-  const State mine = *cluster.map_shared_rank(slot, lane < blocks ? lane : 0);
-  State total = ShuffleState(mine, 0, /*down=*/false);
+//
+// kPull: the earlier form (each block writes its State to its own slot, a
+// cluster barrier with release and acquire, each block reads every slot),
+// kept for the softmax forward, where the push was slower at 4096 x 131072
+// bf16 (748 us against 660, H200; cause not found: not the L1 invalidation
+// of a cluster-scope acquire, nor the waiting warps' issue slots, nor the
+// stores the release waited for) though faster at 65536 and 40000 (0.92-0.95).
+// Its slots are read by the peers before they reach the next barrier (the
+// values are merged by then), so the final ClusterSyncRelaxed also covers it.
+template <typename State, bool kCluster = true, bool kPull = false>
+struct ClusterExchange {
+  struct Inbox {
+    State from[2][kMaxClusterBlocks];
+    uint64_t bar[2];
+  };
+  Inbox& box;
+  uint32_t round = 0;
+
+  __device__ explicit ClusterExchange(Inbox& inbox) : box(inbox) {
+    if (!kPull && threadIdx.x == 0) {
+      hopper::BarrierInit(&box.bar[0], 1);
+      hopper::BarrierInit(&box.bar[1], 1);
+      hopper::FenceBarrierInit();
+    }
+  }
+
+  __device__ State Sum(const State& st) {
+    constexpr int kWords = sizeof(State) / sizeof(uint32_t);
+    const cooperative_groups::cluster_group cluster = cooperative_groups::this_cluster();
+    const unsigned blocks = cluster.num_blocks();
+    const unsigned lane = threadIdx.x % 32;
+    const int slot = round & 1;
+    const uint32_t parity = (round >> 1) & 1;
+    ++round;
+    if constexpr (kPull) {
+      if (threadIdx.x == 0) box.from[slot][0] = st;
+      hopper::ClusterSync();
+      return Merge(*cluster.map_shared_rank(&box.from[slot][0], lane < blocks ? lane : 0), blocks);
+    }
+    if (threadIdx.x < 32) {
+      if (lane == 0) hopper::BarrierExpectTx(&box.bar[slot], blocks * sizeof(State));
+      if (lane < blocks) {  // lane r pushes to block r
+        const uint32_t rank = hopper::ClusterCtaRank();
+        const uint32_t dst = hopper::MapShared(&box.from[slot][rank], lane);
+        const uint32_t bar = hopper::MapShared(&box.bar[slot], lane);
+        const float* w = reinterpret_cast<const float*>(&st);
 #pragma unroll
-  for (unsigned r = 1; r < kMaxClusterBlocks; ++r)
-    if (r < blocks) total = State::Merge(total, ShuffleState(mine, r, /*down=*/false));
-  return total;
+        for (int i = 0; i < kWords; ++i) hopper::StoreAsync32(dst + 4 * i, __float_as_uint(w[i]), bar);
+      }
+    }
+    // CTA-scope acquire, as for the bulk copies into shared memory: the pushed
+    // bytes are in this CTA's shared memory, and the barrier's transaction
+    // count completes only once they have landed. (A cluster-scope acquire
+    // also invalidated L1 at every wait, CCTL.IVALL: 8% of the softmax
+    // forward's stall samples.)
+    hopper::BarrierWait(&box.bar[slot], parity);
+    return Merge(box.from[slot][lane < blocks ? lane : 0], blocks);
+  }
+
+ private:
+  // Lane r holds block r's State: their merge in rank order, in every lane.
+  __device__ static State Merge(const State& mine, unsigned blocks) {
+    State total = ShuffleState(mine, 0, /*down=*/false);
+#pragma unroll
+    for (unsigned r = 1; r < kMaxClusterBlocks; ++r)
+      if (r < blocks) total = State::Merge(total, ShuffleState(mine, r, /*down=*/false));
+    return total;
+  }
+};
+
+// Without a cluster: no inbox, and the block's total is the row's.
+template <typename State, bool kPull>
+struct ClusterExchange<State, false, kPull> {
+  struct Inbox {};
+  __device__ explicit ClusterExchange(Inbox&) {}
+  __device__ State Sum(const State& st) { return st; }
+};
+
+// Both of the cluster barriers that ClusterExchange asks for.
+template <bool kCluster>
+__device__ __forceinline__ void ClusterSyncRelaxed() {
+  if constexpr (kCluster) hopper::ClusterSyncRelaxed();
 }
 
-// Peers may read a block's slots until every block has passed this barrier.
-__device__ __forceinline__ void ClusterSync() { cooperative_groups::this_cluster().sync(); }
-
 // The team's total of a State for its row: Row::Reduce, then, for a cluster,
-// ClusterSum over the blocks with cluster slot `cslot`.
-template <bool kCluster, typename Row, typename State, typename Slots>
-__device__ __forceinline__ State RowTotal(State st, Slots& slots, int parity, State* cslot) {
-  st = Row::Reduce(st, slots, parity);
-  if constexpr (kCluster) st = ClusterSum(st, cslot);
-  return st;
+// the exchange's Sum over the blocks.
+template <typename Row, typename State, typename Slots, typename Exchange>
+__device__ __forceinline__ State RowTotal(State st, Slots& slots, int parity, Exchange& exchange) {
+  return exchange.Sum(Row::Reduce(st, slots, parity));
 }
 
 // Where a row kernel's rows come from: RowFeed<T, Row, kCluster, kArrays>

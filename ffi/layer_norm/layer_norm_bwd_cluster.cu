@@ -5,9 +5,9 @@
 //
 // A block is one team of 512 threads holding an equal share of the row
 // (RowSplit, at most 512 x 4 vectors of x and of dy); the row sums add the
-// blocks' team sums over distributed shared memory (RMS norm: one exchange a
-// row; layer norm: one or two, below). Clusters are persistent within a group of
-// rows, so each thread keeps the same columns in every row it visits:
+// blocks' team sums over distributed shared memory, one exchange a row
+// (ClusterExchange). Clusters are persistent within a group of rows, so each
+// thread keeps the same columns in every row it visits:
 //   - the next two rows' x and dy stream into shared memory (RowFeed) while
 //     this one is reduced and written;
 //   - the dscale/dbias partial sums of its 32 (bf16) or 16 (fp32) columns
@@ -56,20 +56,18 @@ constexpr size_t SmemBytes() {
 // Within sm_90's 227 KiB a block, with room for the static shared memory.
 static_assert(SmemBytes<__nv_bfloat16>() <= 226 * 1024 && SmemBytes<float>() <= 226 * 1024);
 
-// Layer norm's row sums about the mean: kOneExchange, each block finds the
-// mean of its share and the sums about it (block barriers only) and the
-// blocks' (n, mean, M2, G, S) merge over one cluster exchange (Chan's formula,
-// MeanM2Grad); otherwise a cluster-wide sum gives the row mean, then a second
-// exchange the sums about it. The launch takes one exchange for rows of fewer
-// than 8 blocks. H200, A/B (us), one exchange against two: fp32 8192 x 16384,
-// 8192 x 20000, 4096 x 32768 (2-4 blocks) 0.81-0.86; measured with an
-// earlier form (the feed one row ahead), bf16 4096 x 40000 and 8192 x 20480 0.83, 2048 x
-// 65536 and 4096 x 98304 0.92, but 4096 x 131072 (8 blocks) 1.05, so 8 blocks
-// keep two (7 not measured; why one exchange loses at 8 was not found).
+// Layer norm's row sums about the mean: each block finds the mean of its
+// share and the sums about it (block barriers only), and the blocks' (n,
+// mean, M2, G, S) merge in one cluster exchange a row (Chan's formula,
+// MeanM2Grad). Earlier forms: a cluster-wide mean, then a second exchange
+// for the sums about it, which was slower under 8 blocks (0.81-0.92 with one)
+// and kept at 8 when exchanges were pulls behind a cluster barrier; with the
+// pushes of ClusterExchange one and two ran the same at 8 blocks (H200,
+// 4096 x 131072 bf16, 1124 and 1125 us), and the two-exchange form spilled.
 //
 // 1 block an SM: 128 registers for a share of x and dy (32 registers at
 // 16 bits) and the partial sums (64 for layer norm).
-template <typename T, bool kRms, bool kOneExchange = false>
+template <typename T, bool kRms>
 __global__ void __launch_bounds__(512, 1) LayerNormClusterBwdKernel(LayerNormBwdParams p) {
   using Row = ClusterRow<T>;
   constexpr int V = Row::V;
@@ -78,9 +76,9 @@ __global__ void __launch_bounds__(512, 1) LayerNormClusterBwdKernel(LayerNormBwd
   using State = std::conditional_t<kRms, SumSqGrad, CenteredGrad>;
   __shared__ typename Row::template Slots<State> slots;
   __shared__ typename Row::template Slots<Sum1> mean_slots;
-  // One exchange a row (RMS norm, kOneExchange) alternates the cluster slots by
-  // row parity; two alternate by round (the mean's in [0], the State's in [1]).
-  __shared__ float cluster_slots[2][sizeof(MeanM2Grad) / sizeof(float)];
+  // What the blocks exchange: RMS norm's sums; layer norm's (n, mean, M2, G, S).
+  using Exchanged = std::conditional_t<kRms, SumSqGrad, MeanM2Grad>;
+  __shared__ typename ClusterExchange<Exchanged>::Inbox inbox;
   extern __shared__ uint4 dynamic_smem[];
   const ScaleSlice<Row> scale{reinterpret_cast<float4*>(dynamic_smem + ScaleOffset<T>() / 16)};
 
@@ -98,9 +96,12 @@ __global__ void __launch_bounds__(512, 1) LayerNormClusterBwdKernel(LayerNormBwd
   Feed<T> feed({static_cast<const T*>(p.x) + first, static_cast<const T*>(p.dy) + first}, n,
                split, rows_per_group);
 
+  ClusterExchange<Exchanged> exchange(inbox);
+
   // Stage the group's scale, this block's share of it.
   scale.Stage(p.scale + group * n + col0, ns);
   __syncthreads();
+  ClusterSyncRelaxed<true>();  // the peers' inboxes are ready
 
   float acc[kSums][Row::kVecs][V] = {};
   const float inv_n = 1.f / static_cast<float>(n);
@@ -112,30 +113,16 @@ __global__ void __launch_bounds__(512, 1) LayerNormClusterBwdKernel(LayerNormBwd
     State st;
     float mean = 0.f;
     if constexpr (kRms) {
-      st = ThreadSumSqGrad(x, dy, scale, ns);
+      st = RowTotal<Row>(ThreadSumSqGrad(x, dy, scale, ns), slots, parity, exchange);
     } else {
-      // The mean the sums are taken about: the block's share's, or the row's.
-      const Sum1 sum = ThreadSum(x);
-      if constexpr (kOneExchange) {
-        mean = Row::Reduce(sum, mean_slots, 0).s / static_cast<float>(ns);
-      } else {
-        mean = RowTotal<true, Row>(sum, mean_slots, 0, reinterpret_cast<Sum1*>(cluster_slots[0])).s *
-               inv_n;
-      }
-      st = ThreadCenteredGrad(x, dy, scale, ns, mean);
-      if constexpr (kOneExchange) {
-        st = Row::Reduce(st, slots, 0);
-        const MeanM2Grad all =
-            ClusterSum(MeanM2Grad{static_cast<float>(ns), mean, st.m2, st.g, st.s},
-                       reinterpret_cast<MeanM2Grad*>(cluster_slots[parity]));
-        mean = all.mean;
-        st = {all.m2, all.g, all.s};
-      } else {
-        st = RowTotal<true, Row>(st, slots, 0, reinterpret_cast<State*>(cluster_slots[1]));
-      }
+      // The sums about the block's share's mean, then merged over the row.
+      mean = Row::Reduce(ThreadSum(x), mean_slots, 0).s / static_cast<float>(ns);
+      st = Row::Reduce(ThreadCenteredGrad(x, dy, scale, ns, mean), slots, 0);
+      const MeanM2Grad all =
+          exchange.Sum(MeanM2Grad{static_cast<float>(ns), mean, st.m2, st.g, st.s});
+      mean = all.mean;
+      st = {all.m2, all.g, all.s};
     }
-    if constexpr (kRms)
-      st = RowTotal<true, Row>(st, slots, parity, reinterpret_cast<State*>(cluster_slots[parity]));
     const auto [rstd, mean_g, mean_gx] = BwdCoeffs(st, inv_n, p.epsilon);
     T* dx = dx_base + row * n;
 #pragma unroll
@@ -155,9 +142,7 @@ __global__ void __launch_bounds__(512, 1) LayerNormClusterBwdKernel(LayerNormBwd
       StoreOrdered16<T>(dx + Row::Col(v), out);
     }
   }
-  // Peers may still read this block's cluster slots until all have passed a
-  // last cluster barrier.
-  ClusterSync();
+  ClusterSyncRelaxed<true>();  // every push to this block has landed
   float* partial = p.partials + unit * kSums * n + col0;
 #pragma unroll
   for (int s = 0; s < kSums; ++s) {
@@ -173,9 +158,9 @@ __global__ void __launch_bounds__(512, 1) LayerNormClusterBwdKernel(LayerNormBwd
   }
 }
 
-template <typename T, bool kRms, bool kOneExchange = false>
+template <typename T, bool kRms>
 cudaError_t Launch(LayerNormBwdParams& p, cudaStream_t stream) {
-  auto kernel = LayerNormClusterBwdKernel<T, kRms, kOneExchange>;
+  auto kernel = LayerNormClusterBwdKernel<T, kRms>;
   const int blocks = ClusterBlocks(p.width, RowSplit<ClusterRow<T>, true>::kSegment);
   if (blocks < 2 || blocks > kMaxClusterBlocks) return cudaErrorInvalidValue;
   ClusterLaunch launch(blocks, ClusterRow<T>::kBlock, SmemBytes<T>(), stream);
@@ -201,10 +186,7 @@ cudaError_t Launch(LayerNormBwdParams& p, cudaStream_t stream) {
 cudaError_t LaunchLayerNormClusterBwd(LayerNormBwdParams& p, cudaStream_t stream) {
   return DispatchDType(p.dtype, [&](auto tag) {
     using T = typename decltype(tag)::type;
-    if (p.rms) return Launch<T, true>(p, stream);
-    const int blocks = ClusterBlocks(p.width, RowSplit<ClusterRow<T>, true>::kSegment);
-    if (blocks < kMaxClusterBlocks) return Launch<T, false, true>(p, stream);
-    return Launch<T, false>(p, stream);
+    return p.rms ? Launch<T, true>(p, stream) : Launch<T, false>(p, stream);
   });
 }
 

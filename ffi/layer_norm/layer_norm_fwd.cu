@@ -44,13 +44,14 @@ __global__ void __launch_bounds__(Row::kBlock, kCluster ? 1024 / Row::kBlock : 0
   constexpr int V = Row::V;
   // Layer norm's two reductions alternate between two slot sets, so each set
   // is rewritten only after every thread has passed the other's barrier,
-  // which it reaches after reading this one: no double buffering needed. The
-  // cluster slots alternate by row parity (one exchange a row), each rewritten
-  // only after a later cluster barrier.
+  // which it reaches after reading this one: no double buffering needed. A
+  // cluster exchanges one State a row (ClusterExchange).
+  using ClusterState = std::conditional_t<kRms, Sum1, MeanM2>;
   __shared__ typename Row::template Slots<Sum1> slots;
   __shared__ typename Row::template Slots<Sum1> slots2;
-  __shared__ Sum1 cluster_slots[2];
-  __shared__ MeanM2 ln_cluster_slots[kCluster && !kRms ? 2 : 1];  // by row parity
+  __shared__ typename ClusterExchange<ClusterState, kCluster>::Inbox inbox;
+  ClusterExchange<ClusterState, kCluster> exchange(inbox);
+  ClusterSyncRelaxed<kCluster>();
   const int64_t n = p.width;
   const RowSplit<Row, kCluster> split(n);
   const int64_t ns = split.width;  // this block's columns of the row
@@ -70,7 +71,7 @@ __global__ void __launch_bounds__(Row::kBlock, kCluster ? 1024 / Row::kBlock : 0
 #pragma unroll
         for (int i = 0; i < V; ++i) ss += f[i] * f[i];
       }
-      var = RowTotal<kCluster, Row>(Sum1{ss}, slots, parity, &cluster_slots[parity]).s * inv_n;
+      var = RowTotal<Row>(Sum1{ss}, slots, parity, exchange).s * inv_n;
     } else {
       // This thread's exact (count, mean, M2), two passes over its registers;
       // then the row's M2 = sum over threads of M2_t + count_t (mean_t - mean)^2.
@@ -102,7 +103,7 @@ __global__ void __launch_bounds__(Row::kBlock, kCluster ? 1024 / Row::kBlock : 0
       const float d = local_mean - mean;
       float row_m2 = Row::Reduce(Sum1{m2 + count * d * d}, slots2, 0).s;
       if constexpr (kCluster) {
-        const MeanM2 st = ClusterSum(MeanM2{team_n, mean, row_m2}, &ln_cluster_slots[parity]);
+        const MeanM2 st = exchange.Sum(MeanM2{team_n, mean, row_m2});
         mean = st.mean;
         row_m2 = st.m2;
       }
@@ -130,7 +131,7 @@ __global__ void __launch_bounds__(Row::kBlock, kCluster ? 1024 / Row::kBlock : 0
       StoreVec<T, V>(y + col, f);
     }
   }
-  if constexpr (kCluster) ClusterSync();
+  ClusterSyncRelaxed<kCluster>();
 }
 
 template <typename T, int kTeam, int V, bool kRms>

@@ -199,19 +199,23 @@ __device__ __forceinline__ float ThreadMax(const Row& r, int64_t n) {
 // Rows that fit the register layout (ffi/common/row_regs.cuh): one team a row,
 // x read once, y written once, one team reduction of (max, sum). kCluster:
 // a wider row split over the blocks of a cluster (ffi/common/row_cluster.cuh),
-// streamed (RowFeed), the (max, sum) states merged over them; cluster slots
-// by row parity.
+// streamed (RowFeed), the (max, sum) states merged over them
+// (ClusterExchange).
 template <typename T, typename Row, bool kLog, bool kCluster = false>
 __global__ void __launch_bounds__(Row::kBlock, kCluster ? 1024 / Row::kBlock : 0)
     SoftmaxRegFwdKernel(SoftmaxFwdParams p) {
   constexpr int V = Row::V;
   constexpr float kLog2e = 1.4426950408889634f;
   __shared__ typename Row::template Slots<MaxSum> slots;
-  __shared__ MaxSum cluster_slots[2];
+  // The pull exchange: see ClusterExchange.
+  using Exchange = ClusterExchange<MaxSum, kCluster, /*kPull=*/true>;
+  __shared__ typename Exchange::Inbox inbox;
   const int64_t n = p.n;
   const RowSplit<Row, kCluster> split(n);
   const int64_t ns = split.width;  // this block's columns of the row
   RowFeed<T, Row, kCluster> feed({static_cast<const T*>(p.x)}, n, split, p.outer);
+  Exchange exchange(inbox);
+  ClusterSyncRelaxed<kCluster>();
   int parity = 0;
   for (int64_t row = split.row0; row < p.outer; row += split.row_step, parity ^= 1) {
     Row r;
@@ -230,7 +234,7 @@ __global__ void __launch_bounds__(Row::kBlock, kCluster ? 1024 / Row::kBlock : 0
         for (int i = 0; i < V; ++i) s += FastExp2(fmaf(f[i], kLog2e, -ml));
       }
     }
-    const MaxSum st = RowTotal<kCluster, Row>(MaxSum{m, s}, slots, parity, &cluster_slots[parity]);
+    const MaxSum st = RowTotal<Row>(MaxSum{m, s}, slots, parity, exchange);
     // softmax: exp(x - max) / sum; log_softmax: x - max - log(sum). An all
     // -inf row gives NaN, as jax.nn.softmax does.
     const float ml = st.m * kLog2e, inv_sum = 1.f / st.s, shift = st.m + logf(st.s);
@@ -245,7 +249,7 @@ __global__ void __launch_bounds__(Row::kBlock, kCluster ? 1024 / Row::kBlock : 0
       StoreVec<T, V>(y + Row::Col(v), f);
     }
   }
-  if constexpr (kCluster) ClusterSync();
+  ClusterSyncRelaxed<kCluster>();
 }
 
 // The fallback backward row kernel (long or unaligned rows), as the forward's.
@@ -349,19 +353,21 @@ __global__ void __launch_bounds__(RowTeam<kTeam>::kBlock) SoftmaxRowBwdKernel(So
 // Rows that fit the register layout: x and dy each read once, dx written
 // once; one team reduction of (max, sum, t) recomputes the forward. kCluster:
 // a wider row split over the blocks of a cluster, streamed (RowFeed), the
-// states merged over the blocks; cluster slots by row parity.
+// states merged over the blocks (ClusterExchange).
 template <typename T, typename Row, bool kLog, bool kCluster = false>
 __global__ void __launch_bounds__(Row::kBlock, kCluster ? 1 : 0)
     SoftmaxRegBwdKernel(SoftmaxBwdParams p) {
   constexpr int V = Row::V;
   constexpr float kLog2e = 1.4426950408889634f;
   __shared__ typename Row::template Slots<BwdState<kLog>> slots;
-  __shared__ BwdState<kLog> cluster_slots[2];
+  __shared__ typename ClusterExchange<BwdState<kLog>, kCluster>::Inbox inbox;
   const int64_t n = p.n;
   const RowSplit<Row, kCluster> split(n);
   const int64_t ns = split.width;  // this block's columns of the row
   RowFeed<T, Row, kCluster, 2> feed(
       {static_cast<const T*>(p.x), static_cast<const T*>(p.dy)}, n, split, p.outer);
+  ClusterExchange<BwdState<kLog>, kCluster> exchange(inbox);
+  ClusterSyncRelaxed<kCluster>();
   int parity = 0;
   for (int64_t row = split.row0; row < p.outer; row += split.row_step, parity ^= 1) {
     Row rx, rd;
@@ -384,7 +390,7 @@ __global__ void __launch_bounds__(Row::kBlock, kCluster ? 1 : 0)
         st.t += kLog ? d[i] : d[i] * e;
       }
     }
-    st = RowTotal<kCluster, Row>(st, slots, parity, &cluster_slots[parity]);
+    st = RowTotal<Row>(st, slots, parity, exchange);
     const float inv_sum = 1.f / st.s;
     const float t = kLog ? st.t : st.t * inv_sum;  // sum(dy) or sum(dy * y)
     const float row_ml = st.m * kLog2e;
@@ -403,7 +409,7 @@ __global__ void __launch_bounds__(Row::kBlock, kCluster ? 1 : 0)
       StoreVec<T, V>(dx + Row::Col(v), f);
     }
   }
-  if constexpr (kCluster) ClusterSync();
+  ClusterSyncRelaxed<kCluster>();
 }
 
 constexpr int kStridedThreads = 256;
