@@ -24,6 +24,9 @@
 // ahead (not two) was 0.77-0.87 of the old kernel's time for RMS norm on one
 // H200 but 0.98-1.04 on two others, the old kernel's time being the same on
 // all three.
+// Then the exchange became pushes (ClusterExchange, no cluster barrier a
+// row), H200 A/B (us, bwd): 4096 x 131072 bf16 layer norm 1752 -> 1113, RMS
+// norm 1094 -> 818; 4096 x 40000 436 -> 368, 383 -> 270.
 #include <algorithm>
 #include <type_traits>
 
