@@ -146,11 +146,14 @@ struct ClusterExchange {
         for (int i = 0; i < kWords; ++i) hopper::StoreAsync32(dst + 4 * i, __float_as_uint(w[i]), bar);
       }
     }
-    // CTA-scope acquire, as for the bulk copies into shared memory: the pushed
-    // bytes are in this CTA's shared memory, and the barrier's transaction
-    // count completes only once they have landed. (A cluster-scope acquire
-    // also invalidated L1 at every wait, CCTL.IVALL: 8% of the softmax
-    // forward's stall samples.)
+    // A CTA-scope acquire. The PTX memory model pairs st.async's completion
+    // (a release at cluster scope) with a cluster-scope acquire, as NVIDIA's
+    // st.async example waits; this relies instead on the hardware: the pushed
+    // bytes are in this CTA's shared memory (not cached in L1) before the
+    // barrier's transaction count completes. The cluster-scope wait also
+    // invalidated L1 at every wait (CCTL.IVALL: 8% of the softmax forward's
+    // stall samples). Untried: a relaxed cluster-scope wait followed by
+    // fence.acquire.sync_restrict::shared::cluster.cluster.
     hopper::BarrierWait(&box.bar[slot], parity);
     return Merge(box.from[slot][lane < blocks ? lane : 0], blocks);
   }
@@ -326,10 +329,13 @@ cudaError_t ResidentClusters(Kernel kernel, const ClusterLaunch& launch, int* re
 // loaded the next row into registers while reducing this one (512 x 4
 // vectors) were faster for RMS norm (68-74%) but slower for layer norm and
 // softmax (47-55%), which have more work between the loads.
+// At least 2 blocks: a one-block cluster's ClusterExchange would push to
+// itself with st.async, which PTX leaves undefined (every caller has rows
+// wider than one block's layout).
 template <typename Kernel, typename Params>
 cudaError_t LaunchRowClusters(Kernel kernel, int blocks, int block_threads, size_t smem,
                               int64_t rows, const Params& p, cudaStream_t stream) {
-  if (blocks < 1 || blocks > kMaxClusterBlocks) return cudaErrorInvalidValue;
+  if (blocks < 2 || blocks > kMaxClusterBlocks) return cudaErrorInvalidValue;
   ClusterLaunch launch(blocks, block_threads, smem, stream);
   int64_t max_clusters = (int64_t{1} << 30) / blocks;
   if (smem > 0) {
