@@ -223,7 +223,7 @@ struct RowFeed {
 // copy an array, one mbarrier a stage) while it reduces and writes this one;
 // Get waits for this row's stage, moves it to registers and refills the stage
 // with the row kStages ahead. Why: a block of a cluster row waits for its own
-// loads and then for its peers at the cluster barrier; with loads issued only
+// loads and then for its peers at the row's exchange; with loads issued only
 // at a row's start the softmax forward ran at 71% of copy bandwidth at 4096 x
 // 131072 bf16, 8% slower than streamed (benchmarks/RESULTS.md, where the
 // layer/RMS norm forwards, whose fp32 parameters are re-read through L1 for

@@ -96,8 +96,8 @@ __global__ void __launch_bounds__(Row::kBlock, kCluster ? 1024 / Row::kBlock : 0
       }
       // The team's sum, its mean and M2 about that mean (with a cluster, the
       // block's); a cluster then merges the blocks' (count, mean, M2) in rank
-      // order (Chan) in one exchange, one cluster barrier a row where two
-      // cluster-wide sums took two.
+      // order (Chan) in one exchange a row, where two cluster-wide sums took
+      // two.
       const float team_n = static_cast<float>(ns);
       mean = Row::Reduce(Sum1{sum}, slots, 0).s * (kCluster ? __frcp_rn(team_n) : inv_n);
       const float d = local_mean - mean;
