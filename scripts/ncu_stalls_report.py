@@ -1,4 +1,4 @@
-"""Prints what scripts/ncu_stalls.sh collected: duration, DRAM throughput,
+"""Prints what scripts/ncu_stalls.sh collected: duration, DRAM, L2 and L1 throughput,
 the warp stall reasons (cycles per issued instruction), and the SASS lines
 with the most stall samples.  python3 ncu_stalls_report.py RAW.csv SASS.csv"""
 
@@ -21,8 +21,16 @@ if len(raw) > 2:
   for k in ("gpu__time_duration.sum", "dram__throughput.avg.pct_of_peak_sustained_elapsed",
             "launch__grid_size", "launch__registers_per_thread",
             "sm__warps_active.avg.pct_of_peak_sustained_active",
-            "smsp__issue_active.avg.pct_of_peak_sustained_active"):
-    print(f"  {k} = {m.get(k)}")
+            "smsp__issue_active.avg.pct_of_peak_sustained_active",
+            # Memory levels: L2 (lts) and L1 (l1tex) throughput and hit rates, and the
+            # bytes L2 sent the SMs, which re-read parameters add to beyond DRAM's.
+            "lts__t_throughput.avg.pct_of_peak_sustained_elapsed",
+            "l1tex__t_throughput.avg.pct_of_peak_sustained_active",
+            "lts__t_sector_hit_rate.pct", "l1tex__t_sector_hit_rate.pct",
+            "lts__t_sectors_srcunit_tex_op_read.sum", "dram__bytes_read.sum",
+            "dram__bytes_write.sum"):
+    if k in m:
+      print(f"  {k} = {m.get(k)} {units[hdr.index(k)]}")
   stalls = [(k, v) for k, v in m.items()
             if k.startswith("smsp__average_warps_issue_stalled_") and k.endswith("per_issue_active.ratio")]
   stalls.sort(key=lambda kv: -float(kv[1].replace(",", "") or 0))

@@ -17,7 +17,8 @@ for spec in sys.argv[1:] or ["layer_norm:4096x131072:bfloat16"]:
   x = jax.random.normal(jax.random.key(0), (rows, width), jnp.float32).astype(dtype)
   dy = jax.random.normal(jax.random.key(1), x.shape, jnp.float32).astype(dtype)
   w = jax.random.uniform(jax.random.key(2), (width,), jnp.float32, 0.5, 1.5)
-  f = {"layer_norm": lambda v, s: jax_dnn.layer_norm(v, s, s),
+  b = jax.random.normal(jax.random.key(3), (width,), jnp.float32)  # its own bytes, as in a model
+  f = {"layer_norm": lambda v, s: jax_dnn.layer_norm(v, s, b),
        "rms_norm": lambda v, s: jax_dnn.rms_norm(v, s),
        "softmax": lambda v, s: jax_dnn.softmax(v)}[op]
   if (mode or ["bwd"])[0] == "fwd":

@@ -320,25 +320,32 @@ cudaError_t ResidentClusters(Kernel kernel, const ClusterLaunch& launch, int* re
 }
 
 // Clusters of `blocks` blocks for the cluster row kernels. A kernel that
-// streams its rows (RowFeed, smem = its kSmemBytes > 0) is persistent: as
-// many clusters as fit at once. One that loads them directly (smem = 0) gets
-// one cluster a row (capped; it strides over the rest), the hardware
-// overlapping clusters as they retire and start. Tried on an H200 (4096 x
+// streams its rows (RowFeed, smem = its kSmemBytes > 0), or is launched with
+// `persistent`, is persistent: as many clusters as fit at once. One that loads
+// its rows directly (smem = 0) otherwise gets one cluster a row (capped; it
+// strides over the rest), the hardware overlapping clusters as they retire
+// and start. Tried on an H200 (4096 x
 // 131072 and x 65536 bf16) for the direct form: 256-thread blocks (8 a cluster
 // at 131072) ran the same as 512, 62-69% of copy; persistent clusters that
 // loaded the next row into registers while reducing this one (512 x 4
 // vectors) were faster for RMS norm (68-74%) but slower for layer norm and
-// softmax (47-55%), which have more work between the loads.
+// softmax (47-55%), which have more work between the loads. Later (layer/RMS
+// norm forward, 4096 x 131072 bf16, where ncu puts ~40% of the stall samples
+// on the output loop's parameter loads from L2): 512 x 4 vectors a block (8 a
+// cluster) 1.13-1.39x the time of 512 x 8; prefetching the next vectors'
+// parameters into L1 (prefetch.global.L1) 1.04-1.4x (it spilled, and slowed
+// the register-row kernels it touched).
 // At least 2 blocks: a one-block cluster's ClusterExchange would push to
 // itself with st.async, which PTX leaves undefined (every caller has rows
 // wider than one block's layout).
 template <typename Kernel, typename Params>
 cudaError_t LaunchRowClusters(Kernel kernel, int blocks, int block_threads, size_t smem,
-                              int64_t rows, const Params& p, cudaStream_t stream) {
+                              int64_t rows, const Params& p, cudaStream_t stream,
+                              bool persistent = false) {
   if (blocks < 2 || blocks > kMaxClusterBlocks) return cudaErrorInvalidValue;
   ClusterLaunch launch(blocks, block_threads, smem, stream);
   int64_t max_clusters = (int64_t{1} << 30) / blocks;
-  if (smem > 0) {
+  if (smem > 0 || persistent) {
     int resident = 0;
     const cudaError_t e = ResidentClusters(kernel, launch, &resident);
     if (e != cudaSuccess) return e;

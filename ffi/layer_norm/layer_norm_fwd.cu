@@ -258,9 +258,16 @@ cudaError_t Launch(const LayerNormFwdParams& p, cudaStream_t stream) {
   }
   if (V > 1 && p.width <= kMaxClusterBlocks * RegRowMaxWidth<T>()) {
     using Row = RegRow<T, 512, 8>;
+    // Layer norm at 16 bits: persistent clusters (as many as fit at once, each
+    // striding over rows) rather than one a row. H200 A/B, two runs (us, fwd,
+    // bf16): 4096 x 131072 752 -> 720, 4096 x 40000 253 -> 225, 1024 x 262144
+    // 427 -> 384, 4096 x 65536 342 -> 337. Not for RMS norm, slower at 4096 x
+    // 131072 (615 -> 659) though faster at 40000 (206 -> 192), nor fp32 (4096
+    // x 32768 303 -> 306); why the RMS norm loses was not established.
+    constexpr bool kPersistent = !kRms && sizeof(T) == 2;
     return LaunchRowClusters(LayerNormRegFwdKernel<T, Row, kRms, true>,
                              ClusterBlocks(p.width, RowSplit<Row, true>::kSegment), Row::kBlock,
-                             /*smem=*/0, p.rows, p, stream);
+                             /*smem=*/0, p.rows, p, stream, kPersistent);
   }
   auto fallback = [&](auto team) {
     constexpr int kTeam = decltype(team)::value;
