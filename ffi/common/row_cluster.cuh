@@ -332,8 +332,8 @@ cudaError_t ResidentClusters(Kernel kernel, const ClusterLaunch& launch, int* re
 // softmax (47-55%), which have more work between the loads. Later (layer/RMS
 // norm forward, 4096 x 131072 bf16, where ncu puts ~40% of the stall samples
 // on the output loop's parameter loads from L2): 512 x 4 vectors a block (8 a
-// cluster) 1.13-1.39x the time of 512 x 8; prefetching the next vectors'
-// parameters into L1 (prefetch.global.L1) 1.04-1.4x (it spilled, and slowed
+// cluster) 1.2-1.4x the time of 512 x 8; prefetching the next vectors'
+// parameters into L1 (prefetch.global.L1) 1.05-1.4x (it spilled, and slowed
 // the register-row kernels it touched).
 // At least 2 blocks: a one-block cluster's ClusterExchange would push to
 // itself with st.async, which PTX leaves undefined (every caller has rows
