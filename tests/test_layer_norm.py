@@ -136,9 +136,9 @@ def test_grouped_parameter_gradients(device, name, groups, rows):
 # GPU (up to ~200 SMs), so that each persistent cluster streams several rows
 # (RowFeed) and adds their parameter gradients: bf16 and fp16 50000 (4
 # blocks), bf16 100000 (7), fp32 20000 (3), in shares that are not whole
-# segments (layer norm: one cluster exchange a row); bf16 131072 and fp32
-# 65536 (8 blocks: two exchanges); and per-group parameters (vmap), 2-block
-# clusters with several parts a group; the same bits from two calls.
+# segments; bf16 131072 and fp32 65536 (8 blocks, the widest cluster); and
+# per-group parameters (vmap), 2-block clusters with several parts a group;
+# the same bits from two calls.
 @pytest.mark.parametrize("name", OPS)
 @pytest.mark.parametrize("shape,dtype", [((300, 50000), jnp.bfloat16), ((300, 50000), jnp.float16),
                                          ((60, 100000), jnp.bfloat16), ((300, 20000), jnp.float32),

@@ -133,16 +133,13 @@ __global__ void __launch_bounds__(Row::kBlock, kRegThreadsPerSM / Row::kBlock)
       st = ThreadCenteredGrad(x, dy, scale, n, mean);
     }
     st = Row::Reduce(st, slots, kRms ? parity : 0);
-    const auto [rstd, mean_g, mean_gx] = BwdCoeffs(st, inv_n, p.epsilon);
+    // Plain copies: a lambda may not capture structured bindings in C++17.
+    const NormBwdCoeffs c = BwdCoeffs(st, inv_n, p.epsilon);
+    const float rstd = c.rstd, mean_g = c.mean_g, mean_gx = c.mean_gx;
     // dx, and the partial sums of dy * xhat (and dy) in shared memory.
     T* dx = dx_base + local * n + lane * V;
-#pragma unroll
-    for (int v = 0; v < Row::kVecs; ++v) {
-      if (!Row::In(v, n)) continue;
-      float f[V], d[V], g[V], out[V];
-      x.Get(v, f);
-      dy.Get(v, d);
-      scale.Get(v, g);
+    ForEachVec(x, dy, scale, n, [&](int v, auto& f, const auto& d, const auto& g) {
+      float out[V];
 #pragma unroll
       for (int i = 0; i < V; ++i) {
         f[i] = (f[i] - mean) * rstd;  // xhat
@@ -159,7 +156,7 @@ __global__ void __launch_bounds__(Row::kBlock, kRegThreadsPerSM / Row::kBlock)
         }
       }
       StoreOrdered16<T>(dx + v * kTeam * V, out);
-    }
+    });
     x = x_next;
     dy = dy_next;
   }

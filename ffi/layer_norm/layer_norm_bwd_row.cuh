@@ -43,26 +43,36 @@ struct ScaleSlice {
   }
 };
 
-// RMS norm: this thread's sum x^2 and sum g x (g = dy * scale) over its
-// vectors of the first ns columns.
-template <typename Row, typename Scale>
-__device__ __forceinline__ SumSqGrad ThreadSumSqGrad(const Row& x, const Row& dy,
-                                                     const Scale& scale, int64_t ns) {
+// Calls fn(v, x, dy, scale) with this thread's values of each of its vectors
+// v in the first ns columns, widened to fp32. Vectors past the row are zeros
+// and would add nothing to a sum, but skipping them keeps ptxas from hoisting
+// every vector's unpacking at once (without it the 16-bit kernels spilled up
+// to 88 bytes under the 128-register bound).
+template <typename Row, typename Scale, typename Fn>
+__device__ __forceinline__ void ForEachVec(const Row& x, const Row& dy, const Scale& scale,
+                                           int64_t ns, Fn&& fn) {
   constexpr int V = Row::V;
-  float ss = 0.f, sgx = 0.f;
 #pragma unroll
   for (int v = 0; v < Row::kVecs; ++v) {
-    // Vectors past the row are zeros and add nothing, but the branch keeps
-    // ptxas from hoisting every vector's unpacking at once (without it the
-    // 16-bit kernels spilled up to 88 bytes under the 128-register bound).
     if (!Row::In(v, ns)) continue;
     float f[V], d[V], g[V];
     x.Get(v, f);
     dy.Get(v, d);
     scale.Get(v, g);
-#pragma unroll
-    for (int i = 0; i < V; ++i) ss += f[i] * f[i], sgx += d[i] * g[i] * f[i];
+    fn(v, f, d, g);
   }
+}
+
+// RMS norm: this thread's sum x^2 and sum g x (g = dy * scale) over its
+// vectors of the first ns columns.
+template <typename Row, typename Scale>
+__device__ __forceinline__ SumSqGrad ThreadSumSqGrad(const Row& x, const Row& dy,
+                                                     const Scale& scale, int64_t ns) {
+  float ss = 0.f, sgx = 0.f;
+  ForEachVec(x, dy, scale, ns, [&](int, const auto& f, const auto& d, const auto& g) {
+#pragma unroll
+    for (int i = 0; i < Row::V; ++i) ss += f[i] * f[i], sgx += d[i] * g[i] * f[i];
+  });
   return {ss, sgx};
 }
 
@@ -86,21 +96,14 @@ template <typename Row, typename Scale>
 __device__ __forceinline__ CenteredGrad ThreadCenteredGrad(const Row& x, const Row& dy,
                                                            const Scale& scale, int64_t ns,
                                                            float mean) {
-  constexpr int V = Row::V;
   float m2 = 0.f, gsum = 0.f, gx = 0.f;
+  ForEachVec(x, dy, scale, ns, [&](int, const auto& f, const auto& d, const auto& g) {
 #pragma unroll
-  for (int v = 0; v < Row::kVecs; ++v) {
-    if (!Row::In(v, ns)) continue;
-    float f[V], d[V], g[V];
-    x.Get(v, f);
-    dy.Get(v, d);
-    scale.Get(v, g);
-#pragma unroll
-    for (int i = 0; i < V; ++i) {
+    for (int i = 0; i < Row::V; ++i) {
       const float c = f[i] - mean, gi = d[i] * g[i];
       m2 += c * c, gsum += gi, gx += gi * c;
     }
-  }
+  });
   return {m2, gsum, gx};
 }
 
