@@ -15,7 +15,9 @@
 // same kernel split over the blocks of a cluster (ffi/common/row_cluster.cuh):
 // 512 x 8 vectors a block, the team sums added over distributed shared memory
 // (layer norm: each block's (count, mean, M2), merged in one exchange a row,
-// 2.6% faster than two cluster sums at 4096 x 131072 bf16 on an H200).
+// 2.6% faster than two cluster sums at 4096 x 131072 bf16 on an H200). The
+// 16-bit layer norm there takes LayerNormPairFwdKernel, two rows a pass, so
+// that each parameter vector is read once for both.
 //
 // The rest (longer rows, or rows not 16-byte aligned) take LayerNormFwdKernel,
 // a row team that caches kCacheElems fp32 a thread and re-reads the uncached
@@ -132,6 +134,106 @@ __global__ void __launch_bounds__(Row::kBlock, kCluster ? 1024 / Row::kBlock : 0
     }
   }
   ClusterSyncRelaxed<kCluster>();
+}
+
+// Two plain sums (one a row of a pair) as one mergeable State.
+struct SumPair {
+  float a, b;
+  __device__ static SumPair Merge(const SumPair& x, const SumPair& y) { return {x.a + y.a, x.b + y.b}; }
+};
+// The blocks' (count, mean, M2) of both rows of a pair, merged in one exchange.
+struct MeanM2Pair {
+  MeanM2 r0, r1;
+  __device__ static MeanM2Pair Merge(const MeanM2Pair& x, const MeanM2Pair& y) {
+    return {MeanM2::Merge(x.r0, y.r0), MeanM2::Merge(x.r1, y.r1)};
+  }
+};
+
+// The 16-bit layer norm of rows split over a cluster, two rows a pass: each
+// vector of scale and bias is loaded once for both rows. Why: at 4096 x
+// 131072 bf16 a block's share of the fp32 parameters (256 KiB) does not fit
+// L1, so LayerNormRegFwdKernel re-read it from L2 for every row, 4x the
+// bytes of x it reads from memory (ncu: ~40% of the stall samples on those
+// loads). One block an SM (128 registers for two rows), so the bytes in
+// flight an SM are those of two one-row blocks. Clusters are persistent,
+// each taking pairs (2 pair, 2 pair + 1); both rows of a pair are in one
+// parameter group (the launcher checks).
+template <typename T, typename Row>
+__global__ void __launch_bounds__(Row::kBlock, 1) LayerNormPairFwdKernel(LayerNormFwdParams p) {
+  constexpr int V = Row::V;
+  __shared__ typename Row::template Slots<SumPair> slots;
+  __shared__ typename Row::template Slots<SumPair> slots2;
+  __shared__ typename ClusterExchange<MeanM2Pair>::Inbox inbox;
+  ClusterExchange<MeanM2Pair> exchange(inbox);
+  ClusterSyncRelaxed<true>();
+  const int64_t n = p.width;
+  const RowSplit<Row, true> split(n);
+  const int64_t ns = split.width;
+  const int64_t rows_per_group = p.rows / p.groups;
+  const float inv_n = 1.f / static_cast<float>(n);
+  const float team_n = static_cast<float>(ns);
+  const int64_t pairs = (p.rows + 1) / 2;
+  for (int64_t pair = split.row0; pair < pairs; pair += split.row_step) {
+    const int64_t row0 = 2 * pair;
+    const bool second = row0 + 1 < p.rows;  // an odd last row has no partner
+    const T* x = static_cast<const T*>(p.x) + row0 * n + split.col0;
+    Row r0, r1;
+    r0.Load(x, ns);
+    r1.Load(x + n, second ? ns : 0);  // zeros past the rows
+    // Each thread's exact (count, mean, M2) of both rows, as in
+    // LayerNormRegFwdKernel, then the block's and the cluster's.
+    float count = 0.f, sum0 = 0.f, sum1 = 0.f;
+#pragma unroll
+    for (int v = 0; v < Row::kVecs; ++v) {
+      float f[V], g[V];
+      r0.Get(v, f);
+      r1.Get(v, g);
+      if (Row::In(v, ns)) count += V;
+#pragma unroll
+      for (int i = 0; i < V; ++i) sum0 += f[i], sum1 += g[i];
+    }
+    const float rc = count > 0.f ? __frcp_rn(count) : 0.f;
+    const float lm0 = sum0 * rc, lm1 = sum1 * rc;
+    float m20 = 0.f, m21 = 0.f;
+#pragma unroll
+    for (int v = 0; v < Row::kVecs; ++v) {
+      if (!Row::In(v, ns)) continue;
+      float f[V], g[V];
+      r0.Get(v, f);
+      r1.Get(v, g);
+#pragma unroll
+      for (int i = 0; i < V; ++i) m20 += (f[i] - lm0) * (f[i] - lm0), m21 += (g[i] - lm1) * (g[i] - lm1);
+    }
+    const SumPair s = Row::Reduce(SumPair{sum0, sum1}, slots, 0);
+    const float mean0 = s.a * __frcp_rn(team_n), mean1 = s.b * __frcp_rn(team_n);
+    const float d0 = lm0 - mean0, d1 = lm1 - mean1;
+    const SumPair q = Row::Reduce(SumPair{m20 + count * d0 * d0, m21 + count * d1 * d1}, slots2, 0);
+    const MeanM2Pair st = exchange.Sum(MeanM2Pair{{team_n, mean0, q.a}, {team_n, mean1, q.b}});
+    const float rstd0 = rsqrtf(st.r0.m2 * inv_n + p.epsilon);
+    const float rstd1 = rsqrtf(st.r1.m2 * inv_n + p.epsilon);
+    const int64_t group = row0 / rows_per_group;
+    const float* scale = p.scale + group * n + split.col0;
+    const float* bias = p.bias + group * n + split.col0;
+    T* y = static_cast<T*>(p.y) + row0 * n + split.col0;
+#pragma unroll
+    for (int v = 0; v < Row::kVecs; ++v) {
+      if (!Row::In(v, ns)) continue;
+      const int64_t col = Row::Col(v);
+      float f[V], g[V], b[V];
+      LoadVec<float, V>(scale + col, g);
+      LoadVec<float, V>(bias + col, b);
+      r0.Get(v, f);
+#pragma unroll
+      for (int i = 0; i < V; ++i) f[i] = (f[i] - st.r0.mean) * rstd0 * g[i] + b[i];
+      StoreVec<T, V>(y + col, f);
+      if (!second) continue;
+      r1.Get(v, f);
+#pragma unroll
+      for (int i = 0; i < V; ++i) f[i] = (f[i] - st.r1.mean) * rstd1 * g[i] + b[i];
+      StoreVec<T, V>(y + n + col, f);
+    }
+  }
+  ClusterSyncRelaxed<true>();
 }
 
 template <typename T, int kTeam, int V, bool kRms>
@@ -265,9 +367,18 @@ cudaError_t Launch(const LayerNormFwdParams& p, cudaStream_t stream) {
     // 131072 (615 -> 659) though faster at 40000 (206 -> 192), nor fp32 (4096
     // x 32768 303 -> 306); why the RMS norm loses was not established.
     constexpr bool kPersistent = !kRms && sizeof(T) == 2;
+    const int blocks = ClusterBlocks(p.width, RowSplit<Row, true>::kSegment);
+    if constexpr (kPersistent) {
+      // Two rows a pass where both rows of every pair share their parameters.
+      // H200 A/B against the one-row kernel (us, fwd, 3 rounds): 4096 x
+      // 131072 bf16 704 -> 674, fp16 697 -> 674, 4096 x 65536 333 -> 315,
+      // 4096 x 40000 223 -> 226, 1024 x 262144 380 -> 381.
+      if (p.groups == 1 || (p.rows / p.groups) % 2 == 0)
+        return LaunchRowClusters(LayerNormPairFwdKernel<T, Row>, blocks, Row::kBlock, /*smem=*/0,
+                                 (p.rows + 1) / 2, p, stream, /*persistent=*/true);
+    }
     return LaunchRowClusters(LayerNormRegFwdKernel<T, Row, kRms, true>,
-                             ClusterBlocks(p.width, RowSplit<Row, true>::kSegment), Row::kBlock,
-                             /*smem=*/0, p.rows, p, stream, kPersistent);
+                             blocks, Row::kBlock, /*smem=*/0, p.rows, p, stream, kPersistent);
   }
   auto fallback = [&](auto team) {
     constexpr int kTeam = decltype(team)::value;
