@@ -21,7 +21,8 @@ fi
 T=/tmp/env_ab_times.txt; rm -f $T
 for r in $(seq $ROUNDS); do
   for v in ${VALUES:-0 1}; do
-    (cd /tmp && JAX_DNN_AB=$v python3 $OLDPWD/$AB_SCRIPT "$@" | sed "s/^/ab$v /") >> $T
+    (cd /tmp && JAX_DNN_AB=$v python3 "$OLDPWD/$AB_SCRIPT" "$@" | sed "s/^/ab$v /") >> $T \
+      || echo "variant $v failed in round $r" >&2
   done
 done
 python3 - $T <<'PY'

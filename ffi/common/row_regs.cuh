@@ -82,6 +82,7 @@ struct RegRow {
   static constexpr int kTeams = kBlock / kTeam;
   static constexpr int kWarps = kTeam / 32;
   static_assert(kTeam % 32 == 0 && kTeam <= 1024 && kTeams <= 8, "team is whole warps");
+  static_assert((kWarps & (kWarps - 1)) == 0, "Reduce's tree needs a power-of-two warp count");
 
   uint4 raw[kVecs];
 

@@ -97,9 +97,9 @@ __global__ void __launch_bounds__(Row::kBlock, kCluster ? 1024 / Row::kBlock : 0
         for (int i = 0; i < V; ++i) m2 += (f[i] - local_mean) * (f[i] - local_mean);
       }
       // The team's sum, its mean and M2 about that mean (with a cluster, the
-      // block's); a cluster then merges the blocks' (count, mean, M2) in rank
-      // order (Chan) in one exchange a row, where two cluster-wide sums took
-      // two.
+      // block's); a cluster then merges the blocks' (count, mean, M2) in a
+      // fixed order (Chan; ClusterExchange) in one exchange a row, where two
+      // cluster-wide sums took two.
       const float team_n = static_cast<float>(ns);
       mean = Row::Reduce(Sum1{sum}, slots, 0).s * (kCluster ? __frcp_rn(team_n) : inv_n);
       const float d = local_mean - mean;
@@ -155,9 +155,9 @@ struct MeanM2Pair {
 // L1, so LayerNormRegFwdKernel re-read it from L2 for every row, 4x the
 // bytes of x it reads from memory (ncu: ~40% of the stall samples on those
 // loads). One block an SM (128 registers for two rows), so the bytes in
-// flight an SM are those of two one-row blocks. Clusters are persistent,
-// each taking pairs (2 pair, 2 pair + 1); both rows of a pair are in one
-// parameter group (the launcher checks).
+// flight an SM are those of two one-row blocks. Clusters are persistent;
+// pair k is rows 2k and 2k + 1, and both are in one parameter group (the
+// launcher checks).
 template <typename T, typename Row>
 __global__ void __launch_bounds__(Row::kBlock, 1) LayerNormPairFwdKernel(LayerNormFwdParams p) {
   constexpr int V = Row::V;
