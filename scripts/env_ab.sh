@@ -25,15 +25,4 @@ for r in $(seq $ROUNDS); do
       || echo "variant $v failed in round $r" >&2
   done
 done
-python3 - $T <<'PY'
-import statistics, sys
-d = {}
-for line in open(sys.argv[1]):
-  v, *case, t = line.split()
-  d.setdefault(" ".join(case), {}).setdefault(v, []).append(float(t))
-names = list(next(iter(d.values())))
-print(f"{'case':42s} " + " ".join(f"{v + ' us':>9s}" for v in names) + "  ratios to " + names[0])
-for case, vs in d.items():
-  t = [statistics.median(vs[v]) for v in names]
-  print(f"{case:42s} " + " ".join(f"{x:9.1f}" for x in t) + "  " + " ".join(f"{x / t[0]:.3f}" for x in t[1:]))
-PY
+python3 scripts/ab_table.py $T
