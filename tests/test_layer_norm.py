@@ -65,6 +65,26 @@ def test_against_reference(device, name, dtype, shape):
     assert reused >= 1, "the output did not land in a poisoned buffer"
 
 
+# Outlier channels (a few columns a thousand times the rest, as in large
+# language models' activations), one of them the first value of a team's
+# first thread: statistics that lose precision to cancellation (E[x^2] -
+# E[x]^2, or sums about a shift far from the mean, such as a row's first
+# value) would show it here. Register rows of one and two warps, a cluster,
+# the fallback.
+@pytest.mark.parametrize("name", OPS)
+@pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: jnp.dtype(d).name)
+@pytest.mark.parametrize("shape", [(64, 1024), (16, 4096), (5, 4097), (4, 40000)], ids=str)
+def test_outlier_channels(device, name, dtype, shape):
+  ours, naive, nparams = OPS[name]
+  cols = np.arange(shape[-1])
+  sign = np.where(cols % 2 == 0, 1.0, -1.0)
+  outliers = jnp.asarray(np.where(cols % 257 == 0, 3000.0 * sign, 0.0), dtype)
+  x = randn(21, shape, dtype, scale=2.0, offset=0.5)
+  x = jnp.where(outliers != 0, outliers, x)
+  args = (x, *_params(shape[-1], nparams, dtype))
+  check_fwd_bwd(device, ours, naive, args, dtype, what=name)
+
+
 @pytest.mark.parametrize("name", OPS)
 def test_fp32_params_with_bf16_input(device, name):
   ours, naive, nparams = OPS[name]
