@@ -162,13 +162,15 @@ def test_grouped_parameter_gradients(device, name, groups, rows):
 # normalizes two rows a pass (LayerNormPairFwdKernel): 300 rows stride over
 # the persistent clusters; per-group parameters with even rows a group take
 # it (2 x 6 x 40000), with odd rows a group the one-row kernel (3 x 5 x
-# 40000).
+# 40000); an odd row count that strides (301 rows: 151 pairs, the last
+# without a second row).
 @pytest.mark.parametrize("name", OPS)
 @pytest.mark.parametrize("shape,dtype", [((300, 50000), jnp.bfloat16), ((300, 50000), jnp.float16),
                                          ((60, 100000), jnp.bfloat16), ((300, 20000), jnp.float32),
                                          ((40, 131072), jnp.bfloat16), ((40, 65536), jnp.float32),
                                          ((3, 100, 20000), jnp.bfloat16), ((2, 6, 40000), jnp.float16),
-                                         ((3, 5, 40000), jnp.bfloat16)], ids=str)
+                                         ((3, 5, 40000), jnp.bfloat16), ((301, 50000), jnp.bfloat16)],
+                         ids=str)
 def test_streamed_cluster_rows(device, name, shape, dtype):
   if not on_gpu(device):
     pytest.skip("kernel-only layout: the CPU path has no clusters")
