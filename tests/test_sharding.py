@@ -532,11 +532,13 @@ def test_explicit_axes_results_keep_their_shapes():
                   axis_types=(jax.sharding.AxisType.Explicit,) * len(mesh.axis_names))
   x = randn(48, (64, 32), jnp.float32)
   scale = jnp.ones((1, 32), jnp.float32)
-  bind = lambda dy, x, s: layer_norm_lib.layer_norm_bwd_p.bind(dy, x, s, epsilon=1e-6)
-  want = [o.shape for o in jax.eval_shape(bind, x, x, scale)]
+  stats = jnp.ones((64, 2), jnp.float32)  # the forward's (mean, rstd) a row
+  bind = lambda dy, x, s, st: layer_norm_lib.layer_norm_bwd_p.bind(dy, x, s, st, epsilon=1e-6)
+  want = [o.shape for o in jax.eval_shape(bind, x, x, scale, stats)]
   with jax.set_mesh(explicit):
     xs = jax.device_put(x, NamedSharding(explicit, P("data")))
-    got = jax.jit(bind)(xs, xs, scale)
+    sts = jax.device_put(stats, NamedSharding(explicit, P("data")))
+    got = jax.jit(bind)(xs, xs, scale, sts)
   assert [g.shape for g in got] == want
   assert not np.asarray(got[-1]).any()  # the workspace comes back as zeros
 
@@ -569,8 +571,10 @@ def test_rules_split_what_they_should():
 
   r = softmax._sharding([(4, 6, 8)], [(4, 6, 8)], axis=1, log=False)
   assert splittable(r, r.operands[0]) == [True, False, True]
-  r = layer_norm._sharding([(4, 6, 8), (1, 8), (1, 8)], [(4, 6, 8)], epsilon=1e-6, rms=False)
+  r = layer_norm._sharding([(4, 6, 8), (1, 8), (1, 8)], [(4, 6, 8), (4, 6, 2)], epsilon=1e-6,
+                           rms=False)
   assert splittable(r, r.operands[0]) == [True, True, False]
+  assert splittable(r, r.results[1]) == [True, True, False]  # stats split with their rows
   params = dict(present=(), scale=1.0, softcap=0.0, is_causal=False, window=None,
                 deterministic=False)
   r = attention._sharding([(2, 16, 8, 64), (2, 24, 2, 64), (2, 24, 2, 32)],

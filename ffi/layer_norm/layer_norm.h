@@ -4,9 +4,11 @@
 //   RMS norm:   y = x * rstd * scale,                  rstd = 1/sqrt(mean(x^2) + eps)
 //
 // x, y, dy, dx are T (fp32/bf16/fp16); scale, bias and the parameter gradients
-// are fp32 (the Python layer casts). Statistics are fp32. The backward
-// recomputes mean and rstd from x (it holds the row in registers anyway), so
-// the forward saves nothing and a gradient-only program skips the forward.
+// are fp32 (the Python layer casts). Statistics are fp32. The layer norm's
+// forward writes each row's (mean, rstd) to `stats` and its backward reads
+// them: recomputing them there took a second team reduction a row and a pass
+// over the row's registers. The RMS norm's backward recomputes rstd, whose
+// sum of squares rides in the one reduction it needs anyway (sum g * x).
 // scale/bias are [groups, width]: row r uses group r / (rows / groups). groups
 // is 1 unless vmap batched the parameters, which folds into the kernel this way.
 #pragma once
@@ -26,6 +28,7 @@ struct LayerNormFwdParams {
   const float* scale;  // [groups, width]
   const float* bias;   // [groups, width]; null for RMS norm
   void* y;             // [rows, width]
+  float* stats;        // [rows, 2]: (mean, rstd) of each row; null for RMS norm
   int64_t rows;
   int64_t width;
   int64_t groups;
@@ -38,6 +41,7 @@ struct LayerNormBwdParams {
   const void* dy;      // [rows, width]
   const void* x;       // [rows, width]
   const float* scale;  // [groups, width]
+  const float* stats;  // [rows, 2]: the forward's (mean, rstd); null for RMS norm
   void* dx;            // [rows, width]
   float* partials;     // workspace [groups, parts, sums, width]; sums = 2 (1 for RMS)
   float* dscale;       // [groups, width]

@@ -1,24 +1,23 @@
 // Layer norm / RMS norm backward. See layer_norm.h for the layout.
 //
-//   mean, rstd recomputed from x as in the forward
+//   mean, rstd: the forward's (stats)   (RMS norm: rstd recomputed from x)
 //   xhat = (x - mean) * rstd         (RMS norm: x * rstd)
 //   g    = dy * scale
 //   dx   = rstd * (g - mean(g) - xhat * mean(g * xhat))   (RMS norm: no mean(g) term)
 //   dscale = sum over rows of dy * xhat,  dbias = sum over rows of dy
 //
-// The statistics and the two row sums come from team reductions: one per row
-// for RMS norm (SumSqGrad); for layer norm one in the fallback kernel
-// (MeanM2Grad merges) and two of plain sums in the register-row kernel (the
-// row sum, then CenteredGrad about the mean: layer_norm_stats.cuh).
+// The two row sums come from one team reduction a row: RMS norm's sum x^2
+// and sum g x (SumSqGrad), layer norm's sum g and sum g (x - mean) about the
+// forward's mean (GradSums, layer_norm_stats.cuh).
 //
 // Stage 1 (this file): blocks are persistent within one group of rows; each
 // thread owns the same columns in every row it visits, so it accumulates the
 // dscale/dbias partial sums of those columns across rows; at the end each
 // block writes one row of partials. Stage 2 (ffi/common/column_sum.cu) sums
 // the partials of each group in a fixed order. No atomics: deterministic.
-// Traffic: x and dy read once, dx written once (the statistics are recomputed
-// from the row held in registers, so nothing is saved by the forward), plus the
-// partials (groups * parts * sums * width fp32, a few percent of the rest).
+// Traffic: x and dy read once, dx written once, layer norm's stats (8 bytes a
+// row), plus the partials (groups * parts * sums * width fp32, a few percent of
+// the rest).
 //
 // Rows that can be read as 16-byte vectors and are at most 16384 bf16/fp16
 // (8192 fp32) wide take LayerNormRegBwdKernel: a team of 32-512 threads a row,
@@ -71,12 +70,9 @@ __global__ void __launch_bounds__(Row::kBlock, kRegThreadsPerSM / Row::kBlock)
   constexpr int kTeam = Row::kTeam;
   constexpr int kSums = kRms ? 1 : 2;
   constexpr int kSlice = Row::kVecs * kQuads * kTeam;
-  // Layer norm: one slot set a reduction. The rounds alternate, so a slot set
-  // is rewritten only after every thread has passed the other round's barrier,
-  // which it reaches after reading this one: a single buffer suffices.
-  using State = std::conditional_t<kRms, SumSqGrad, CenteredGrad>;
+  // One reduction a row, its slots double-buffered by the row's parity.
+  using State = std::conditional_t<kRms, SumSqGrad, GradSums>;
   __shared__ typename Row::template Slots<State> slots;
-  __shared__ typename Row::template Slots<Sum1> mean_slots;
   extern __shared__ float4 smem[];
   const int lane = Row::Lane();
   const int team = Row::Team();
@@ -92,6 +88,21 @@ __global__ void __launch_bounds__(Row::kBlock, kRegThreadsPerSM / Row::kBlock)
   const int64_t group = unit / p.parts;
   const int64_t part = unit % p.parts;
   const float inv_n = 1.f / static_cast<float>(n);
+  // The first row's loads go out before the scale is staged: their latency
+  // overlaps the staging's.
+  const int64_t first_row = group * rows_per_group;
+  const T* x_base = static_cast<const T*>(p.x) + first_row * n;
+  const T* dy_base = static_cast<const T*>(p.dy) + first_row * n;
+  T* dx_base = static_cast<T*>(p.dx) + first_row * n;
+  const int64_t step = p.parts * Row::kTeams;
+  int64_t local = part * Row::kTeams + team;
+  Row x, dy;
+  float2 stats = {0.f, 0.f};  // layer norm: the row's (mean, rstd)
+  if (local < rows_per_group) {
+    x.Load(x_base + local * n, n);
+    dy.Load(dy_base + local * n, n);
+    if constexpr (!kRms) stats = LoadStats(p.stats, first_row + local);
+  }
   // Stage the group's scale (slice 0) and zero this thread's accumulators.
   const ScaleSlice<Row> scale{smem};
   scale.Stage(p.scale + group * n, n);
@@ -102,39 +113,30 @@ __global__ void __launch_bounds__(Row::kBlock, kRegThreadsPerSM / Row::kBlock)
 #pragma unroll
       for (int q = 0; q < kQuads; ++q) at(acc0 + s, v, q) = make_float4(0.f, 0.f, 0.f, 0.f);
   __syncthreads();
-
-  const int64_t first_row = group * rows_per_group;
-  const T* x_base = static_cast<const T*>(p.x) + first_row * n;
-  const T* dy_base = static_cast<const T*>(p.dy) + first_row * n;
-  T* dx_base = static_cast<T*>(p.dx) + first_row * n;
-  const int64_t step = p.parts * Row::kTeams;
-  int64_t local = part * Row::kTeams + team;
-  Row x, dy;
-  if (local < rows_per_group) {
-    x.Load(x_base + local * n, n);
-    dy.Load(dy_base + local * n, n);
-  }
   int parity = 0;
   for (; local < rows_per_group; local += step, parity ^= 1) {
     // The next row's loads go out before this row is used: its latency
     // overlaps this row's reduction and stores.
     Row x_next, dy_next;
+    float2 stats_next = {0.f, 0.f};
     if (local + step < rows_per_group) {
       x_next.Load(x_base + (local + step) * n, n);
       dy_next.Load(dy_base + (local + step) * n, n);
+      if constexpr (!kRms) stats_next = LoadStats(p.stats, first_row + local + step);
     }
-    // This thread's share of the statistics and of the two row sums.
-    State st;
-    float mean = 0.f;
+    // This thread's share of the two row sums, then the row's, and the dx
+    // coefficients (RMS norm: rstd from the sum of squares; layer norm: the
+    // forward's mean and rstd).
+    const float mean = stats.x;  // layer norm
+    NormBwdCoeffs c;
     if constexpr (kRms) {
-      st = ThreadSumSqGrad(x, dy, scale, n);
+      c = BwdCoeffs(Row::Reduce(ThreadSumSqGrad(x, dy, scale, n), slots, parity), inv_n,
+                    p.epsilon);
     } else {
-      mean = Row::Reduce(ThreadSum(x), mean_slots, 0).s * inv_n;
-      st = ThreadCenteredGrad(x, dy, scale, n, mean);
+      c = BwdCoeffs(Row::Reduce(ThreadGradSums(x, dy, scale, n, mean), slots, parity), inv_n,
+                    /*rstd=*/stats.y);
     }
-    st = Row::Reduce(st, slots, kRms ? parity : 0);
     // Plain copies: a lambda may not capture structured bindings in C++17.
-    const NormBwdCoeffs c = BwdCoeffs(st, inv_n, p.epsilon);
     const float rstd = c.rstd, mean_g = c.mean_g, mean_gx = c.mean_gx;
     // dx, and the partial sums of dy * xhat (and dy) in shared memory.
     T* dx = dx_base + local * n + lane * V;
@@ -159,6 +161,7 @@ __global__ void __launch_bounds__(Row::kBlock, kRegThreadsPerSM / Row::kBlock)
     });
     x = x_next;
     dy = dy_next;
+    stats = stats_next;
   }
 
   // The block's row of partials: team 0 adds the other teams' sums in team
@@ -270,8 +273,9 @@ __global__ void __launch_bounds__(RowTeam<kTeam>::kBlock)
       for (int i = 0; i < V; ++i) sc[i] = scs[c][i];
     };
 
-    // One team reduction gives the forward statistics and both row sums of
-    // the dx formula (sum g and sum g * xhat = rstd * sum g (x - mean)).
+    // One team reduction gives both row sums of the dx formula (sum g and
+    // sum g * xhat = rstd * sum g (x - mean)); RMS norm's also gives rstd,
+    // layer norm's mean and rstd are the forward's.
     float mean = 0.f, rstd, sum_g = 0.f, sum_gx;
     if constexpr (kRms) {
       float ss = 0.f, sgx = 0.f;
@@ -293,8 +297,10 @@ __global__ void __launch_bounds__(RowTeam<kTeam>::kBlock)
       rstd = rsqrtf(ss * inv_n + p.epsilon);
       sum_gx = sgx * rstd;
     } else {
-      const MeanM2 ms = LocalMeanM2<kTeam, V, kCache>(xv, lane, n);
-      MeanM2Grad st{ms.n, ms.mean, ms.m2, 0.f, 0.f};
+      const float2 ms = valid ? LoadStats(p.stats, row) : make_float2(0.f, 0.f);
+      mean = ms.x;
+      rstd = ms.y;
+      float sg = 0.f, sgx = 0.f;
 #pragma unroll
       for (int c = 0; c < kCache; ++c) {
         float sc[V];
@@ -302,25 +308,17 @@ __global__ void __launch_bounds__(RowTeam<kTeam>::kBlock)
 #pragma unroll
         for (int i = 0; i < V; ++i) {
           const float g = dyv[c][i] * sc[i];  // zero on padding
-          st.g += g;
-          st.s += g * (xv[c][i] - ms.mean);
+          sg += g;
+          sgx += g * (xv[c][i] - mean);
         }
       }
       for_tail([&](int64_t, const float(&v)[V], const float(&d)[V], const float(&g)[V]) {
-        const MeanM2 cm = ChunkMeanM2<V>(v);
-        MeanM2Grad chunk{cm.n, cm.mean, cm.m2, 0.f, 0.f};
 #pragma unroll
-        for (int i = 0; i < V; ++i) {
-          chunk.g += d[i] * g[i];
-          chunk.s += d[i] * g[i] * (v[i] - cm.mean);
-        }
-        st = MeanM2Grad::Merge(st, chunk);
+        for (int i = 0; i < V; ++i) sg += d[i] * g[i], sgx += d[i] * g[i] * (v[i] - mean);
       });
-      st = Team::Reduce(st, scratch);
-      mean = st.mean;
-      rstd = rsqrtf(st.m2 * inv_n + p.epsilon);
-      sum_g = st.g;
-      sum_gx = st.s * rstd;
+      Team::Sum2(sg, sgx, scratch);
+      sum_g = sg;
+      sum_gx = sgx * rstd;
     }
 #pragma unroll
     for (int c = 0; c < kCache; ++c)

@@ -59,14 +59,11 @@ constexpr size_t SmemBytes() {
 // Within sm_90's 227 KiB a block, with room for the static shared memory.
 static_assert(SmemBytes<__nv_bfloat16>() <= 226 * 1024 && SmemBytes<float>() <= 226 * 1024);
 
-// Layer norm's row sums about the mean: each block finds the mean of its
-// share and the sums about it (block barriers only), and the blocks' (n,
-// mean, M2, G, S) merge in one cluster exchange a row (Chan's formula,
-// MeanM2Grad). Earlier forms: a cluster-wide mean, then a second exchange
-// for the sums about it, which was slower under 8 blocks (0.81-0.92 with one)
-// and kept at 8 when exchanges were pulls behind a cluster barrier; with the
-// pushes of ClusterExchange one and two ran the same at 8 blocks (H200,
-// 4096 x 131072 bf16, 1124 and 1125 us), and the two-exchange form spilled.
+// One exchange a row: the blocks' team sums (RMS norm: sum x^2 and sum g x;
+// layer norm: sum g and sum g (x - mean) about the forward's mean, read with
+// its rstd from the saved stats one row ahead). Before the stats were saved,
+// the layer norm also found the mean (a block reduction and a pass over the
+// registers) and the blocks merged (n, mean, M2, G, S) by Chan's formula.
 //
 // 1 block an SM: 128 registers for a share of x and dy (32 registers at
 // 16 bits) and the partial sums (64 for layer norm).
@@ -76,12 +73,9 @@ __global__ void __launch_bounds__(512, 1) LayerNormClusterBwdKernel(LayerNormBwd
   constexpr int V = Row::V;
   constexpr int kQuads = V / 4;  // float4s a vector
   constexpr int kSums = kRms ? 1 : 2;
-  using State = std::conditional_t<kRms, SumSqGrad, CenteredGrad>;
+  using State = std::conditional_t<kRms, SumSqGrad, GradSums>;
   __shared__ typename Row::template Slots<State> slots;
-  __shared__ typename Row::template Slots<Sum1> mean_slots;
-  // What the blocks exchange: RMS norm's sums; layer norm's (n, mean, M2, G, S).
-  using Exchanged = std::conditional_t<kRms, SumSqGrad, MeanM2Grad>;
-  __shared__ typename ClusterExchange<Exchanged>::Inbox inbox;
+  __shared__ typename ClusterExchange<State>::Inbox inbox;
   extern __shared__ uint4 dynamic_smem[];
   const ScaleSlice<Row> scale{reinterpret_cast<float4*>(dynamic_smem + ScaleOffset<T>() / 16)};
 
@@ -95,11 +89,12 @@ __global__ void __launch_bounds__(512, 1) LayerNormClusterBwdKernel(LayerNormBwd
   // This part's rows of the group: part, part + parts, ...
   split.row0 = part;
   split.row_step = p.parts;
-  const int64_t first = group * rows_per_group * n;
+  const int64_t first_row = group * rows_per_group;
+  const int64_t first = first_row * n;
   Feed<T> feed({static_cast<const T*>(p.x) + first, static_cast<const T*>(p.dy) + first}, n,
                split, rows_per_group);
 
-  ClusterExchange<Exchanged> exchange(inbox);
+  ClusterExchange<State> exchange(inbox);
 
   // Stage the group's scale, this block's share of it.
   scale.Stage(p.scale + group * n + col0, ns);
@@ -109,24 +104,27 @@ __global__ void __launch_bounds__(512, 1) LayerNormClusterBwdKernel(LayerNormBwd
   float acc[kSums][Row::kVecs][V] = {};
   const float inv_n = 1.f / static_cast<float>(n);
   T* const dx_base = static_cast<T*>(p.dx) + first + col0;
+  // Layer norm: this row's (mean, rstd), loaded a row ahead.
+  float2 stats = {0.f, 0.f};
+  if (!kRms && split.row0 < rows_per_group) stats = LoadStats(p.stats, first_row + split.row0);
   int parity = 0;
   for (int64_t row = split.row0; row < rows_per_group; row += split.row_step, parity ^= 1) {
+    float2 stats_next = {0.f, 0.f};
+    if (!kRms && row + split.row_step < rows_per_group)
+      stats_next = LoadStats(p.stats, first_row + row + split.row_step);
     Row x, dy;
     feed.Get(row, x, dy);
-    State st;
-    float mean = 0.f;
+    const float mean = stats.x;  // layer norm
+    NormBwdCoeffs c;
     if constexpr (kRms) {
-      st = RowTotal<Row>(ThreadSumSqGrad(x, dy, scale, ns), slots, parity, exchange);
+      c = BwdCoeffs(RowTotal<Row>(ThreadSumSqGrad(x, dy, scale, ns), slots, parity, exchange),
+                    inv_n, p.epsilon);
     } else {
-      // The sums about the block's share's mean, then merged over the row.
-      mean = Row::Reduce(ThreadSum(x), mean_slots, 0).s / static_cast<float>(ns);
-      st = Row::Reduce(ThreadCenteredGrad(x, dy, scale, ns, mean), slots, 0);
-      const MeanM2Grad all =
-          exchange.Sum(MeanM2Grad{static_cast<float>(ns), mean, st.m2, st.g, st.s});
-      mean = all.mean;
-      st = {all.m2, all.g, all.s};
+      c = BwdCoeffs(RowTotal<Row>(ThreadGradSums(x, dy, scale, ns, mean), slots, parity, exchange),
+                    inv_n, /*rstd=*/stats.y);
     }
-    const auto [rstd, mean_g, mean_gx] = BwdCoeffs(st, inv_n, p.epsilon);
+    const float rstd = c.rstd, mean_g = c.mean_g, mean_gx = c.mean_gx;
+    stats = stats_next;
     T* dx = dx_base + row * n;
     // The loop of ForEachVec written out: as a lambda it compiled to other
     // SASS here (not measured), where the register-row kernel's is the same.

@@ -76,35 +76,19 @@ __device__ __forceinline__ SumSqGrad ThreadSumSqGrad(const Row& x, const Row& dy
   return {ss, sgx};
 }
 
-// Layer norm, first pass: this thread's sum of x (vectors past the row are
-// zeros).
-template <typename Row>
-__device__ __forceinline__ Sum1 ThreadSum(const Row& x) {
-  Sum1 sum = {0.f};
-#pragma unroll
-  for (int v = 0; v < Row::kVecs; ++v) {
-    float f[Row::V];
-    x.Get(v, f);
-#pragma unroll
-    for (int i = 0; i < Row::V; ++i) sum.s += f[i];
-  }
-  return sum;
-}
-
-// Layer norm, second pass: this thread's sums about `mean` (CenteredGrad).
+// Layer norm: this thread's sums about the row's `mean` (GradSums).
 template <typename Row, typename Scale>
-__device__ __forceinline__ CenteredGrad ThreadCenteredGrad(const Row& x, const Row& dy,
-                                                           const Scale& scale, int64_t ns,
-                                                           float mean) {
-  float m2 = 0.f, gsum = 0.f, gx = 0.f;
+__device__ __forceinline__ GradSums ThreadGradSums(const Row& x, const Row& dy, const Scale& scale,
+                                                   int64_t ns, float mean) {
+  float gsum = 0.f, gx = 0.f;
   ForEachVec(x, dy, scale, ns, [&](int, const auto& f, const auto& d, const auto& g) {
 #pragma unroll
     for (int i = 0; i < Row::V; ++i) {
-      const float c = f[i] - mean, gi = d[i] * g[i];
-      m2 += c * c, gsum += gi, gx += gi * c;
+      const float gi = d[i] * g[i];
+      gsum += gi, gx += gi * (f[i] - mean);
     }
   });
-  return {m2, gsum, gx};
+  return {gsum, gx};
 }
 
 // dx = rstd * (dy * scale - mean_g - xhat * mean_gx), from the row's totals.
@@ -115,8 +99,7 @@ __device__ __forceinline__ NormBwdCoeffs BwdCoeffs(const SumSqGrad& st, float in
   const float rstd = rsqrtf(st.ss * inv_n + eps);
   return {rstd, 0.f, st.sgx * rstd * inv_n};
 }
-__device__ __forceinline__ NormBwdCoeffs BwdCoeffs(const CenteredGrad& st, float inv_n, float eps) {
-  const float rstd = rsqrtf(st.m2 * inv_n + eps);
+__device__ __forceinline__ NormBwdCoeffs BwdCoeffs(const GradSums& st, float inv_n, float rstd) {
   return {rstd, st.g * inv_n, st.s * rstd * inv_n};
 }
 

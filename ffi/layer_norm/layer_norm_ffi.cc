@@ -34,13 +34,22 @@ ffi::Error CheckShapes(const std::string& op, const ffi::AnyBuffer& x,
   return ffi::Error::Success();
 }
 
+// Layer norm's stats: [..., 2] fp32 over x's rows.
+ffi::Error CheckStats(const std::string& op, const ffi::Buffer<ffi::F32>& stats, const Shape& s) {
+  if (stats.element_count() != 2 * s.rows || stats.dimensions().size() == 0 ||
+      stats.dimensions().back() != 2)
+    return InvalidArgument(op + ": stats must be [..., 2] over the rows of x");
+  return ffi::Error::Success();
+}
+
 ffi::Error Fwd(cudaStream_t stream, const std::string& op, const ffi::AnyBuffer& x,
                const ffi::Buffer<ffi::F32>& scale, const ffi::Buffer<ffi::F32>* bias,
-               ffi::AnyBuffer& y, float epsilon) {
+               ffi::AnyBuffer& y, ffi::Buffer<ffi::F32>* stats, float epsilon) {
   Shape s{};
   ffi::Error e = bias ? CheckShapes(op, x, scale, {bias}, &s) : CheckShapes(op, x, scale, {}, &s);
   if (e.failure()) return e;
   if (y.element_type() != x.element_type()) return InvalidArgument(op + ": y must have x's dtype");
+  if (stats && (e = CheckStats(op, *stats, s)).failure()) return e;
   LayerNormFwdParams p{};
   p.dtype = *ToDType(x.element_type());
   p.rms = bias == nullptr;
@@ -48,6 +57,7 @@ ffi::Error Fwd(cudaStream_t stream, const std::string& op, const ffi::AnyBuffer&
   p.scale = scale.typed_data();
   p.bias = bias ? bias->typed_data() : nullptr;
   p.y = y.untyped_data();
+  p.stats = stats ? stats->typed_data() : nullptr;
   p.rows = s.rows;
   p.width = s.width;
   p.groups = s.groups;
@@ -56,7 +66,8 @@ ffi::Error Fwd(cudaStream_t stream, const std::string& op, const ffi::AnyBuffer&
 }
 
 ffi::Error Bwd(cudaStream_t stream, const std::string& op, const ffi::AnyBuffer& dy,
-               const ffi::AnyBuffer& x, const ffi::Buffer<ffi::F32>& scale, ffi::AnyBuffer& dx,
+               const ffi::AnyBuffer& x, const ffi::Buffer<ffi::F32>& scale,
+               const ffi::Buffer<ffi::F32>* stats, ffi::AnyBuffer& dx,
                ffi::Buffer<ffi::F32>& dscale, ffi::Buffer<ffi::F32>* dbias,
                ffi::Buffer<ffi::F32>& workspace, float epsilon) {
   const bool rms = dbias == nullptr;
@@ -64,6 +75,8 @@ ffi::Error Bwd(cudaStream_t stream, const std::string& op, const ffi::AnyBuffer&
   ffi::Error e = rms ? CheckShapes(op, x, scale, {&dscale}, &s)
                      : CheckShapes(op, x, scale, {&dscale, dbias}, &s);
   if (e.failure()) return e;
+  if (rms != (stats == nullptr)) return InvalidArgument(op + ": stats are layer norm's");
+  if (stats && (e = CheckStats(op, *stats, s)).failure()) return e;
   if (dy.element_type() != x.element_type() || dx.element_type() != x.element_type() ||
       dy.element_count() != x.element_count())
     return InvalidArgument(op + ": dy and dx must match x");
@@ -77,6 +90,7 @@ ffi::Error Bwd(cudaStream_t stream, const std::string& op, const ffi::AnyBuffer&
   p.dy = dy.untyped_data();
   p.x = x.untyped_data();
   p.scale = scale.typed_data();
+  p.stats = stats ? stats->typed_data() : nullptr;
   p.dx = dx.untyped_data();
   p.partials = workspace.typed_data();
   p.dscale = dscale.typed_data();
@@ -91,29 +105,30 @@ ffi::Error Bwd(cudaStream_t stream, const std::string& op, const ffi::AnyBuffer&
 
 ffi::Error LayerNormFwdImpl(cudaStream_t stream, ffi::AnyBuffer x, ffi::Buffer<ffi::F32> scale,
                             ffi::Buffer<ffi::F32> bias, ffi::Result<ffi::AnyBuffer> y,
-                            float epsilon) {
-  return Fwd(stream, "jax_dnn_layer_norm_fwd", x, scale, &bias, *y, epsilon);
+                            ffi::ResultBuffer<ffi::F32> stats, float epsilon) {
+  return Fwd(stream, "jax_dnn_layer_norm_fwd", x, scale, &bias, *y, &*stats, epsilon);
 }
 
 ffi::Error RmsNormFwdImpl(cudaStream_t stream, ffi::AnyBuffer x, ffi::Buffer<ffi::F32> scale,
                           ffi::Result<ffi::AnyBuffer> y, float epsilon) {
-  return Fwd(stream, "jax_dnn_rms_norm_fwd", x, scale, nullptr, *y, epsilon);
+  return Fwd(stream, "jax_dnn_rms_norm_fwd", x, scale, nullptr, *y, nullptr, epsilon);
 }
 
 ffi::Error LayerNormBwdImpl(cudaStream_t stream, ffi::AnyBuffer dy, ffi::AnyBuffer x,
-                            ffi::Buffer<ffi::F32> scale, ffi::Result<ffi::AnyBuffer> dx,
-                            ffi::ResultBuffer<ffi::F32> dscale, ffi::ResultBuffer<ffi::F32> dbias,
+                            ffi::Buffer<ffi::F32> scale, ffi::Buffer<ffi::F32> stats,
+                            ffi::Result<ffi::AnyBuffer> dx, ffi::ResultBuffer<ffi::F32> dscale,
+                            ffi::ResultBuffer<ffi::F32> dbias,
                             ffi::ResultBuffer<ffi::F32> workspace, float epsilon) {
-  return Bwd(stream, "jax_dnn_layer_norm_bwd", dy, x, scale, *dx, *dscale, &*dbias, *workspace,
-             epsilon);
+  return Bwd(stream, "jax_dnn_layer_norm_bwd", dy, x, scale, &stats, *dx, *dscale, &*dbias,
+             *workspace, epsilon);
 }
 
 ffi::Error RmsNormBwdImpl(cudaStream_t stream, ffi::AnyBuffer dy, ffi::AnyBuffer x,
                           ffi::Buffer<ffi::F32> scale, ffi::Result<ffi::AnyBuffer> dx,
                           ffi::ResultBuffer<ffi::F32> dscale,
                           ffi::ResultBuffer<ffi::F32> workspace, float epsilon) {
-  return Bwd(stream, "jax_dnn_rms_norm_bwd", dy, x, scale, *dx, *dscale, nullptr, *workspace,
-             epsilon);
+  return Bwd(stream, "jax_dnn_rms_norm_bwd", dy, x, scale, nullptr, *dx, *dscale, nullptr,
+             *workspace, epsilon);
 }
 
 }  // namespace
@@ -125,6 +140,7 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(LayerNormFwd, LayerNormFwdImpl,
                                   .Arg<ffi::Buffer<ffi::F32>>()   // scale [groups, width]
                                   .Arg<ffi::Buffer<ffi::F32>>()   // bias [groups, width]
                                   .Ret<ffi::AnyBuffer>()          // y
+                                  .Ret<ffi::Buffer<ffi::F32>>()   // stats [..., 2]: mean, rstd
                                   .Attr<float>("epsilon"),
                               {ffi::Traits::kCmdBufferCompatible});
 
@@ -143,6 +159,7 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(LayerNormBwd, LayerNormBwdImpl,
                                   .Arg<ffi::AnyBuffer>()          // dy
                                   .Arg<ffi::AnyBuffer>()          // x
                                   .Arg<ffi::Buffer<ffi::F32>>()   // scale [groups, width]
+                                  .Arg<ffi::Buffer<ffi::F32>>()   // stats [..., 2]: mean, rstd
                                   .Ret<ffi::AnyBuffer>()          // dx
                                   .Ret<ffi::Buffer<ffi::F32>>()   // dscale [groups, width]
                                   .Ret<ffi::Buffer<ffi::F32>>()   // dbias [groups, width]

@@ -112,6 +112,9 @@ __global__ void __launch_bounds__(Row::kBlock, kCluster ? 1024 / Row::kBlock : 0
       var = row_m2 * inv_n;
     }
     const float rstd = rsqrtf(var + p.epsilon);
+    // The backward's residuals: the row's first thread (with a cluster, rank
+    // 0's) writes them.
+    if (!kRms && split.col0 == 0 && Row::Lane() == 0) StoreStats(p.stats, row, mean, rstd);
     // Parameters are re-read per row: from L1/L2, not memory.
     const int64_t group = row / rows_per_group;
     const float* scale = p.scale + group * n + split.col0;
@@ -211,6 +214,10 @@ __global__ void __launch_bounds__(Row::kBlock, 1) LayerNormPairFwdKernel(LayerNo
     const MeanM2Pair st = exchange.Sum(MeanM2Pair{{team_n, mean0, q.a}, {team_n, mean1, q.b}});
     const float rstd0 = rsqrtf(st.r0.m2 * inv_n + p.epsilon);
     const float rstd1 = rsqrtf(st.r1.m2 * inv_n + p.epsilon);
+    if (split.col0 == 0 && threadIdx.x == 0) {
+      StoreStats(p.stats, row0, st.r0.mean, rstd0);
+      if (second) StoreStats(p.stats, row0 + 1, st.r1.mean, rstd1);
+    }
     const int64_t group = row0 / rows_per_group;
     const float* scale = p.scale + group * n + split.col0;
     const float* bias = p.bias + group * n + split.col0;
@@ -308,6 +315,7 @@ __global__ void __launch_bounds__(RowTeam<kTeam>::kBlock)
       var = st.m2 * inv_n;
     }
     const float rstd = rsqrtf(var + p.epsilon);
+    if (!kRms && valid && lane == 0) StoreStats(p.stats, row, mean, rstd);
     if (valid) {
       const int64_t group = row / rows_per_group;
       const float* scale = p.scale + group * n;

@@ -7,6 +7,14 @@
 
 namespace jax_dnn {
 
+// Layer norm's residuals: (mean, rstd) of `row` at stats[2 * row].
+__device__ __forceinline__ void StoreStats(float* stats, int64_t row, float mean, float rstd) {
+  *reinterpret_cast<float2*>(stats + 2 * row) = make_float2(mean, rstd);
+}
+__device__ __forceinline__ float2 LoadStats(const float* stats, int64_t row) {
+  return *reinterpret_cast<const float2*>(stats + 2 * row);
+}
+
 // Exact (count, mean, M2) of one thread's cached values: buf[c] holds the V
 // values at column (c * kTeam + lane) * V when that column is < n.
 template <int kTeam, int V, int kCache>
@@ -44,22 +52,6 @@ __device__ __forceinline__ MeanM2 ChunkMeanM2(const float (&v)[V]) {
   return {static_cast<float>(V), mean, m2};
 }
 
-// MeanM2 of x plus, for g = dy * scale, G = sum(g) and S = sum(g * (x - mean)):
-// the backward's two row sums, mergeable like a covariance, so one team
-// reduction gives them all.
-struct MeanM2Grad {
-  float n, mean, m2, g, s;
-  __device__ static MeanM2Grad Merge(const MeanM2Grad& a, const MeanM2Grad& b) {
-    const float n = a.n + b.n;
-    if (n == 0.f) return a;
-    const float delta = b.mean - a.mean;
-    const MeanM2 ms = MeanM2::Merge({a.n, a.mean, a.m2}, {b.n, b.mean, b.m2});
-    // S about the merged mean: S_a + G_a (m_a - m) + S_b + G_b (m_b - m).
-    return {n, ms.mean, ms.m2, a.g + b.g,
-            a.s + b.s + delta * (b.g * a.n - a.g * b.n) * __frcp_rn(n)};
-  }
-};
-
 // RMS norm backward's two row sums (sum x^2, sum g x) as one mergeable state.
 struct SumSqGrad {
   float ss, sgx;
@@ -68,16 +60,14 @@ struct SumSqGrad {
   }
 };
 
-// The layer-norm backward's second reduction, about the row mean found by the
-// first: M2 = sum (x - mean)^2, G = sum g, S = sum g (x - mean). Plain sums:
-// a two-pass over a register-resident row is exact where a merge of
-// per-thread (count, mean, M2, G, S) states (MeanM2Grad) costs ~15
-// instructions a merge; ncu showed that merge doubling the kernel's
-// instructions (LN 177M vs RMS 87M at 16384 x 8192 bf16).
-struct CenteredGrad {
-  float m2, g, s;
-  __device__ static CenteredGrad Merge(const CenteredGrad& a, const CenteredGrad& b) {
-    return {a.m2 + b.m2, a.g + b.g, a.s + b.s};
+// The layer-norm backward's row sums about the forward's mean (its saved
+// stats), g = dy * scale: G = sum g, S = sum g (x - mean). Before the stats
+// were saved, the backward found the mean with a first team reduction and
+// then added M2 = sum (x - mean)^2 to these in a second one.
+struct GradSums {
+  float g, s;
+  __device__ static GradSums Merge(const GradSums& a, const GradSums& b) {
+    return {a.g + b.g, a.s + b.s};
   }
 };
 

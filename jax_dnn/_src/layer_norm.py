@@ -5,11 +5,17 @@
 
 Numerics: statistics and math in fp32; y in x's dtype; the kernels take the
 parameters as fp32 [groups, width] (cast here) and return fp32 parameter
-gradients, cast back to the parameters' dtypes. The backward recomputes the
-statistics from x, so the residuals are just (x, scale) and a program that
-only needs gradients never runs the forward kernel (XLA removes it). Parameter
-gradients are reduced across rows deterministically (per-block partials
-summed in a fixed order).
+gradients, cast back to the parameters' dtypes. Parameter gradients are
+reduced across rows deterministically (per-block partials summed in a fixed
+order).
+
+Residuals: the layer norm's forward also returns each row's (mean, rstd) as
+`stats` [..., 2] fp32, and its backward takes them (x, scale, stats), where
+recomputing them cost the backward a second team reduction and a pass over
+the row (benchmarks/RESULTS.md, session 31). RMS norm saves nothing: its
+backward's one reduction carries the sum of squares along with sum(g * x),
+so its residuals are (x, scale) and a gradient-only program skips its
+forward.
 
 Shapes: x [..., W]; scale, bias [W]. Inside the primitives the parameters are
 [G, W]: row r uses group r // (rows / G). G is 1 unless vmap batched the
@@ -79,18 +85,26 @@ def _normalized(x2, rms, epsilon):
 
 def _fwd_reference(x, scale, bias=None, *, epsilon, rms):
   width = x.shape[-1]
-  xhat, _ = _normalized(x.reshape(-1, width).astype(jnp.float32), rms, epsilon)
+  x2 = x.reshape(-1, width).astype(jnp.float32)
+  xhat, rstd = _normalized(x2, rms, epsilon)
   y = _grouped(xhat, scale) * scale[:, None, :]
-  if not rms:
-    y = y + bias[:, None, :]
-  return y.reshape(x.shape).astype(x.dtype)
+  if rms:
+    return y.reshape(x.shape).astype(x.dtype)
+  y = (y + bias[:, None, :]).reshape(x.shape).astype(x.dtype)
+  stats = jnp.concatenate([jnp.mean(x2, axis=-1, keepdims=True), rstd], axis=-1)
+  return y, stats.reshape(_stats_shape(x.shape))
 
 
-def _bwd_reference(dy, x, scale, *, epsilon, rms):
+def _bwd_reference(dy, x, scale, *stats, epsilon, rms):
   width = x.shape[-1]
   x2 = x.reshape(-1, width).astype(jnp.float32)
   dy2 = dy.reshape(-1, width).astype(jnp.float32)
-  xhat, rstd = _normalized(x2, rms, epsilon)
+  if rms:
+    xhat, rstd = _normalized(x2, rms, epsilon)
+  else:  # the forward's (mean, rstd)
+    st = stats[0].reshape(-1, 2)
+    rstd = st[:, 1:]
+    xhat = (x2 - st[:, :1]) * rstd
   g = (_grouped(dy2, scale) * scale[:, None, :]).reshape(-1, width)
   mean_gx = jnp.mean(g * xhat, axis=-1, keepdims=True)
   if rms:
@@ -113,11 +127,17 @@ def _workspace_shape(rows, groups, width, rms):
   return (groups, _parts(rows, groups, width, sums), sums, width)
 
 
+def _stats_shape(x_shape):
+  """Layer norm's saved statistics: (mean, rstd) of each row of x."""
+  return tuple(x_shape[:-1]) + (2,)
+
+
 def _fwd_abstract(x, scale, *bias, epsilon, rms):
-  return ShapedArray(x.shape, x.dtype)
+  y = ShapedArray(x.shape, x.dtype)
+  return y if rms else (y, ShapedArray(_stats_shape(x.shape), jnp.float32))
 
 
-def _bwd_abstract(dy, x, scale, *, epsilon, rms):
+def _bwd_abstract(dy, x, scale, *stats, epsilon, rms):
   rows = math.prod(x.shape[:-1])
   dx = ShapedArray(x.shape, x.dtype)
   dparam = ShapedArray(scale.shape, jnp.float32)
@@ -130,17 +150,20 @@ def _fwd_batch(args, dims, *, epsilon, rms):
   size = batch_size(args, dims)
   x = move_to_front(x, dims[0], size)
   params = [fold_groups(p, d, size, shared_ok=True) for p, d in zip(params, dims[1:])]
-  return (rms_norm_fwd_p if rms else layer_norm_fwd_p).bind(x, *params, epsilon=epsilon), 0
+  if rms:
+    return rms_norm_fwd_p.bind(x, *params, epsilon=epsilon), 0
+  return layer_norm_fwd_p.bind(x, *params, epsilon=epsilon), [0, 0]
 
 
 def _bwd_batch(args, dims, *, epsilon, rms):
-  dy, x, scale = args
+  dy, x, scale, *stats = args
   size = batch_size(args, dims)
   dy, x = move_to_front(dy, dims[0], size), move_to_front(x, dims[1], size)
+  stats = [move_to_front(s, d, size) for s, d in zip(stats, dims[3:])]
   groups, width = unbatched_shape(scale, dims[2])
   scale = fold_groups(scale, dims[2], size, shared_ok=False)
   prim = rms_norm_bwd_p if rms else layer_norm_bwd_p
-  dx, *dparams, _ = prim.bind(dy, x, scale, epsilon=epsilon)
+  dx, *dparams, _ = prim.bind(dy, x, scale, *stats, epsilon=epsilon)
   dparams = [split_leading(d, size) for d in dparams]
   # The workspace is scratch nobody reads: hand back a placeholder of the
   # unbatched shape (XLA removes it).
@@ -148,28 +171,33 @@ def _bwd_batch(args, dims, *, epsilon, rms):
   return [dx, *dparams, ws], [0] * (len(dparams) + 1) + [NOT_MAPPED]
 
 
-def _sharding(operands, results, *, epsilon, rms):
+def _sharding(operands, results, *, epsilon, rms, backward=False):
   """Rows split (see sharding.grouped_rows); the normalized width stays
-  whole; the parameter gradients are summed over the devices holding rows."""
+  whole; the parameter gradients are summed over the devices holding rows;
+  layer norm's stats [..., 2] split with their rows."""
   del epsilon
   b = sharding.RuleBuilder()
-  backward = len(results) > 1
   groups, width = operands[2] if backward else operands[1]
   x, g = sharding.grouped_rows(b, operands[1] if backward else operands[0], groups, b.own(width))
   param = (g, x[-1])
-  if backward:  # dy, x, scale -> dx, dscale[, dbias], workspace
+  stats = x[:-1] + (b.own(2),)
+  if backward:  # dy, x, scale[, stats] -> dx, dscale[, dbias], workspace
     b.operand(*x)
     b.operand(*x)
     b.operand(*param)
+    if not rms:
+      b.operand(*stats)
     b.result(*x)
     for _ in range(1 if rms else 2):
       b.result(*param, sum_=True)
     b.scratch_result(results[-1])
-  else:  # x, scale[, bias] -> y
+  else:  # x, scale[, bias] -> y[, stats]
     b.operand(*x)
     for _ in operands[1:]:
       b.operand(*param)
     b.result(*x)
+    if not rms:
+      b.result(*stats)
   return b.build()
 
 
@@ -179,7 +207,7 @@ def _define(name, rms):
       abstract_eval=functools.partial(_fwd_abstract, rms=rms),
       batching_rule=functools.partial(_fwd_batch, rms=rms),
       reference=functools.partial(_fwd_reference, rms=rms),
-      multiple_results=False,
+      multiple_results=not rms,  # layer norm: (y, stats)
       sharding=functools.partial(_sharding, rms=rms),
   )
   bwd = define_primitive(
@@ -188,7 +216,7 @@ def _define(name, rms):
       batching_rule=functools.partial(_bwd_batch, rms=rms),
       reference=functools.partial(_bwd_reference, rms=rms),
       multiple_results=True,
-      sharding=functools.partial(_sharding, rms=rms),
+      sharding=functools.partial(_sharding, rms=rms, backward=True),
   )
   return fwd, bwd
 
@@ -197,8 +225,8 @@ layer_norm_fwd_p, layer_norm_bwd_p = _define("layer_norm", rms=False)
 rms_norm_fwd_p, rms_norm_bwd_p = _define("rms_norm", rms=True)
 
 
-# bias is not needed by the backward: keep only (x, scale).
-_layer_norm = vjp_op(layer_norm_fwd_p, layer_norm_bwd_p, bwd_argnums=(0, 1))
+# bias is not needed by the backward: keep (x, scale) and the forward's stats.
+_layer_norm = vjp_op(layer_norm_fwd_p, layer_norm_bwd_p, bwd_argnums=(0, 1), saved=1)
 _rms_norm = vjp_op(rms_norm_fwd_p, rms_norm_bwd_p)
 
 

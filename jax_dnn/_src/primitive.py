@@ -219,26 +219,33 @@ def define_primitive(
   return prim
 
 
-def vjp_op(fwd_p: Primitive, bwd_p: Primitive, bwd_argnums=None) -> Callable[..., Any]:
+def vjp_op(fwd_p: Primitive, bwd_p: Primitive, bwd_argnums=None, saved: int = 0
+           ) -> Callable[..., Any]:
   """The differentiable op over a forward/backward primitive pair.
 
   Every jax_dnn op follows one pattern: the output is fwd_p(*args, **params);
-  the backward kernels recompute what they need from the inputs, so the
-  residuals are inputs (those at bwd_argnums; default all); and the gradients
-  with respect to the args are the first len(args) outputs of
-  bwd_p(dy, *residuals, **params) (any further outputs are workspace).
-  Params are static (hashable) keywords.
+  the residuals are inputs (those at bwd_argnums; default all) followed by
+  the forward's `saved` extra results (statistics the backward would
+  otherwise recompute, e.g. layer norm's mean and rstd: fwd_p then returns
+  (output, *saved)); and the gradients with respect to the args are the
+  first len(args) outputs of bwd_p(dy, *residuals, **params) (any further
+  outputs are workspace). Params are static (hashable) keywords.
   """
+
+  def forward(params, args):
+    out = fwd_p.bind(*args, **dict(params))
+    return (out[0], tuple(out[1:])) if saved else (out, ())
 
   @functools.partial(jax.custom_vjp, nondiff_argnums=(0,))
   def op(params, *args):
-    return fwd_p.bind(*args, **dict(params))
+    return forward(params, args)[0]
 
   def fwd(params, *args):
+    y, extra = forward(params, args)
     keep = args if bwd_argnums is None else tuple(args[i] for i in bwd_argnums)
     # All args ride along (only layer norm's bias is not in keep): their
     # types decide the cotangents' shardings under explicit mesh axes.
-    return fwd_p.bind(*args, **dict(params)), (keep, args)
+    return y, (keep + extra, args)
 
   def bwd(params, res, dy):
     keep, args = res
