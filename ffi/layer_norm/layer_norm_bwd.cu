@@ -97,12 +97,13 @@ __global__ void __launch_bounds__(Row::kBlock, kRegThreadsPerSM / Row::kBlock)
   const int64_t step = p.parts * Row::kTeams;
   int64_t local = part * Row::kTeams + team;
   Row x, dy;
-  float2 stats = {0.f, 0.f};  // layer norm: the row's (mean, rstd)
   if (local < rows_per_group) {
     x.Load(x_base + local * n, n);
     dy.Load(dy_base + local * n, n);
-    if constexpr (!kRms) stats = LoadStats(p.stats, first_row + local);
   }
+  // Layer norm: the rows' (mean, rstd) (unused by RMS norm: no loads).
+  StatsFeed stats_feed(kRms ? nullptr : p.stats + 2 * first_row, local, step,
+                       kRms ? 0 : rows_per_group);
   // Stage the group's scale (slice 0) and zero this thread's accumulators.
   const ScaleSlice<Row> scale{smem};
   scale.Stage(p.scale + group * n, n);
@@ -118,12 +119,12 @@ __global__ void __launch_bounds__(Row::kBlock, kRegThreadsPerSM / Row::kBlock)
     // The next row's loads go out before this row is used: its latency
     // overlaps this row's reduction and stores.
     Row x_next, dy_next;
-    float2 stats_next = {0.f, 0.f};
     if (local + step < rows_per_group) {
       x_next.Load(x_base + (local + step) * n, n);
       dy_next.Load(dy_base + (local + step) * n, n);
-      if constexpr (!kRms) stats_next = LoadStats(p.stats, first_row + local + step);
     }
+    float2 stats = {0.f, 0.f};
+    if constexpr (!kRms) stats = stats_feed.Get();
     // This thread's share of the two row sums, then the row's, and the dx
     // coefficients (RMS norm: rstd from the sum of squares; layer norm: the
     // forward's mean and rstd).
@@ -161,7 +162,6 @@ __global__ void __launch_bounds__(Row::kBlock, kRegThreadsPerSM / Row::kBlock)
     });
     x = x_next;
     dy = dy_next;
-    stats = stats_next;
   }
 
   // The block's row of partials: team 0 adds the other teams' sums in team

@@ -104,14 +104,13 @@ __global__ void __launch_bounds__(512, 1) LayerNormClusterBwdKernel(LayerNormBwd
   float acc[kSums][Row::kVecs][V] = {};
   const float inv_n = 1.f / static_cast<float>(n);
   T* const dx_base = static_cast<T*>(p.dx) + first + col0;
-  // Layer norm: this row's (mean, rstd), loaded a row ahead.
-  float2 stats = {0.f, 0.f};
-  if (!kRms && split.row0 < rows_per_group) stats = LoadStats(p.stats, first_row + split.row0);
+  // Layer norm: the rows' (mean, rstd) (unused by RMS norm: no loads).
+  StatsFeed stats_feed(kRms ? nullptr : p.stats + 2 * first_row, split.row0, split.row_step,
+                       kRms ? 0 : rows_per_group);
   int parity = 0;
   for (int64_t row = split.row0; row < rows_per_group; row += split.row_step, parity ^= 1) {
-    float2 stats_next = {0.f, 0.f};
-    if (!kRms && row + split.row_step < rows_per_group)
-      stats_next = LoadStats(p.stats, first_row + row + split.row_step);
+    float2 stats = {0.f, 0.f};
+    if constexpr (!kRms) stats = stats_feed.Get();
     Row x, dy;
     feed.Get(row, x, dy);
     const float mean = stats.x;  // layer norm
@@ -124,7 +123,6 @@ __global__ void __launch_bounds__(512, 1) LayerNormClusterBwdKernel(LayerNormBwd
                     inv_n, /*rstd=*/stats.y);
     }
     const float rstd = c.rstd, mean_g = c.mean_g, mean_gx = c.mean_gx;
-    stats = stats_next;
     T* dx = dx_base + row * n;
     // The loop of ForEachVec written out: as a lambda it compiled to other
     // SASS here (not measured), where the register-row kernel's is the same.
