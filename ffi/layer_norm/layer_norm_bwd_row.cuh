@@ -94,11 +94,10 @@ __device__ __forceinline__ GradSums ThreadGradSums(const Row& x, const Row& dy, 
 // Layer norm's saved (mean, rstd) of the rows a team visits in order (row0,
 // row0 + step, ... below end), 32 rows a batch: lane k of each warp holds the
 // k-th row's of the batch, a row's are shuffled out, and the next batch is
-// loaded when this one starts. Why: a row's stats loaded one row ahead (as
-// x and dy are) left the team waiting on them at the row's end (a load
-// from another DRAM page than the row's): the 16384 x 8192 bf16 register-
-// row backward ran 3.6% slower than when it recomputed them (ncu: long-
-// scoreboard stalls 0.6 -> 3.0 cycles an instruction).
+// loaded when this one starts, 32 rows before it is needed. Why: loaded
+// one row ahead, as x and dy are, the stats gained the long rows less (H200,
+// bwd against recomputing the stats: 4096 x 131072 bf16 0.90, 4096 x 40000
+// 0.92; with the batches 0.84 and 0.77; benchmarks/RESULTS.md, session 31).
 struct StatsFeed {
   const float* stats;  // [rows, 2]
   int64_t base, step, end;  // the batch's first row, the stride, the end
