@@ -180,7 +180,7 @@ def _sharding(operands, results, *, epsilon, rms, backward=False):
   groups, width = operands[2] if backward else operands[1]
   x, g = sharding.grouped_rows(b, operands[1] if backward else operands[0], groups, b.own(width))
   param = (g, x[-1])
-  stats = x[:-1] + (b.own(2),)
+  stats = None if rms else x[:-1] + (b.own(2),)
   if backward:  # dy, x, scale[, stats] -> dx, dscale[, dbias], workspace
     b.operand(*x)
     b.operand(*x)
