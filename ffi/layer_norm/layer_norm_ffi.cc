@@ -75,7 +75,6 @@ ffi::Error Bwd(cudaStream_t stream, const std::string& op, const ffi::AnyBuffer&
   ffi::Error e = rms ? CheckShapes(op, x, scale, {&dscale}, &s)
                      : CheckShapes(op, x, scale, {&dscale, dbias}, &s);
   if (e.failure()) return e;
-  if (rms != (stats == nullptr)) return InvalidArgument(op + ": stats are layer norm's");
   if (stats && (e = CheckStats(op, *stats, s)).failure()) return e;
   if (dy.element_type() != x.element_type() || dx.element_type() != x.element_type() ||
       dy.element_count() != x.element_count())

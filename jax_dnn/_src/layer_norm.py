@@ -73,26 +73,23 @@ def _grouped(a, params):
 # --- references (pure JAX; what non-CUDA platforms run) ----------------------
 
 
-def _normalized(x2, rms, epsilon):
-  """xhat and rstd of fp32 rows [R, W]."""
+def _row_stats(x2, rms, epsilon):
+  """mean ([R, 1]; 0 for RMS norm) and rstd ([R, 1]) of fp32 rows [R, W]."""
   if rms:
-    rstd = jax.lax.rsqrt(jnp.mean(x2 * x2, axis=-1, keepdims=True) + epsilon)
-    return x2 * rstd, rstd
+    return 0.0, jax.lax.rsqrt(jnp.mean(x2 * x2, axis=-1, keepdims=True) + epsilon)
   mean = jnp.mean(x2, axis=-1, keepdims=True)
-  rstd = jax.lax.rsqrt(jnp.mean(jnp.square(x2 - mean), axis=-1, keepdims=True) + epsilon)
-  return (x2 - mean) * rstd, rstd
+  return mean, jax.lax.rsqrt(jnp.mean(jnp.square(x2 - mean), axis=-1, keepdims=True) + epsilon)
 
 
 def _fwd_reference(x, scale, bias=None, *, epsilon, rms):
   width = x.shape[-1]
   x2 = x.reshape(-1, width).astype(jnp.float32)
-  xhat, rstd = _normalized(x2, rms, epsilon)
-  y = _grouped(xhat, scale) * scale[:, None, :]
+  mean, rstd = _row_stats(x2, rms, epsilon)
+  y = _grouped((x2 - mean) * rstd, scale) * scale[:, None, :]
   if rms:
     return y.reshape(x.shape).astype(x.dtype)
   y = (y + bias[:, None, :]).reshape(x.shape).astype(x.dtype)
-  stats = jnp.concatenate([jnp.mean(x2, axis=-1, keepdims=True), rstd], axis=-1)
-  return y, stats.reshape(_stats_shape(x.shape))
+  return y, jnp.concatenate([mean, rstd], axis=-1).reshape(_stats_shape(x.shape))
 
 
 def _bwd_reference(dy, x, scale, *stats, epsilon, rms):
@@ -100,11 +97,11 @@ def _bwd_reference(dy, x, scale, *stats, epsilon, rms):
   x2 = x.reshape(-1, width).astype(jnp.float32)
   dy2 = dy.reshape(-1, width).astype(jnp.float32)
   if rms:
-    xhat, rstd = _normalized(x2, rms, epsilon)
+    mean, rstd = _row_stats(x2, rms, epsilon)
   else:  # the forward's (mean, rstd)
     st = stats[0].reshape(-1, 2)
-    rstd = st[:, 1:]
-    xhat = (x2 - st[:, :1]) * rstd
+    mean, rstd = st[:, :1], st[:, 1:]
+  xhat = (x2 - mean) * rstd
   g = (_grouped(dy2, scale) * scale[:, None, :]).reshape(-1, width)
   mean_gx = jnp.mean(g * xhat, axis=-1, keepdims=True)
   if rms:
