@@ -110,11 +110,21 @@ def main():
   x = jax.random.normal(key, (3, 100, 20000), jnp.float32)
   p = jnp.ones((3, 20000), jnp.float32)
   run(jax.jit(jax.vmap(jax_dnn.layer_norm)), x, p, p)
-  # More groups than blocks fit at once: one part a group in the norm backward.
-  x = jax.random.normal(key, (300, 8, 1024), jnp.bfloat16)
-  p = jnp.ones((300, 1024), jnp.bfloat16)
-  run(jax.jit(jax.vmap(jax_dnn.layer_norm)), x, p, p)
-  run(jax.jit(jax.vmap(jax_dnn.rms_norm)), x, p)
+  # The norm backward's one-block streamed rows (256-thread blocks at 6000
+  # bf16 and 3000 fp32, 512 at 12000 bf16), each block several rows.
+  for shape, dtype in (((700, 6000), jnp.bfloat16), ((700, 3000), jnp.float32),
+                       ((300, 12000), jnp.bfloat16)):
+    x = jax.random.normal(key, shape, jnp.float32).astype(dtype)
+    p = jnp.linspace(0.5, 1.5, shape[-1], dtype=dtype)
+    run(jax.jit(jax_dnn.layer_norm), x, p, p)
+    run(jax.jit(jax_dnn.rms_norm), x, p)
+  # More groups than blocks fit at once: one part a group in the norm
+  # backward (the register-row kernel, the streamed one).
+  for width in (1024, 6000):
+    x = jax.random.normal(key, (300, 8, width), jnp.bfloat16)
+    p = jnp.ones((300, width), jnp.bfloat16)
+    run(jax.jit(jax.vmap(jax_dnn.layer_norm)), x, p, p)
+    run(jax.jit(jax.vmap(jax_dnn.rms_norm)), x, p)
   # The bias + activation forward's wide layouts (over 8 blocks an SM): 2-D
   # tiles of 256 and 32 units of columns with partial last bands (2 of 4 rows,
   # 17 of 32), the flat layout, the scalar path; the backward's two-row loop.

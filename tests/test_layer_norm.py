@@ -150,9 +150,12 @@ def test_grouped_parameter_gradients(device, name, groups, rows):
       np.testing.assert_array_equal(u, w)
 
 
-# The backward of rows split over clusters, more rows than clusters fit on the
-# GPU (up to ~200 SMs), so that each persistent cluster streams several rows
-# (RowFeed) and adds their parameter gradients: bf16 and fp16 50000 (4
+# The streamed backward, more rows than blocks (clusters) fit on the GPU (up
+# to ~200 SMs), so that each persistent block (cluster) streams several rows
+# (RowFeed) and adds their parameter gradients. One block a row: 256 threads
+# at 6000 bf16 (rows ending inside the last vectors) and 4096 fp32, 512 at
+# 16384 bf16, per-group parameters with several parts a group, and more
+# groups than blocks (one part each). Clusters: bf16 and fp16 50000 (4
 # blocks), bf16 100000 (7), fp32 20000 (3), in shares that are not whole
 # segments; bf16 131072 and fp32 65536 (8 blocks, the widest cluster); and
 # per-group parameters (vmap), 2-block clusters with several parts a group;
@@ -163,15 +166,18 @@ def test_grouped_parameter_gradients(device, name, groups, rows):
 # 40000); an odd row count that strides (301 rows: 151 pairs, the last
 # without a second row).
 @pytest.mark.parametrize("name", OPS)
-@pytest.mark.parametrize("shape,dtype", [((300, 50000), jnp.bfloat16), ((300, 50000), jnp.float16),
+@pytest.mark.parametrize("shape,dtype", [((1001, 6000), jnp.bfloat16), ((700, 4096), jnp.float32),
+                                         ((401, 16384), jnp.float16), ((3, 333, 6000), jnp.bfloat16),
+                                         ((400, 3, 8192), jnp.bfloat16),
+                                         ((300, 50000), jnp.bfloat16), ((300, 50000), jnp.float16),
                                          ((60, 100000), jnp.bfloat16), ((300, 20000), jnp.float32),
                                          ((40, 131072), jnp.bfloat16), ((40, 65536), jnp.float32),
                                          ((3, 100, 20000), jnp.bfloat16), ((2, 6, 40000), jnp.float16),
                                          ((3, 5, 40000), jnp.bfloat16), ((301, 50000), jnp.bfloat16)],
                          ids=str)
-def test_streamed_cluster_rows(device, name, shape, dtype):
+def test_streamed_rows(device, name, shape, dtype):
   if not on_gpu(device):
-    pytest.skip("kernel-only layout: the CPU path has no clusters")
+    pytest.skip("kernel-only layout: the CPU path has no clusters or streams")
   ours, naive, nparams = OPS[name]
   x = randn(13, shape, dtype, scale=2.0, offset=3.0)
   if len(shape) == 3:

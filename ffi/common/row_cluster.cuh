@@ -19,10 +19,11 @@
 // kernels write `__launch_bounds__(kBlock, kCluster ? 1024 / kBlock : 0)`
 // (backward `kCluster ? 1 : 0`): a minimum of 0 is ptxas's default, while 1
 // let the register-row kernels grow (softmax backward 128 -> 154 registers,
-// 90% -> 75% of copy). The norm backward (layer_norm_bwd_cluster.cu) has its
-// own kernel: its clusters are persistent within a group of rows, each part
-// taking rows part, part + parts, ... so that a thread keeps its columns'
-// parameter-gradient sums in registers.
+// 90% -> 75% of copy). The norm backward (layer_norm_bwd_stream.cu) has its
+// own kernel: its clusters (and, for rows of one block, its blocks) are
+// persistent within a group of rows, each part taking rows part, part +
+// parts, ... so that a thread keeps its columns' parameter-gradient sums in
+// registers.
 
 #pragma once
 
@@ -202,14 +203,14 @@ __device__ __forceinline__ State RowTotal(State st, Slots& slots, int parity, Ex
   return exchange.Sum(Row::Reduce(st, slots, parity));
 }
 
-// Where a row kernel's rows come from: RowFeed<T, Row, kCluster, kArrays>
-// over kArrays arrays of rows (x; or x and dy), then Get(r..., row) for each
+// Where a row kernel's rows come from: RowFeed<T, Row, kStreamed, kArrays>
+// over kArrays arrays of rows (x; or x and dy), then Get(row, r...) for each
 // of the team's rows in order, one Row per array.
 //
-// Without a cluster a team loads its rows straight into registers; the blocks
+// Not streamed, a team loads its rows straight into registers; the blocks
 // are not persistent, and the hardware overlaps one block's loads with
 // another's reduction as blocks retire and start.
-template <typename T, typename Row, bool kCluster, int kArrays = 1, int kStages = 1>
+template <typename T, typename Row, bool kStreamed, int kArrays = 1, int kStages = 1>
 struct RowFeed {
   static constexpr size_t kSmemBytes = 0;
   const T* src[kArrays];
@@ -228,20 +229,22 @@ struct RowFeed {
   }
 };
 
-// With a cluster the grid is persistent (LaunchRowClusters with kSmemBytes:
+// Streamed (kStreamed, which the softmax kernels set exactly when they run
+// in clusters): the grid is persistent (LaunchRowClusters with kSmemBytes:
 // as many clusters as fit at once; the norm backward launches its own), and
-// each block streams its segments of
-// the next kStages rows into shared memory with the bulk copy engine (one
-// copy an array, one mbarrier a stage) while it reduces and writes this one;
-// Get waits for this row's stage, moves it to registers and refills the stage
-// with the row kStages ahead. Why: a block of a cluster row waits for its own
-// loads and then for its peers at the row's exchange; with loads issued only
-// at a row's start the softmax forward ran at 71% of copy bandwidth at 4096 x
-// 131072 bf16, 8% slower than streamed (benchmarks/RESULTS.md, where the
-// layer/RMS norm forwards, whose fp32 parameters are re-read through L1 for
-// every row, gained less or lost).
+// each block, one team, streams its columns of the next kStages rows into
+// shared memory with the bulk copy engine (one copy an array, one mbarrier a
+// stage) while it reduces and writes this one; Get waits for this row's
+// stage, moves it to registers and refills the stage with the row kStages
+// ahead. Why: a block of a cluster row waits for its own loads and then for
+// its peers at the row's exchange; with loads issued only at a row's start
+// the softmax forward ran at 71% of copy bandwidth at 4096 x 131072 bf16, 8%
+// slower than streamed (benchmarks/RESULTS.md, where the layer/RMS norm
+// forwards, whose fp32 parameters are re-read through L1 for every row,
+// gained less or lost). The norm backward streams its one-block rows too.
 template <typename T, typename Row, int kArrays, int kStages>
 struct RowFeed<T, Row, true, kArrays, kStages> {
+  static_assert(Row::kTeams == 1, "a streamed block is one team");
   static constexpr int64_t kSegment = RowSplit<Row, true>::kSegment;
   static constexpr size_t kSmemBytes = kStages * kArrays * kSegment * sizeof(T);
   const T* src[kArrays];  // this block's first column of row 0
@@ -249,11 +252,16 @@ struct RowFeed<T, Row, true, kArrays, kStages> {
   uint32_t phases = 0;  // bit s: the parity stage s completes next
   int stage = 0;        // the stage of the next Get
 
+  // A cluster's block: its share of its cluster's rows.
   __device__ RowFeed(const T* const (&src_)[kArrays], int64_t n_, const RowSplit<Row, true>& split,
                      int64_t rows_)
-      : n(n_), ns(split.width), step(split.row_step), rows(rows_) {
+      : RowFeed(src_, n_, split.col0, split.width, split.row0, split.row_step, rows_) {}
+  // Columns [col0, col0 + ns) of the rows first, first + step, ... below rows.
+  __device__ RowFeed(const T* const (&src_)[kArrays], int64_t n_, int64_t col0, int64_t ns_,
+                     int64_t first, int64_t step_, int64_t rows_)
+      : n(n_), ns(ns_), step(step_), rows(rows_) {
 #pragma unroll
-    for (int a = 0; a < kArrays; ++a) src[a] = src_[a] + split.col0;
+    for (int a = 0; a < kArrays; ++a) src[a] = src_[a] + col0;
     if (threadIdx.x == 0) {
 #pragma unroll
       for (int s = 0; s < kStages; ++s) hopper::BarrierInit(Bar(s), 1);
@@ -261,7 +269,7 @@ struct RowFeed<T, Row, true, kArrays, kStages> {
     }
     __syncthreads();
 #pragma unroll
-    for (int s = 0; s < kStages; ++s) Fetch(split.row0 + s * step, s);
+    for (int s = 0; s < kStages; ++s) Fetch(first + s * step, s);
   }
   template <typename... Rows>
   __device__ void Get(int64_t row, Rows&... r) {

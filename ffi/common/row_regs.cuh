@@ -194,28 +194,30 @@ struct Sum1 {
   __device__ static Sum1 Merge(const Sum1& a, const Sum1& b) { return {a.s + b.s}; }
 };
 
-// The widest row the register layout holds: 512 threads x kMaxVecs vectors.
-template <typename T, int kMaxVecs = 8>
+// The widest row the register layout holds: kMaxTeam threads x kMaxVecs
+// vectors.
+template <typename T, int kMaxVecs = 8, int kMaxTeam = 512>
 constexpr int64_t RegRowMaxWidth() {
-  return int64_t{512} * kMaxVecs * (16 / sizeof(T));
+  return int64_t{kMaxTeam} * kMaxVecs * (16 / sizeof(T));
 }
 
 // Calls fn(RegRow<T, team, vecs, kMinBlock>{}) for the narrowest shape whose
-// registers hold `width` (<= RegRowMaxWidth<T, kMaxVecs>()) elements: a warp
-// with 1, 2, 4, ... vectors a thread up to kMaxVecs, then teams of 64 to 512
-// threads with kMaxVecs each. (kTeam, kVecs: the shape tried at this step.)
-template <typename T, int kMaxVecs = 8, int kMinBlock = 128, int kTeam = 32, int kVecs = 1,
-          typename Fn>
+// registers hold `width` (<= RegRowMaxWidth<T, kMaxVecs, kMaxTeam>())
+// elements: a warp with 1, 2, 4, ... vectors a thread up to kMaxVecs, then
+// teams of 64 to kMaxTeam threads with kMaxVecs each. (kTeam, kVecs: the
+// shape tried at this step.)
+template <typename T, int kMaxVecs = 8, int kMinBlock = 128, int kMaxTeam = 512, int kTeam = 32,
+          int kVecs = 1, typename Fn>
 auto DispatchRegRow(int64_t width, Fn&& fn) {
   using Row = RegRow<T, kTeam, kVecs, kMinBlock>;
-  if constexpr (kTeam == 512 && kVecs == kMaxVecs) {
+  if constexpr (kTeam == kMaxTeam && kVecs == kMaxVecs) {
     return fn(Row{});
   } else {
     if (width <= int64_t{kTeam} * kVecs * Row::V) return fn(Row{});
     if constexpr (kVecs < kMaxVecs) {
-      return DispatchRegRow<T, kMaxVecs, kMinBlock, kTeam, kVecs * 2>(width, fn);
+      return DispatchRegRow<T, kMaxVecs, kMinBlock, kMaxTeam, kTeam, kVecs * 2>(width, fn);
     } else {
-      return DispatchRegRow<T, kMaxVecs, kMinBlock, kTeam * 2, kVecs>(width, fn);
+      return DispatchRegRow<T, kMaxVecs, kMinBlock, kMaxTeam, kTeam * 2, kVecs>(width, fn);
     }
   }
 }

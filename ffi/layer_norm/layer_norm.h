@@ -61,9 +61,11 @@ cudaError_t LaunchLayerNormBwd(const LayerNormBwdParams& p, cudaStream_t stream)
 // of dy a thread, in teams of up to 512 threads; wider rows (up to 8 times)
 // split over the blocks of a cluster.
 constexpr int kNormBwdVecs = 4;
-// The cluster form (layer_norm_bwd_cluster.cu), for aligned rows wider than
-// one 512-thread team: sets p.parts to the clusters a group used, whose
-// partial sums the caller adds.
-cudaError_t LaunchLayerNormClusterBwd(LayerNormBwdParams& p, cudaStream_t stream);
+// The streamed form (layer_norm_bwd_stream.cu), for aligned rows wider than
+// the register-row kernel's and up to LayerNormStreamBwdMaxWidth: sets
+// p.parts to the blocks (clusters) a group used, whose partial sums the
+// caller adds.
+int64_t LayerNormStreamBwdMaxWidth(int dtype_bytes);
+cudaError_t LaunchLayerNormStreamBwd(LayerNormBwdParams& p, cudaStream_t stream);
 
 }  // namespace jax_dnn

@@ -19,20 +19,23 @@
 // row), plus the partials (groups * parts * sums * width fp32, a few percent of
 // the rest).
 //
-// Rows that can be read as 16-byte vectors and are at most 16384 bf16/fp16
-// (8192 fp32) wide take LayerNormRegBwdKernel: a team of 32-512 threads a row,
-// each thread holding up to 4 vectors of x and of dy as packed elements
-// (ffi/common/row_regs.cuh), the next row's loads issued before the current
-// row is used, scale and the partial sums in shared memory. Why: in
-// benchmarks/micro/row_bwd.cu and in the library (H200, 16384 x 4096 bf16)
-// this beat partial sums in registers (which spill under the 128-register
-// bound) and wider teams with fewer vectors; the earlier bulk-copy pipeline
-// kernel (now gone) took 194 us under ncu where this takes 112-114 us (80%
-// of copy in benchmarks/RESULTS.md, with the column sums).
-// Aligned rows up to 8 times wider split over the blocks of a cluster
-// (layer_norm_bwd_cluster.cu). Other rows take LayerNormBwdKernel, a row team
-// caching kCacheElems fp32 a thread that re-reads the uncached tail of a wide
-// row (4096 x 131072 bf16: 7% of copy).
+// Rows that can be read as 16-byte vectors and are at most 4096 bf16/fp16
+// (2048 fp32) wide take LayerNormRegBwdKernel: a team of 32-128 threads a
+// row, two or more teams a 256-thread block, each thread holding up to 4
+// vectors of x and of dy as packed elements (ffi/common/row_regs.cuh), the
+// next row's loads issued before the current row is used, scale and the
+// partial sums in shared memory. Why: in benchmarks/micro/row_bwd.cu and in
+// the library (H200, 16384 x 4096 bf16) this beat partial sums in registers
+// (which spill under the 128-register bound) and wider teams with fewer
+// vectors; the earlier bulk-copy pipeline kernel (now gone) took 194 us under
+// ncu where this takes 112-114 us (80% of copy in benchmarks/RESULTS.md, with
+// the column sums); the streamed kernel below, with several teams a block,
+// took 1.007-1.12 of its time at 1024-4096 wide.
+// Wider aligned rows, up to 32 times (131072 bf16/fp16, 65536 fp32), take the
+// streamed kernel (layer_norm_bwd_stream.cu): one block a row, or a cluster
+// for rows wider than one block's layout. Other rows take LayerNormBwdKernel,
+// a row team caching kCacheElems fp32 a thread that re-reads the uncached
+// tail of a wide row (4096 x 131072 bf16: 7% of copy).
 #include <algorithm>
 #include <type_traits>
 
@@ -389,9 +392,11 @@ __global__ void __launch_bounds__(RowTeam<kTeam>::kBlock)
   }
 }
 
+// The register-row kernel's teams: up to 128 threads (several a block).
+constexpr int kRegMaxTeam = 128;
 template <typename T>
 constexpr int64_t RegBwdMaxWidth() {
-  return RegRowMaxWidth<T, kNormBwdVecs>();
+  return RegRowMaxWidth<T, kNormBwdVecs, kRegMaxTeam>();
 }
 
 // Launches the register-row kernel with as many blocks a group as fit on the
@@ -400,7 +405,7 @@ constexpr int64_t RegBwdMaxWidth() {
 // fewer than that); sets p.parts to the blocks used.
 template <typename T, bool kRms>
 cudaError_t LaunchReg(LayerNormBwdParams& p, cudaStream_t stream) {
-  return DispatchRegRow<T, kNormBwdVecs, kRegMinBlock>(p.width, [&](auto row) {
+  return DispatchRegRow<T, kNormBwdVecs, kRegMinBlock, kRegMaxTeam>(p.width, [&](auto row) {
     using Row = decltype(row);
     auto kernel = LayerNormRegBwdKernel<T, Row, kRms>;
     const size_t smem = RegBwdSmemBytes<Row, kRms ? 1 : 2>();
@@ -420,12 +425,6 @@ cudaError_t LaunchReg(LayerNormBwdParams& p, cudaStream_t stream) {
   });
 }
 
-// The widest rows the cluster path takes: 8 blocks of the widest
-// register-row team.
-template <typename T>
-constexpr int64_t ClusterBwdMaxWidth() {
-  return kMaxClusterBlocks * RegBwdMaxWidth<T>();
-}
 
 // The fallback: one block per (group, part) of the workspace.
 template <typename T, int V, bool kRms>
@@ -459,7 +458,7 @@ cudaError_t LaunchLayerNormBwd(const LayerNormBwdParams& params, cudaStream_t st
                      IsAligned(p.dx, 16) && IsAligned(p.scale, sizeof(float) * kVec);
     if (vec && p.width <= RegBwdMaxWidth<T>())
       return p.rms ? LaunchReg<T, true>(p, stream) : LaunchReg<T, false>(p, stream);
-    if (vec && p.width <= ClusterBwdMaxWidth<T>()) return LaunchLayerNormClusterBwd(p, stream);
+    if (vec && p.width <= LayerNormStreamBwdMaxWidth(sizeof(T))) return LaunchLayerNormStreamBwd(p, stream);
     if (p.rms) return vec ? Launch<T, kVec, true>(p, stream) : Launch<T, 1, true>(p, stream);
     return vec ? Launch<T, kVec, false>(p, stream) : Launch<T, 1, false>(p, stream);
   });

@@ -1,7 +1,7 @@
 // One thread's part of the layer/RMS-norm backward on a register row (RegRow,
 // ffi/common/row_regs.cuh): the group's scale staged in shared memory, the
 // per-thread row sums, and the dx coefficients. Shared by the register-row
-// kernel (layer_norm_bwd.cu) and its cluster form (layer_norm_bwd_cluster.cu),
+// kernel (layer_norm_bwd.cu) and the streamed one (layer_norm_bwd_stream.cu),
 // which differ in where the rows come from and where the partial parameter
 // gradients accumulate.
 #pragma once
