@@ -1,14 +1,14 @@
 #!/usr/bin/env bash
 # Where a kernel's warps wait: ncu's warp-state statistics and per-SASS-line
 # stall samples for the kernels matching KERNEL (a regex; default the norm
-# backward's cluster kernel), run by scripts/profile_rows.py on the specs
+# backward's streamed kernel), run by scripts/profile_rows.py on the specs
 # given (see there). Report and tables go to $OUT. NO_BUILD=1 skips the install.
 #   bash scripts/ncu_stalls.sh layer_norm:4096x131072:bfloat16 ...
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-$PWD/gpu_out}; mkdir -p "$OUT"
 [ -n "${NO_BUILD:-}" ] || python3 -m pip install --no-build-isolation --no-deps -q . > "$OUT/build.log" 2>&1 || { tail -30 "$OUT/build.log"; exit 1; }
-kernel=${KERNEL:-LayerNormClusterBwd}
+kernel=${KERNEL:-LayerNormStreamBwd}
 i=0
 for spec in "$@"; do
   i=$((i + 1)); rep="$OUT/stalls_$i"
