@@ -19,8 +19,9 @@
 // Why, for rows of one block: against the register-row kernel of
 // layer_norm_bwd.cu (the next row loaded into registers, the partial sums in
 // shared memory), H200 A/B, 16384 rows bf16, bwd: layer norm 8192 wide 0.953,
-// 16384 wide 0.752; RMS norm 0.996, 0.942; 1000 x 4104 0.754 and 0.907; fp32
-// 4096 wide 0.995 and 0.999. Narrower rows keep the register-row kernel:
+// 16384 wide 0.759, 8192 x 6144 0.912; RMS norm 0.993, 0.946, 0.945; fp32
+// 4096 wide 0.982 both (1000 x 4104, 4 rows a block: layer norm 0.82, RMS
+// norm 0.91 and 1.16 in two runs). Narrower rows keep the register-row kernel:
 // streamed with several teams a block (one step of a row a team) they ran
 // 1.007-1.12 of its time at 1024-4096 wide (benchmarks/RESULTS.md, session
 // 32).
