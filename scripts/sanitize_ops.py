@@ -111,9 +111,10 @@ def main():
   p = jnp.ones((3, 20000), jnp.float32)
   run(jax.jit(jax.vmap(jax_dnn.layer_norm)), x, p, p)
   # The norm backward's one-block streamed rows (256-thread blocks at 6000
-  # bf16 and 3000 fp32, 512 at 12000 bf16), each block several rows.
+  # bf16 and 3000 fp32, 512 at 12000 bf16 and 6000 fp32), each block several
+  # rows.
   for shape, dtype in (((700, 6000), jnp.bfloat16), ((700, 3000), jnp.float32),
-                       ((300, 12000), jnp.bfloat16)):
+                       ((300, 12000), jnp.bfloat16), ((300, 6000), jnp.float32)):
     x = jax.random.normal(key, shape, jnp.float32).astype(dtype)
     p = jnp.linspace(0.5, 1.5, shape[-1], dtype=dtype)
     run(jax.jit(jax_dnn.layer_norm), x, p, p)

@@ -153,9 +153,10 @@ def test_grouped_parameter_gradients(device, name, groups, rows):
 # The streamed backward, more rows than blocks (clusters) fit on the GPU (up
 # to ~200 SMs), so that each persistent block (cluster) streams several rows
 # (RowFeed) and adds their parameter gradients. One block a row: 256 threads
-# at 6000 bf16 (rows ending inside the last vectors) and 4096 fp32, 512 at
-# 16384 bf16, per-group parameters with several parts a group, and more
-# groups than blocks (one part each). Clusters: bf16 and fp16 50000 (4
+# at 6000 bf16 (rows ending inside the last vectors), 4104 fp16 (the first
+# aligned width past the register-row kernel) and 4096 fp32, 512 at 16384
+# fp16 and 6000 fp32, per-group parameters with several parts a group, and
+# more groups than blocks (one part each). Clusters: bf16 and fp16 50000 (4
 # blocks), bf16 100000 (7), fp32 20000 (3), in shares that are not whole
 # segments; bf16 131072 and fp32 65536 (8 blocks, the widest cluster); and
 # per-group parameters (vmap), 2-block clusters with several parts a group;
@@ -168,7 +169,8 @@ def test_grouped_parameter_gradients(device, name, groups, rows):
 @pytest.mark.parametrize("name", OPS)
 @pytest.mark.parametrize("shape,dtype", [((1001, 6000), jnp.bfloat16), ((700, 4096), jnp.float32),
                                          ((401, 16384), jnp.float16), ((3, 333, 6000), jnp.bfloat16),
-                                         ((400, 3, 8192), jnp.bfloat16),
+                                         ((400, 3, 8192), jnp.bfloat16), ((600, 4104), jnp.float16),
+                                         ((500, 6000), jnp.float32),
                                          ((300, 50000), jnp.bfloat16), ((300, 50000), jnp.float16),
                                          ((60, 100000), jnp.bfloat16), ((300, 20000), jnp.float32),
                                          ((40, 131072), jnp.bfloat16), ((40, 65536), jnp.float32),

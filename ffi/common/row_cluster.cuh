@@ -15,7 +15,8 @@
 // shared memory: RowFeed below). The one-row forwards bound their cluster
 // kernels to 2 blocks of 512 an SM (64 registers: 1024 threads of 16-byte
 // loads in flight); the two-row forward and the backwards, holding two rows
-// (or x and dy), to 1 block and 128 registers. The softmax
+// (or x and dy), to 1 block and 128 registers (the norm backward's
+// one-block rows of 256 threads run two an SM). The softmax
 // kernels write `__launch_bounds__(kBlock, kCluster ? 1024 / kBlock : 0)`
 // (backward `kCluster ? 1 : 0`): a minimum of 0 is ptxas's default, while 1
 // let the register-row kernels grow (softmax backward 128 -> 154 registers,

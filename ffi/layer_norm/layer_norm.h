@@ -58,8 +58,9 @@ cudaError_t LaunchLayerNormFwd(const LayerNormFwdParams& p, cudaStream_t stream)
 cudaError_t LaunchLayerNormBwd(const LayerNormBwdParams& p, cudaStream_t stream);
 
 // The backward's register rows hold up to this many 16-byte vectors of x and
-// of dy a thread, in teams of up to 512 threads; wider rows (up to 8 times)
-// split over the blocks of a cluster.
+// of dy a thread: teams of up to 128 threads in the register-row kernel, of
+// 256 or 512 (one a block) in the streamed one, and rows wider still (up to
+// 8 times) split over the blocks of a cluster.
 constexpr int kNormBwdVecs = 4;
 // The streamed form (layer_norm_bwd_stream.cu), for aligned rows wider than
 // the register-row kernel's and up to LayerNormStreamBwdMaxWidth: sets

@@ -29,7 +29,7 @@
 // (which spill under the 128-register bound) and wider teams with fewer
 // vectors; the earlier bulk-copy pipeline kernel (now gone) took 194 us under
 // ncu where this takes 112-114 us (80% of copy in benchmarks/RESULTS.md, with
-// the column sums); the streamed kernel below, with several teams a block,
+// the column sums); a streamed form with several teams a block (not kept)
 // took 1.007-1.12 of its time at 1024-4096 wide.
 // Wider aligned rows, up to 32 times (131072 bf16/fp16, 65536 fp32), take the
 // streamed kernel (layer_norm_bwd_stream.cu): one block a row, or a cluster

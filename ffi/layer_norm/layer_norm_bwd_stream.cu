@@ -18,10 +18,11 @@
 //   - the group's scale is staged in shared memory once.
 // Why, for rows of one block: against the register-row kernel of
 // layer_norm_bwd.cu (the next row loaded into registers, the partial sums in
-// shared memory), H200 A/B, 16384 rows bf16, bwd: layer norm 8192 wide 0.953,
-// 16384 wide 0.759, 8192 x 6144 0.912; RMS norm 0.993, 0.946, 0.945; fp32
-// 4096 wide 0.982 both (1000 x 4104, 4 rows a block: layer norm 0.82, RMS
-// norm 0.91 and 1.16 in two runs). Narrower rows keep the register-row kernel:
+// shared memory), H200 A/B, bwd: 16384 rows bf16, layer norm 8192 wide 0.953,
+// 16384 wide 0.759, 8192 x 6144 0.912; RMS norm 0.993, 0.946, 0.945; 16384 x
+// 4096 fp32 0.982 both. 1000 x 4104 bf16 (4 rows a block): layer norm 0.82,
+// RMS norm 1.16 (0.91 in an earlier run of a build that differed only in
+// narrower rows). Narrower rows keep the register-row kernel:
 // streamed with several teams a block (one step of a row a team) they ran
 // 1.007-1.12 of its time at 1024-4096 wide (benchmarks/RESULTS.md, session
 // 32).
@@ -74,9 +75,13 @@ template <typename T, typename Row>
 constexpr size_t SmemBytes() {
   return ScaleOffset<T, Row>() + sizeof(float) * RowSplit<Row, true>::kSegment;
 }
-// Within sm_90's 227 KiB a block, with room for the static shared memory.
+// Within sm_90's 227 KiB a block, with room for the static shared memory;
+// two 256-thread blocks an SM (__launch_bounds__ below) within its 228 KiB,
+// 1 KiB of it reserved a block.
 static_assert(SmemBytes<__nv_bfloat16, ClusterRow<__nv_bfloat16>>() <= 226 * 1024 &&
               SmemBytes<float, ClusterRow<float>>() <= 226 * 1024);
+static_assert(SmemBytes<__nv_bfloat16, RegRow<__nv_bfloat16, 256, kNormBwdVecs, 256>>() <= 112 * 1024 &&
+              SmemBytes<float, RegRow<float, 256, kNormBwdVecs, 256>>() <= 112 * 1024);
 
 // One reduction a row (with a cluster, one exchange): RMS norm's sum x^2 and
 // sum g x; layer norm's sum g and sum g (x - mean) about the forward's mean,

@@ -45,8 +45,9 @@ from jax_dnn._src.primitive import (
 )
 
 # Rows of partial parameter gradients the workspace holds per launch (all
-# groups together). The register-row kernel uses as many as fit on the device
-# at once (two 256-thread blocks an SM: 264 on an H100/H200, 296 on a B200) and
+# groups together). The register-row and streamed kernels use as many as fit
+# on the device at once (two 256-thread blocks an SM: 264 on an H100/H200, 296
+# on a B200; one 512-thread block an SM or cluster block: 132 or fewer) and
 # the rest of the workspace stays unused; the fallback kernel uses them all.
 # The partials stay a few percent of the bytes the backward moves. The
 # workspace is capped at 256 MiB.
