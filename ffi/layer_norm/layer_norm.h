@@ -69,4 +69,18 @@ constexpr int kNormBwdVecs = 4;
 int64_t LayerNormStreamBwdMaxWidth(int dtype_bytes);
 cudaError_t LaunchLayerNormStreamBwd(LayerNormBwdParams& p, cudaStream_t stream);
 
+// Parts a group for the persistent backwards: as many units (blocks, or
+// clusters) as fit on the device at once (`resident`, all groups together),
+// at most the workspace's p.parts, trimmed to the fewest that keep the most
+// rows a team visits (teams visit at most one row fewer than that). A unit
+// holds `teams` teams, each taking its own rows.
+inline int64_t BwdParts(const LayerNormBwdParams& p, int64_t resident, int64_t teams = 1) {
+  const int64_t team_rows = (p.rows / p.groups + teams - 1) / teams;
+  int64_t parts = resident / p.groups > 1 ? resident / p.groups : 1;
+  if (parts > p.parts) parts = p.parts;
+  if (parts > team_rows) parts = team_rows;
+  const int64_t per_team = (team_rows + parts - 1) / parts;
+  return (team_rows + per_team - 1) / per_team;
+}
+
 }  // namespace jax_dnn

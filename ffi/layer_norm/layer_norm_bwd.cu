@@ -36,7 +36,6 @@
 // for rows wider than one block's layout. Other rows take LayerNormBwdKernel,
 // a row team caching kCacheElems fp32 a thread that re-reads the uncached
 // tail of a wide row (4096 x 131072 bf16: 7% of copy).
-#include <algorithm>
 #include <type_traits>
 
 #include "ffi/common/column_sum.h"
@@ -399,10 +398,8 @@ constexpr int64_t RegBwdMaxWidth() {
   return RegRowMaxWidth<T, kNormBwdVecs, kRegMaxTeam>();
 }
 
-// Launches the register-row kernel with as many blocks a group as fit on the
-// device at once (at most p.parts, the workspace's), trimmed to the fewest
-// blocks that keep the most rows a team visits (teams visit at most one row
-// fewer than that); sets p.parts to the blocks used.
+// Launches the register-row kernel, persistent (BwdParts); sets p.parts to
+// the blocks a group used.
 template <typename T, bool kRms>
 cudaError_t LaunchReg(LayerNormBwdParams& p, cudaStream_t stream) {
   return DispatchRegRow<T, kNormBwdVecs, kRegMinBlock, kRegMaxTeam>(p.width, [&](auto row) {
@@ -412,19 +409,12 @@ cudaError_t LaunchReg(LayerNormBwdParams& p, cudaStream_t stream) {
     unsigned resident = 0;
     cudaError_t e = PersistentGrid(kernel, Row::kBlock, smem, 1LL << 30, &resident);
     if (e != cudaSuccess) return e;
-    const int64_t rows_per_group = p.rows / p.groups;
-    const int64_t team_rows = (rows_per_group + Row::kTeams - 1) / Row::kTeams;
-    int64_t parts = std::max<int64_t>(1, static_cast<int64_t>(resident) / p.groups);
-    parts = std::min({parts, p.parts, team_rows});
-    const int64_t per_block = (team_rows + parts - 1) / parts;  // rows a team visits
-    parts = (team_rows + per_block - 1) / per_block;
-    if (p.groups * parts > (int64_t{1} << 31) - 1) return cudaErrorInvalidValue;
-    p.parts = parts;
-    kernel<<<static_cast<unsigned>(p.groups * parts), Row::kBlock, smem, stream>>>(p);
+    p.parts = BwdParts(p, resident, Row::kTeams);
+    if (p.groups * p.parts > (int64_t{1} << 31) - 1) return cudaErrorInvalidValue;
+    kernel<<<static_cast<unsigned>(p.groups * p.parts), Row::kBlock, smem, stream>>>(p);
     return cudaGetLastError();
   });
 }
-
 
 // The fallback: one block per (group, part) of the workspace.
 template <typename T, int V, bool kRms>

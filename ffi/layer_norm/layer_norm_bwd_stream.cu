@@ -39,7 +39,6 @@
 // (ClusterExchange, no cluster barrier a row), H200 A/B (us, bwd): 4096 x
 // 131072 bf16 layer norm 1752 -> 1113, RMS norm 1094 -> 818; 4096 x 40000
 // 436 -> 368, 383 -> 270.
-#include <algorithm>
 #include <type_traits>
 
 #include "ffi/common/device_info.h"
@@ -189,18 +188,6 @@ __global__ void __launch_bounds__(Row::kBlock, kThreadsPerSM / Row::kBlock)
   }
 }
 
-// As many units a group as fit on the device at once (at most the
-// workspace's parts, p.parts), trimmed to the fewest that keep the most rows
-// a unit (units take at most one row fewer than that): the parts a group
-// uses.
-inline int64_t Parts(const LayerNormBwdParams& p, int64_t resident) {
-  const int64_t rows_per_group = p.rows / p.groups;
-  int64_t parts = std::max<int64_t>(1, resident / p.groups);
-  parts = std::min({parts, p.parts, rows_per_group});
-  const int64_t per_part = (rows_per_group + parts - 1) / parts;
-  return (rows_per_group + per_part - 1) / per_part;
-}
-
 // Rows of one block: 256 threads up to 8192 bf16 (4096 fp32), else 512.
 template <typename T, typename Row, bool kRms>
 cudaError_t LaunchRows(LayerNormBwdParams& p, cudaStream_t stream) {
@@ -209,7 +196,7 @@ cudaError_t LaunchRows(LayerNormBwdParams& p, cudaStream_t stream) {
   unsigned resident = 0;
   cudaError_t e = PersistentGrid(kernel, Row::kBlock, smem, 1LL << 30, &resident);
   if (e != cudaSuccess) return e;
-  p.parts = Parts(p, resident);
+  p.parts = BwdParts(p, resident);
   if (p.groups * p.parts > (int64_t{1} << 31) - 1) return cudaErrorInvalidValue;
   kernel<<<static_cast<unsigned>(p.groups * p.parts), Row::kBlock, smem, stream>>>(p);
   return cudaGetLastError();
@@ -226,7 +213,7 @@ cudaError_t LaunchClusters(LayerNormBwdParams& p, cudaStream_t stream) {
   int resident = 0;
   cudaError_t e = ResidentClusters(kernel, launch, &resident);
   if (e != cudaSuccess) return e;
-  p.parts = Parts(p, resident);
+  p.parts = BwdParts(p, resident);
   if (p.groups * p.parts * blocks > (int64_t{1} << 31) - 1) return cudaErrorInvalidValue;
   launch.cfg.gridDim = dim3(static_cast<unsigned>(p.groups * p.parts * blocks));
   e = cudaLaunchKernelEx(&launch.cfg, kernel, p);
