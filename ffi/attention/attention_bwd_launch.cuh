@@ -55,6 +55,10 @@ cudaError_t LaunchDkv(const AttentionBwdParams& p, cudaStream_t stream) {
 template <typename T, int kD, int kDv, bool kGeneral>
 cudaError_t LaunchBwdGeneral(const AttentionBwdParams& p, cudaStream_t stream) {
   const AttentionShape& s = p.shape;
+  // StoreFragment writes dQ, dK and dV 16 bytes at a time (XLA's result
+  // buffers are aligned far beyond that).
+  if (!IsAligned(p.dq, 16) || !IsAligned(p.dk, 16) || !IsAligned(p.dv, 16))
+    return cudaErrorMisalignedAddress;
   const int64_t rows = s.b * s.t * s.n;
   {
     const T* o = static_cast<const T*>(p.o);

@@ -229,5 +229,26 @@ __device__ __forceinline__ float SoftcapGrad(const ScoreCtx& c, float p, float l
   return 1.f - th * th;
 }
 
+// Transposes a 4x4 matrix held by the four lanes of a quad, lane q holding
+// row q in a[0..3]: afterwards lane q holds column q. Two exchange rounds; in
+// round m an element whose lane and position differ in bit m moves to the
+// partner lane (lane ^ m) and position (position ^ m).
+__device__ __forceinline__ void QuadTranspose(uint32_t* a, int q) {
+#pragma unroll
+  for (int m = 1; m <= 2; m *= 2) {
+    const bool hi = (q & m) != 0;
+#pragma unroll
+    for (int b = 0; b < 4; ++b) {
+      if (b & m) continue;  // pairs (b, b ^ m) with bit m of b clear
+      const uint32_t send = hi ? a[b] : a[b ^ m];
+      const uint32_t recv = __shfl_xor_sync(0xffffffff, send, m);
+      if (hi)
+        a[b] = recv;
+      else
+        a[b ^ m] = recv;
+    }
+  }
+}
+
 }  // namespace attention
 }  // namespace jax_dnn

@@ -91,27 +91,6 @@ __device__ __forceinline__ void SoftmaxStep(float (&s)[kBN / 2], float scale, fl
   }
 }
 
-// Transposes a 4x4 matrix held by the four lanes of a quad, lane q holding
-// row q in a[0..3]: afterwards lane q holds column q. Two exchange rounds; in
-// round m an element whose lane and position differ in bit m moves to the
-// partner lane (lane ^ m) and position (position ^ m).
-__device__ __forceinline__ void QuadTranspose(uint32_t* a, int q) {
-#pragma unroll
-  for (int m = 1; m <= 2; m *= 2) {
-    const bool hi = (q & m) != 0;
-#pragma unroll
-    for (int b = 0; b < 4; ++b) {
-      if (b & m) continue;  // pairs (b, b ^ m) with bit m of b clear
-      const uint32_t send = hi ? a[b] : a[b ^ m];
-      const uint32_t recv = __shfl_xor_sync(0xffffffff, send, m);
-      if (hi)
-        a[b] = recv;
-      else
-        a[b ^ m] = recv;
-    }
-  }
-}
-
 // Work tiles (128 query rows of one batch and head) come in units, query
 // tiles fastest so that the CTAs running at once share one head's K and V in
 // L2. A unit is one tile (the heaviest, under a causal mask, first) or, with
