@@ -14,9 +14,11 @@ import jax_dnn
 # layout team (up to 12288 and 20000 bf16: padded 256- and 512-thread teams),
 # and rows past it, split over clusters of blocks (20000 fp32: 2-3 blocks;
 # 32776: shares of whole vectors; 131080: 5 blocks in the forwards and the
-# softmax backward at bf16/f16, the fallbacks otherwise).
+# softmax backward at bf16/f16, the fallbacks otherwise); odd row counts at
+# widths where the 16-bit layer-norm forward takes two rows a team (3000,
+# 24000).
 SHAPES = [(1, 1), (3, 7), (5, 4097), (64, 1024), (4, 2048), (3, 12288), (2, 20000), (7, 200),
-          (33, 520), (6000, 264), (2, 65544), (3, 32776), (1, 131080)]
+          (33, 520), (6000, 264), (2, 65544), (3, 32776), (1, 131080), (5, 3000), (3, 24000)]
 
 
 def run(fn, x, *params):

@@ -83,6 +83,24 @@ def test_outlier_channels(device, name, dtype, shape):
   check_fwd_bwd(device, ours, naive, args, dtype, what=name)
 
 
+# The 16-bit layer-norm forward two rows a team (LayerNormPairFwdKernel
+# outside clusters: 1536-4096 and 16385-32768 wide): an odd last row without
+# a partner, rows ending inside a team's vectors (3000: 64-thread teams;
+# 24000: 512), and per-group parameters (vmap) with an even number of rows a
+# group (pairs never straddle two groups) and an odd one (the one-row kernel).
+@pytest.mark.parametrize("dtype", [jnp.bfloat16, jnp.float16], ids=lambda d: jnp.dtype(d).name)
+@pytest.mark.parametrize("shape", [(5, 3000), (7, 1536), (3, 24000), (3, 6, 2048), (3, 5, 2048)],
+                         ids=str)
+def test_layer_norm_two_rows_a_team(device, dtype, shape):
+  ours, naive, _ = OPS["layer_norm"]
+  x = randn(31, shape, dtype, scale=2.0, offset=3.0)
+  params = [randn(40 + i, shape[:-2] + shape[-1:], dtype, scale=0.5, offset=1.0 - i)
+            for i in range(2)]
+  if len(shape) == 3:
+    ours, naive = jax.vmap(ours), jax.vmap(naive)
+  check_fwd_bwd(device, ours, naive, (x, *params), dtype, what="layer_norm")
+
+
 @pytest.mark.parametrize("name", OPS)
 def test_fp32_params_with_bf16_input(device, name):
   ours, naive, nparams = OPS[name]

@@ -16,7 +16,8 @@
 // 512 x 8 vectors a block, the team sums added over distributed shared memory
 // (layer norm: each block's (count, mean, M2), merged in one exchange a row,
 // 2.6% faster than two cluster sums at 4096 x 131072 bf16 on an H200). The
-// 16-bit layer norm there takes LayerNormPairFwdKernel, two rows a pass, so
+// 16-bit layer norm there, and at the register widths where it measured
+// faster (the launcher), takes LayerNormPairFwdKernel, two rows a pass, so
 // that each parameter vector is read once for both.
 //
 // The rest (longer rows, or rows not 16-byte aligned) take LayerNormFwdKernel,
@@ -152,25 +153,27 @@ struct MeanM2Pair {
   }
 };
 
-// The 16-bit layer norm of rows split over a cluster, two rows a pass: each
-// vector of scale and bias is loaded once for both rows. Why: at 4096 x
-// 131072 bf16 a block's share of the fp32 parameters (256 KiB) does not fit
-// L1, so LayerNormRegFwdKernel re-read it from L2 for every row, 4x the
-// bytes of x it reads from memory (ncu: ~40% of the stall samples on those
-// loads). One block an SM (128 registers for two rows), so the bytes in
-// flight an SM are those of two one-row blocks. Clusters are persistent;
-// pair k is rows 2k and 2k + 1, and both are in one parameter group (the
-// launcher checks).
-template <typename T, typename Row>
-__global__ void __launch_bounds__(Row::kBlock, 1) LayerNormPairFwdKernel(LayerNormFwdParams p) {
+// The 16-bit layer norm two rows a pass: each vector of scale and bias is
+// loaded once for both rows. Why: at 4096 x 131072 bf16 a block's share of
+// the fp32 parameters (256 KiB) does not fit L1, so LayerNormRegFwdKernel
+// re-read it from L2 for every row, 4x the bytes of x it reads from memory
+// (ncu: ~40% of the stall samples on those loads); in narrow teams the same
+// reads from L1 set the pace (see the launcher). kCluster: rows split over a
+// cluster, one block an SM (128 registers for two rows, so the bytes in
+// flight an SM are those of two one-row blocks), clusters persistent; else
+// one team a pair, as LayerNormRegFwdKernel takes one team a row. Pair k is
+// rows 2k and 2k + 1, and both are in one parameter group (the launcher
+// checks).
+template <typename T, typename Row, bool kCluster = true>
+__global__ void __launch_bounds__(Row::kBlock, kCluster ? 1 : 0) LayerNormPairFwdKernel(LayerNormFwdParams p) {
   constexpr int V = Row::V;
   __shared__ typename Row::template Slots<SumPair> slots;
   __shared__ typename Row::template Slots<SumPair> slots2;
-  __shared__ typename ClusterExchange<MeanM2Pair>::Inbox inbox;
-  ClusterExchange<MeanM2Pair> exchange(inbox);
-  ClusterSyncRelaxed<true>();
+  __shared__ typename ClusterExchange<MeanM2Pair, kCluster>::Inbox inbox;
+  ClusterExchange<MeanM2Pair, kCluster> exchange(inbox);
+  ClusterSyncRelaxed<kCluster>();
   const int64_t n = p.width;
-  const RowSplit<Row, true> split(n);
+  const RowSplit<Row, kCluster> split(n);
   const int64_t ns = split.width;
   const int64_t rows_per_group = p.rows / p.groups;
   const float inv_n = 1.f / static_cast<float>(n);
@@ -214,7 +217,7 @@ __global__ void __launch_bounds__(Row::kBlock, 1) LayerNormPairFwdKernel(LayerNo
     const MeanM2Pair st = exchange.Sum(MeanM2Pair{{team_n, mean0, q.a}, {team_n, mean1, q.b}});
     const float rstd0 = rsqrtf(st.r0.m2 * inv_n + p.epsilon);
     const float rstd1 = rsqrtf(st.r1.m2 * inv_n + p.epsilon);
-    if (split.col0 == 0 && threadIdx.x == 0) {
+    if (split.col0 == 0 && (kCluster ? threadIdx.x : Row::Lane()) == 0) {  // a cluster block is one team
       StoreStats(p.stats, row0, st.r0.mean, rstd0);
       if (second) StoreStats(p.stats, row0 + 1, st.r1.mean, rstd1);
     }
@@ -240,7 +243,7 @@ __global__ void __launch_bounds__(Row::kBlock, 1) LayerNormPairFwdKernel(LayerNo
       StoreVec<T, V>(y + n + col, f);
     }
   }
-  ClusterSyncRelaxed<true>();
+  ClusterSyncRelaxed<kCluster>();
 }
 
 template <typename T, int kTeam, int V, bool kRms>
@@ -362,6 +365,25 @@ cudaError_t Launch(const LayerNormFwdParams& p, cudaStream_t stream) {
   if (V > 1 && p.width <= RegRowMaxWidth<T>()) {
     return DispatchRegRow<T>(p.width, [&](auto row) {
       using Row = decltype(row);
+      // The 16-bit layer norm takes two rows a pass where that measured
+      // faster: the one-row kernel reads 8 bytes of fp32 scale and bias for
+      // every 2 bytes of x, from L1 in narrow teams (ncu at 4096 wide: L1
+      // wavefronts 68% of peak, against 44% for the RMS norm) and from L2 in
+      // 512-thread teams (past 16384 the block's share outgrows L1). H200
+      // A/B, 2026-11-24, fwd, time pairs / one row (4 rounds): 16384 x 1536
+      // 0.988, x 2048 0.947 (fp16 0.955), x 3072 0.936, x 4096 0.986 (3
+      // rounds before: 0.981); 4096 x 20480 0.743, x 24576 0.780, x 32768
+      // fp16 0.806. Not where it lost or tied: 16384 x 1024 1.008, x 8192
+      // 1.000, 8192 x 12288 1.010, 4096 x 16384 1.021.
+      constexpr bool kPairs =
+          !kRms && sizeof(T) == 2 && Row::kVecs == 8 && (Row::kTeam <= 64 || Row::kTeam == 512);
+      if constexpr (kPairs) {
+        if (p.groups == 1 || (p.rows / p.groups) % 2 == 0) {
+          LayerNormPairFwdKernel<T, Row, false>
+              <<<RowGrid(Row::kTeams, (p.rows + 1) / 2), Row::kBlock, 0, stream>>>(p);
+          return cudaGetLastError();
+        }
+      }
       LayerNormRegFwdKernel<T, Row, kRms><<<RowGrid(Row::kTeams, p.rows), Row::kBlock, 0, stream>>>(p);
       return cudaGetLastError();
     });
