@@ -16,9 +16,10 @@ import jax_dnn
 # 32776: shares of whole vectors; 131080: 5 blocks in the forwards and the
 # softmax backward at bf16/f16, the fallbacks otherwise); odd row counts at
 # widths where the 16-bit layer-norm forward takes two rows a team (3000,
-# 24000).
+# 24000) or 128-thread teams of 4 vectors (4000).
 SHAPES = [(1, 1), (3, 7), (5, 4097), (64, 1024), (4, 2048), (3, 12288), (2, 20000), (7, 200),
-          (33, 520), (6000, 264), (2, 65544), (3, 32776), (1, 131080), (5, 3000), (3, 24000)]
+          (33, 520), (6000, 264), (2, 65544), (3, 32776), (1, 131080), (5, 3000), (3, 24000),
+          (5, 4000)]
 
 
 def run(fn, x, *params):

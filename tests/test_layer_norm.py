@@ -84,13 +84,15 @@ def test_outlier_channels(device, name, dtype, shape):
 
 
 # The 16-bit layer-norm forward two rows a team (LayerNormPairFwdKernel
-# outside clusters: 1536-4096 and 16385-32768 wide): an odd last row without
+# outside clusters: 1025-3584 and 16385-32768 wide): an odd last row without
 # a partner, rows ending inside a team's vectors (3000: 64-thread teams;
 # 24000: 512), and per-group parameters (vmap) with an even number of rows a
 # group (pairs never straddle two groups) and an odd one (the one-row kernel).
+# Also its neighbor at 3585-4096 wide, one row a 128-thread team of 4
+# vectors a thread (4000: rows ending inside the team's last vectors).
 @pytest.mark.parametrize("dtype", [jnp.bfloat16, jnp.float16], ids=lambda d: jnp.dtype(d).name)
-@pytest.mark.parametrize("shape", [(5, 3000), (7, 1536), (3, 24000), (3, 6, 2048), (3, 5, 2048)],
-                         ids=str)
+@pytest.mark.parametrize("shape", [(5, 3000), (7, 1536), (3, 24000), (3, 6, 2048), (3, 5, 2048),
+                                   (5, 4000)], ids=str)
 def test_layer_norm_two_rows_a_team(device, dtype, shape):
   ours, naive, _ = OPS["layer_norm"]
   x = randn(31, shape, dtype, scale=2.0, offset=3.0)
