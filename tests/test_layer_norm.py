@@ -87,12 +87,13 @@ def test_outlier_channels(device, name, dtype, shape):
 # outside clusters: 1025-3584 and 16385-32768 wide): an odd last row without
 # a partner, rows ending inside a team's vectors (3000: 64-thread teams;
 # 24000: 512), and per-group parameters (vmap) with an even number of rows a
-# group (pairs never straddle two groups) and an odd one (the one-row kernel).
+# group (pairs never straddle two groups: 32-, 64- and 512-thread teams) and
+# an odd one (the one-row kernel).
 # Also its neighbor at 3585-4096 wide, one row a 128-thread team of 4
 # vectors a thread (4000: rows ending inside the team's last vectors).
 @pytest.mark.parametrize("dtype", [jnp.bfloat16, jnp.float16], ids=lambda d: jnp.dtype(d).name)
 @pytest.mark.parametrize("shape", [(5, 3000), (7, 1536), (3, 24000), (3, 6, 2048), (3, 5, 2048),
-                                   (5, 4000)], ids=str)
+                                   (2, 4, 3000), (2, 4, 24000), (5, 4000)], ids=str)
 def test_layer_norm_two_rows_a_team(device, dtype, shape):
   ours, naive, _ = OPS["layer_norm"]
   x = randn(31, shape, dtype, scale=2.0, offset=3.0)
