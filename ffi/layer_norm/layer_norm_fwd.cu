@@ -364,6 +364,12 @@ __global__ void __launch_bounds__(RowTeam<kTeam>::kBlock)
 template <typename T, int V, bool kRms>
 cudaError_t Launch(const LayerNormFwdParams& p, cudaStream_t stream) {
   if (V > 1 && p.width <= RegRowMaxWidth<T>()) {
+    // A non-persistent grid of `units` (rows or pairs of rows), one a team of R.
+    auto launch = [&](auto kernel, auto r, int64_t units) {
+      using R = decltype(r);
+      kernel<<<RowGrid(R::kTeams, units), R::kBlock, 0, stream>>>(p);
+      return cudaGetLastError();
+    };
     return DispatchRegRow<T>(p.width, [&](auto row) {
       using Row = decltype(row);
       // The 16-bit layer norm takes two rows a pass where that measured
@@ -375,34 +381,24 @@ cudaError_t Launch(const LayerNormFwdParams& p, cudaStream_t stream) {
       // 0.988, x 2048 0.947 (fp16 0.955), x 3072 0.936, x 4096 0.986 (3
       // rounds before: 0.981); 4096 x 20480 0.743, x 24576 0.780, x 32768
       // fp16 0.806. Not where it lost or tied: 16384 x 1024 1.008, x 8192
-      // 1.000, 8192 x 12288 1.010, 4096 x 16384 1.021. (Past 3584 wide a
-      // third form, next, beats both.)
+      // 1.000, 8192 x 12288 1.010, 4096 x 16384 1.021.
+      //
+      // Past 3584 wide (up to 4096) a third form beats both: one row a
+      // 128-thread team of 4 vectors a thread (52 registers), not 64 threads
+      // of 8. H200 A/B against the two-row kernel, fwd, 3 rounds: 16384 x
+      // 4096 bf16 0.972 (twice before: 0.975, 0.977), fp16 0.967, x 3840
+      // 0.984, x 3584 1.001, x 3328 1.014, x 3072 1.037. Not at other widths:
+      // the 4-vector layouts everywhere against these rules, layer norm bf16
+      // 2048 1.001, 8192 1.035, 16384 1.101, fp32 1.00 (RMS norm 0.99-1.01).
       constexpr bool kPairs =
           !kRms && sizeof(T) == 2 && Row::kVecs == 8 && (Row::kTeam <= 64 || Row::kTeam == 512);
-      // Past 3584 wide (up to 4096): one row a 128-thread team of 4 vectors
-      // a thread (52 registers), not 64 threads of 8. H200 A/B against
-      // the two-row kernel, fwd, 3 rounds: 16384 x 4096 bf16 0.972 (twice
-      // before: 0.975, 0.977), fp16 0.967, x 3840 0.984, x 3584 1.001,
-      // x 3328 1.014, x 3072 1.037. Not at other widths: the 4-vector layouts
-      // everywhere against these rules, layer norm bf16 2048 1.001, 8192
-      // 1.035, 16384 1.101, fp32 1.00 (RMS norm 0.99-1.01).
-      if constexpr (kPairs && Row::kTeam == 64) {
-        if (p.width > 3584) {
-          using Quarter = RegRow<T, 128, 4>;
-          LayerNormRegFwdKernel<T, Quarter, kRms>
-              <<<RowGrid(Quarter::kTeams, p.rows), Quarter::kBlock, 0, stream>>>(p);
-          return cudaGetLastError();
-        }
-      }
       if constexpr (kPairs) {
-        if (p.groups == 1 || (p.rows / p.groups) % 2 == 0) {
-          LayerNormPairFwdKernel<T, Row, false>
-              <<<RowGrid(Row::kTeams, (p.rows + 1) / 2), Row::kBlock, 0, stream>>>(p);
-          return cudaGetLastError();
-        }
+        if (Row::kTeam == 64 && p.width > 3584)
+          return launch(LayerNormRegFwdKernel<T, RegRow<T, 128, 4>, kRms>, RegRow<T, 128, 4>{}, p.rows);
+        if (p.groups == 1 || (p.rows / p.groups) % 2 == 0)
+          return launch(LayerNormPairFwdKernel<T, Row, false>, row, (p.rows + 1) / 2);
       }
-      LayerNormRegFwdKernel<T, Row, kRms><<<RowGrid(Row::kTeams, p.rows), Row::kBlock, 0, stream>>>(p);
-      return cudaGetLastError();
+      return launch(LayerNormRegFwdKernel<T, Row, kRms>, row, p.rows);
     });
   }
   if (V > 1 && p.width <= kMaxClusterBlocks * RegRowMaxWidth<T>()) {
