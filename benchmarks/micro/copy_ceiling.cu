@@ -8,7 +8,15 @@
 // With ROWS WIDTH (bf16) it times the library's access and the best one at
 // that shape instead, as many applications as bench_ops.py runs there (1 GiB
 // of input a call, at most 32): the ceiling of narrower rows, whose
-// applications are shorter, so the boundary weighs more.
+// applications are shorter, so the boundary weighs more, and how much of the
+// boundary programmatic dependent launches (PDL) and CUDA graphs take away.
+// H200, 2026-11-24, 16384 x 1024 bf16, a copy an application: plain
+// launches 19.1-19.3 us (boundary 2.7-3.0 us), PDL 18.0-18.2 (1.6-1.8 us);
+// one graph of the plain launches 18.3, of PDL launches 18.1; a graph of
+// child graphs, one a launch (how XLA's command buffers hold a custom call),
+// 18.3 either way: PDL gains nothing there. So the library does not use
+// PDL: jax_dnn's FFI handlers are command-buffer compatible and XLA runs
+// them in such graphs (benchmarks/RESULTS.md, session 35).
 //   nvcc -O3 -std=c++17 -arch=sm_90a copy_ceiling.cu -o copy_ceiling && ./copy_ceiling [ROWS WIDTH]
 #include <algorithm>
 #include <cstdlib>
@@ -118,6 +126,29 @@ __global__ __launch_bounds__(32) void BulkCopy(const char* __restrict__ x, char*
   asm volatile("cp.async.bulk.wait_group 0;" ::: "memory");
 }
 
+// ChunkCopy as a dependent launch (programmatic dependent launch, PDL): the
+// grid may start while the kernel before it in the stream is still running;
+// griddepcontrol.wait holds each block until that kernel has finished and its
+// writes are visible, so that a block's launch and first scheduling overlap
+// the previous kernel's tail. kTrigger: where a block lets the next kernel
+// launch (griddepcontrol.launch_dependents): 0 never (at its exit), 1 first
+// thing, 2 after its loads are issued.
+template <int kThreads, int kPer, int kTrigger>
+__global__ __launch_bounds__(kThreads) void ChunkCopyPdl(const uint4* __restrict__ x,
+                                                         uint4* __restrict__ y, int64_t n) {
+  asm volatile("griddepcontrol.wait;" ::: "memory");
+  if constexpr (kTrigger == 1) asm volatile("griddepcontrol.launch_dependents;");
+  const int64_t base = int64_t{blockIdx.x} * kThreads * kPer + threadIdx.x;
+  uint4 v[kPer];
+#pragma unroll
+  for (int k = 0; k < kPer; ++k)
+    if (base + k * kThreads < n) v[k] = Load<6>(x + base + k * kThreads);
+  if constexpr (kTrigger == 2) asm volatile("griddepcontrol.launch_dependents;");
+#pragma unroll
+  for (int k = 0; k < kPer; ++k)
+    if (base + k * kThreads < n) Store<1>(y + base + k * kThreads, v[k]);
+}
+
 __global__ void CountDiff(const uint4* a, const uint4* b, int64_t n, unsigned long long* bad) {
   for (int64_t i = int64_t{blockIdx.x} * blockDim.x + threadIdx.x; i < n;
        i += int64_t{gridDim.x} * blockDim.x) {
@@ -148,11 +179,81 @@ void Measure(const char* name, L launch) {
          bad ? "  WRONG" : "");
 }
 
+// The g_apps launches as one CUDA graph: captured from the stream as they
+// are (nested = false), or each captured alone and added to the graph as a
+// child graph node after the previous one (nested = true), which is how XLA
+// records a custom call into its command buffer.
+template <typename L>
+void MeasureGraph(const char* name, bool nested, L launch) {
+  cudaStream_t s;
+  CK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+  cudaGraph_t g;
+  if (!nested) {
+    CK(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal));
+    for (int a = 0; a < g_apps; ++a) launch(g_x + a * g_vecs, g_y + a * g_vecs, g_vecs, s);
+    CK(cudaStreamEndCapture(s, &g));
+  } else {
+    CK(cudaGraphCreate(&g, 0));
+    cudaGraphNode_t prev{};
+    for (int a = 0; a < g_apps; ++a) {
+      cudaGraph_t child;
+      CK(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal));
+      launch(g_x + a * g_vecs, g_y + a * g_vecs, g_vecs, s);
+      CK(cudaStreamEndCapture(s, &child));
+      cudaGraphNode_t node;
+      CK(cudaGraphAddChildGraphNode(&node, g, a ? &prev : nullptr, a ? 1 : 0, child));
+      prev = node;
+    }
+  }
+  cudaGraphExec_t exec;
+  CK(cudaGraphInstantiate(&exec, g, 0));
+  const float per_app = TimeMs([&] { CK(cudaGraphLaunch(exec, 0)); }) / g_apps;
+  auto gbs = [](float ms) { return 2.0 * g_vecs * 16 / (ms * 1e-3) / 1e9; };
+  printf("%-40s graph%s %6.1f us %5.0f GB/s\n", name, nested ? " of child graphs" : "", per_app * 1e3,
+         gbs(per_app));
+  CK(cudaGraphExecDestroy(exec));
+  CK(cudaGraphDestroy(g));
+  CK(cudaStreamDestroy(s));
+}
+
+template <int kThreads, int kPer, bool kPdl>
+void ChunkGraph(const char* name, bool nested) {
+  MeasureGraph(name, nested, [](uint4* x, uint4* y, int64_t n, cudaStream_t s) {
+    const int64_t per = int64_t{kThreads} * kPer;
+    cudaLaunchConfig_t cfg{};
+    cfg.gridDim = dim3(static_cast<unsigned>((n + per - 1) / per));
+    cfg.blockDim = dim3(kThreads);
+    cfg.stream = s;
+    cudaLaunchAttribute attr[1];
+    attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    attr[0].val.programmaticStreamSerializationAllowed = 1;
+    cfg.attrs = attr;
+    cfg.numAttrs = kPdl ? 1 : 0;
+    CK(cudaLaunchKernelEx(&cfg, ChunkCopyPdl<kThreads, kPer, 0>, (const uint4*)x, y, n));
+  });
+}
+
 template <int kThreads, int kPer, int kLoad, int kStore>
 void Chunk(const char* name) {
   Measure(name, [](uint4* x, uint4* y, int64_t n) {
     const int64_t per = int64_t{kThreads} * kPer;
     ChunkCopy<kThreads, kPer, kLoad, kStore><<<(n + per - 1) / per, kThreads>>>(x, y, n);
+  });
+}
+
+template <int kThreads, int kPer, int kTrigger>
+void ChunkPdl(const char* name) {
+  Measure(name, [](uint4* x, uint4* y, int64_t n) {
+    const int64_t per = int64_t{kThreads} * kPer;
+    cudaLaunchConfig_t cfg{};
+    cfg.gridDim = dim3(static_cast<unsigned>((n + per - 1) / per));
+    cfg.blockDim = dim3(kThreads);
+    cudaLaunchAttribute attr[1];
+    attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    attr[0].val.programmaticStreamSerializationAllowed = 1;
+    cfg.attrs = attr;
+    cfg.numAttrs = 1;
+    CK(cudaLaunchKernelEx(&cfg, ChunkCopyPdl<kThreads, kPer, kTrigger>, (const uint4*)x, y, n));
   });
 }
 
@@ -186,6 +287,14 @@ int main(int argc, char** argv) {
     Chunk<256, 8, 6, 1>("chunk 256x8 ld.lu, st.cs (library)");
     Chunk<256, 8, 4, 1>("chunk 256x8 ld.cs, st.cs");
     Chunk<256, 4, 6, 1>("chunk 256x4 ld.lu, st.cs (activations)");
+    ChunkPdl<256, 8, 0>("chunk 256x8 PDL, trigger at exit");
+    ChunkPdl<256, 8, 1>("chunk 256x8 PDL, trigger first");
+    ChunkPdl<256, 8, 2>("chunk 256x8 PDL, trigger after loads");
+    ChunkPdl<256, 4, 1>("chunk 256x4 PDL, trigger first");
+    ChunkGraph<256, 8, false>("chunk 256x8 plain", false);
+    ChunkGraph<256, 8, true>("chunk 256x8 PDL", false);
+    ChunkGraph<256, 8, false>("chunk 256x8 plain", true);
+    ChunkGraph<256, 8, true>("chunk 256x8 PDL", true);
   }
   for (int rep = 0; !shape && rep < 2; ++rep) {
     Measure("grid-stride x4 (micro_common Copy)", [](uint4* x, uint4* y, int64_t n) {

@@ -76,6 +76,13 @@ __device__ __forceinline__ float FastExp2(float x) {
   return y;
 }
 
+// 1 / x as one MUFU.RCP instruction (rcp.approx.ftz.f32: ~1 ulp; 1 / inf = 0).
+__device__ __forceinline__ float FastRcp(float x) {
+  float y;
+  asm("rcp.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
+  return y;
+}
+
 __device__ __forceinline__ float WarpSum(float v) {
 #pragma unroll
   for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
