@@ -4,6 +4,7 @@ line a case: `op shape dtype mode us_per_application`.
   python3 scripts/ops_ab.py [--cases 16384x4096:bfloat16,...] [--ops softmax,...] [--modes fwd,...]
 """
 import argparse
+import functools
 import math
 import os
 import sys
@@ -13,12 +14,21 @@ import jax.numpy as jnp
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "benchmarks"))
 import bench_ops  # noqa: E402
+import jax_dnn  # noqa: E402
+
+# Ops timed here beyond bench_ops.py's: (ours, unused, number of parameters).
+EXTRA_OPS = {
+    "silu": (jax_dnn.silu, None, 0),
+    "sigmoid": (jax_dnn.sigmoid, None, 0),
+    "bias_act(silu)": (functools.partial(jax_dnn.bias_act, activation="silu"), None, 1),
+}
+OPS = {**bench_ops.OPS, **EXTRA_OPS}
 
 
 def main():
   ap = argparse.ArgumentParser()
   ap.add_argument("--cases", default="16384x4096:bfloat16,16384x1024:bfloat16,16384x4096:float32")
-  ap.add_argument("--ops", default=",".join(bench_ops.OPS))
+  ap.add_argument("--ops", default=",".join(bench_ops.OPS))  # or EXTRA_OPS
   ap.add_argument("--modes", default="fwd,bwd,fwd+bwd")
   args = ap.parse_args()
   for case in args.cases.split(","):
@@ -28,7 +38,7 @@ def main():
     nbytes = math.prod(shape) * dtype.itemsize
     sets = max(1, min(32, math.ceil(max(bench_ops.L2_BYTES, bench_ops.CALL_BYTES) / nbytes)))
     for name in args.ops.split(","):
-      ours, _, nparams = bench_ops.OPS[name]
+      ours, _, nparams = OPS[name]
       k = jax.random.split(jax.random.key(0), 3)
       ins = [(jax.random.normal(jax.random.fold_in(k[0], i), shape, jnp.float32).astype(dtype),
               jax.random.normal(jax.random.fold_in(k[1], i), shape, jnp.float32).astype(dtype))
