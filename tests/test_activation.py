@@ -95,6 +95,60 @@ def test_bias_act_wide(gpu, shape, dtype):
     assert reused >= 1
 
 
+# Where the kernels' sigmoid 1 / (1 + e) (tanh GELU, SiLU, sigmoid) meets
+# e = inf (s = 0, and e * s = NaN in the gradients' 1 - s = e s), e = 0, and
+# results near fp32's smallest normal; fp16 takes the values it can hold.
+EXTREME = [-1e10, -1e4, -100.0, -89.0, -50.0, -20.0, -10.0, -7.0, -5.0, -1.0, -1e-3, -1e-30, 0.0,
+           1e-30, 1e-3, 1.0, 5.0, 7.0, 10.0, 20.0, 50.0, 89.0, 100.0, 1e4, 1e10]
+
+
+def _sigmoid64(z):
+  with np.errstate(over="ignore"):
+    return 1.0 / (1.0 + np.exp(-z))
+
+
+def _stable_reference(name, x):
+  """(y, dy/dx) in fp64 through sigmoid(z) and 1 - sigmoid(z) = sigmoid(-z),
+  without the cancellation that jax.nn's forms have even in fp64 (1 + tanh(u)
+  at x = -7, s (1 - s) at x = 50)."""
+  if name == "sigmoid":
+    return _sigmoid64(x), _sigmoid64(x) * _sigmoid64(-x)
+  if name == "silu":
+    s = _sigmoid64(x)
+    return x * s, s + x * s * _sigmoid64(-x)
+  k, c = np.sqrt(2.0 / np.pi), 0.044715
+  two_u = 2.0 * k * (x + c * x**3)
+  s = _sigmoid64(two_u)
+  return x * s, s + 2.0 * k * x * s * _sigmoid64(-two_u) * (1.0 + 3.0 * c * x * x)
+
+
+# GPU only: the reference path (jax.nn's forms in fp32) fails the relative
+# bound here by cancellation, which the kernels' forms avoid. Results under
+# 1e-30 in magnitude may come out as 0 (silu(-89) = -2e-37: the sigmoid's
+# exp overflows; XLA's fp32 silu gives 0 there too).
+@pytest.mark.gpu
+@pytest.mark.parametrize("name", ["gelu_tanh", "silu", "sigmoid"])
+@pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: jnp.dtype(d).name)
+@pytest.mark.parametrize("shape", [(4, 64), (3, 7)], ids=str)  # vector and scalar paths
+def test_sigmoid_forms_at_extreme_inputs(gpu, name, dtype, shape):
+  vals = np.array([v for v in EXTREME if abs(v) <= float(jnp.finfo(dtype).max)])
+  x = jnp.asarray(np.resize(vals, shape), dtype)
+  with np.errstate(over="ignore", invalid="ignore"):
+    ref, ref_dx = _stable_reference(name, np.asarray(x, np.float64))
+  rtol = 1e-4 if dtype == jnp.float32 else 1e-2
+  atol = max(float(jnp.finfo(dtype).tiny), 1e-30)  # fp16: 6.1e-5, its smallest normal
+  zero_bias = jnp.zeros(shape[-1:], dtype)  # the bias + activation kernels, on the same values
+  with_bias = lambda a: jax_dnn.bias_act(a, zero_bias, activation=name)
+  for op, ours in (("unary", UNARY[name][0]), ("bias_act", with_bias)):
+    y, vjp = jax.vjp(jax.jit(ours), x)
+    (dx,) = vjp(jnp.ones_like(y))
+    for what, out, r in (("forward", y, ref), ("gradient", dx, ref_dx)):
+      out = np.asarray(jnp.asarray(out, jnp.float32), np.float64)
+      assert np.all(np.isfinite(out)), (name, op, what, np.asarray(x)[~np.isfinite(out)])
+      bad = np.abs(out - r) > rtol * np.abs(r) + atol
+      assert not bad.any(), (name, op, what, np.asarray(x, np.float64)[bad], out[bad], r[bad])
+
+
 def test_jit_vmap_grad(device):
   tol = dict(rtol=2e-5, atol=2e-5)
   close = lambda a, b: jax.tree.map(lambda u, v: np.testing.assert_allclose(u, v, **tol), a, b)
