@@ -75,8 +75,8 @@ def test_bias_act_grouped(device, dtype, width):
 # of columns (4096, 3072 and 11008 wide bf16; rows not a multiple of a
 # block's rows), rows that divide 256 units (1024 wide; 4 wide on the scalar
 # path), fp32 (4-element units); and where they do not (1000 wide bf16: 125
-# units). The backward's two-row loop (GELU tanh, ReLU) and one-row loop
-# (SiLU) see several rows a thread here.
+# units). The backward's two-row loop (every activation but the erf GELU)
+# and one-row loop (erf GELU) see several rows a thread here.
 WIDE = [((3458, 4096), jnp.bfloat16), ((4501, 3072), jnp.bfloat16), ((1201, 11008), jnp.bfloat16),
         ((13501, 1024), jnp.float16), ((450001, 4), jnp.bfloat16), ((3458, 4096), jnp.float32),
         ((13501, 1000), jnp.bfloat16)]
@@ -88,7 +88,7 @@ WIDE = [((3458, 4096), jnp.bfloat16), ((4501, 3072), jnp.bfloat16), ((1201, 1100
 def test_bias_act_wide(gpu, shape, dtype):
   x = randn(11, shape, dtype, scale=2.0)
   bias = randn(12, shape[-1:], dtype)
-  for activation in ("gelu_tanh", "relu", "silu"):
+  for activation in ("gelu_tanh", "relu", "silu", "sigmoid", "gelu"):
     reused = check_fwd_bwd(gpu, functools.partial(jax_dnn.bias_act, activation=activation),
                            functools.partial(naive_bias_act, activation=activation), (x, bias),
                            dtype, what=f"wide bias_act {activation}")
@@ -98,8 +98,10 @@ def test_bias_act_wide(gpu, shape, dtype):
 # Where the kernels' sigmoid 1 / (1 + e) (tanh GELU, SiLU, sigmoid) meets
 # e = inf (s = 0, and e * s = NaN in the gradients' 1 - s = e s), e = 0, and
 # results near fp32's smallest normal; fp16 takes the values it can hold.
-EXTREME = [-1e10, -1e4, -100.0, -89.0, -50.0, -20.0, -10.0, -7.0, -5.0, -1.0, -1e-3, -1e-30, 0.0,
-           1e-30, 1e-3, 1.0, 5.0, 7.0, 10.0, 20.0, 50.0, 89.0, 100.0, 1e4, 1e10]
+# Past 1.8e19, x^2 overflows fp32 (the tanh GELU's gradient polynomial).
+EXTREME = [-3e38, -2e19, -1e10, -1e4, -100.0, -89.0, -50.0, -20.0, -10.0, -7.0, -5.0, -1.0, -1e-3,
+           -1e-30, 0.0, 1e-30, 1e-3, 1.0, 5.0, 7.0, 10.0, 20.0, 50.0, 89.0, 100.0, 1e4, 1e10, 2e19,
+           3e38]
 
 
 def _sigmoid64(z):
@@ -129,12 +131,14 @@ def _stable_reference(name, x):
 @pytest.mark.gpu
 @pytest.mark.parametrize("name", ["gelu_tanh", "silu", "sigmoid"])
 @pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: jnp.dtype(d).name)
-@pytest.mark.parametrize("shape", [(4, 64), (3, 7)], ids=str)  # vector and scalar paths
+@pytest.mark.parametrize("shape", [(4, 64), (5, 7)], ids=str)  # vector and scalar paths
 def test_sigmoid_forms_at_extreme_inputs(gpu, name, dtype, shape):
   vals = np.array([v for v in EXTREME if abs(v) <= float(jnp.finfo(dtype).max)])
   x = jnp.asarray(np.resize(vals, shape), dtype)
-  with np.errstate(over="ignore", invalid="ignore"):
+  assert x.size >= len(vals)  # every value, on either path
+  with np.errstate(over="ignore"):
     ref, ref_dx = _stable_reference(name, np.asarray(x, np.float64))
+  assert np.all(np.isfinite(ref)) and np.all(np.isfinite(ref_dx))
   rtol = 1e-4 if dtype == jnp.float32 else 1e-2
   atol = max(float(jnp.finfo(dtype).tiny), 1e-30)  # fp16: 6.1e-5, its smallest normal
   zero_bias = jnp.zeros(shape[-1:], dtype)  # the bias + activation kernels, on the same values
