@@ -28,7 +28,8 @@ OPS = {**bench_ops.OPS, **EXTRA_OPS}
 def main():
   ap = argparse.ArgumentParser()
   ap.add_argument("--cases", default="16384x4096:bfloat16,16384x1024:bfloat16,16384x4096:float32")
-  ap.add_argument("--ops", default=",".join(bench_ops.OPS))  # or EXTRA_OPS
+  ap.add_argument("--ops", default=",".join(bench_ops.OPS),
+                  help="names from bench_ops.OPS or EXTRA_OPS")
   ap.add_argument("--modes", default="fwd,bwd,fwd+bwd")
   args = ap.parse_args()
   for case in args.cases.split(","):

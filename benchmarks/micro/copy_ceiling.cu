@@ -216,20 +216,26 @@ void MeasureGraph(const char* name, bool nested, L launch) {
   CK(cudaStreamDestroy(s));
 }
 
+// ChunkCopyPdl over n vectors on stream s, as a dependent launch or not.
+template <int kThreads, int kPer, int kTrigger>
+void LaunchChunkCopyPdl(const uint4* x, uint4* y, int64_t n, cudaStream_t s, bool dependent) {
+  const int64_t per = int64_t{kThreads} * kPer;
+  cudaLaunchConfig_t cfg{};
+  cfg.gridDim = dim3(static_cast<unsigned>((n + per - 1) / per));
+  cfg.blockDim = dim3(kThreads);
+  cfg.stream = s;
+  cudaLaunchAttribute attr[1];
+  attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attr[0].val.programmaticStreamSerializationAllowed = 1;
+  cfg.attrs = attr;
+  cfg.numAttrs = dependent ? 1 : 0;
+  CK(cudaLaunchKernelEx(&cfg, ChunkCopyPdl<kThreads, kPer, kTrigger>, x, y, n));
+}
+
 template <int kThreads, int kPer, bool kPdl>
 void ChunkGraph(const char* name, bool nested) {
   MeasureGraph(name, nested, [](uint4* x, uint4* y, int64_t n, cudaStream_t s) {
-    const int64_t per = int64_t{kThreads} * kPer;
-    cudaLaunchConfig_t cfg{};
-    cfg.gridDim = dim3(static_cast<unsigned>((n + per - 1) / per));
-    cfg.blockDim = dim3(kThreads);
-    cfg.stream = s;
-    cudaLaunchAttribute attr[1];
-    attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-    attr[0].val.programmaticStreamSerializationAllowed = 1;
-    cfg.attrs = attr;
-    cfg.numAttrs = kPdl ? 1 : 0;
-    CK(cudaLaunchKernelEx(&cfg, ChunkCopyPdl<kThreads, kPer, 0>, (const uint4*)x, y, n));
+    LaunchChunkCopyPdl<kThreads, kPer, 0>(x, y, n, s, kPdl);
   });
 }
 
@@ -244,16 +250,7 @@ void Chunk(const char* name) {
 template <int kThreads, int kPer, int kTrigger>
 void ChunkPdl(const char* name) {
   Measure(name, [](uint4* x, uint4* y, int64_t n) {
-    const int64_t per = int64_t{kThreads} * kPer;
-    cudaLaunchConfig_t cfg{};
-    cfg.gridDim = dim3(static_cast<unsigned>((n + per - 1) / per));
-    cfg.blockDim = dim3(kThreads);
-    cudaLaunchAttribute attr[1];
-    attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-    attr[0].val.programmaticStreamSerializationAllowed = 1;
-    cfg.attrs = attr;
-    cfg.numAttrs = 1;
-    CK(cudaLaunchKernelEx(&cfg, ChunkCopyPdl<kThreads, kPer, kTrigger>, (const uint4*)x, y, n));
+    LaunchChunkCopyPdl<kThreads, kPer, kTrigger>(x, y, n, /*s=*/0, /*dependent=*/true);
   });
 }
 

@@ -49,23 +49,32 @@ __device__ __forceinline__ float GeluTanhExp(float x) {
 
 // exp(-x) for the sigmoid 1 / (1 + exp(-x)) of SiLU and sigmoid, one
 // MUFU.EX2, then one MUFU.RCP for the reciprocal, where expf and IEEE
-// division took ~20 instructions and a slow-path branch; 1 - s is taken as
-// e s, as in the tanh GELU's gradient. With it SiLU and sigmoid also take
-// the column forward's 40-register bound and the backward's two-row loop
-// (64 registers at 16-byte units; on the scalar path 45-48, not timed).
+// division took ~20 instructions and a slow-path branch. With it SiLU and
+// sigmoid also take the column forward's 40-register bound and the
+// backward's two-row loop (64 registers at 16-byte units; on the scalar
+// path 45-48, not timed).
 // H200 A/B (time new / old, 3 rounds, 16384 x 1024 / x 4096 bf16): bias +
 // SiLU fwd 0.886 / 0.900, bwd 0.896 / 0.895; SiLU fwd 0.961 / 1.003, bwd
 // 0.921 / 0.994; sigmoid fwd 0.923 / 0.983, bwd 0.925 / 0.982; fp32 x 4096
 // 0.97-1.01.
 __device__ __forceinline__ float ExpNeg(float x) { return FastExp2(-kLog2e * x); }
 
+// sigmoid(z) = 1 / (1 + e) from e = exp(-z), and its derivative s (1 - s),
+// with 1 - s taken as e s: accurate where s rounds near 1 (1 - s would
+// cancel); where e = inf, e s is NaN and fminf gives 1 - s = 1.
+struct SigmoidOfExp {
+  float s, ds;
+  __device__ __forceinline__ explicit SigmoidOfExp(float e)
+      : s(FastRcp(1.f + e)), ds(s * fminf(e * s, 1.f)) {}
+};
+
 template <Activation kAct>
 __device__ __forceinline__ float Act(float x) {
   if constexpr (kAct == Activation::kRelu) return fmaxf(x, 0.f);
   if constexpr (kAct == Activation::kGelu) return 0.5f * x * (1.f + erff(x * kSqrtHalf));
-  if constexpr (kAct == Activation::kGeluTanh) return x * FastRcp(1.f + GeluTanhExp(x));
-  if constexpr (kAct == Activation::kSilu) return x * FastRcp(1.f + ExpNeg(x));
-  if constexpr (kAct == Activation::kSigmoid) return FastRcp(1.f + ExpNeg(x));
+  if constexpr (kAct == Activation::kGeluTanh) return x * SigmoidOfExp(GeluTanhExp(x)).s;
+  if constexpr (kAct == Activation::kSilu) return x * SigmoidOfExp(ExpNeg(x)).s;
+  if constexpr (kAct == Activation::kSigmoid) return SigmoidOfExp(ExpNeg(x)).s;
   if constexpr (kAct == Activation::kTanh) return tanhf(x);
 }
 
@@ -76,26 +85,17 @@ __device__ __forceinline__ float ActGrad(float x) {
   if constexpr (kAct == Activation::kGelu)
     return 0.5f * (1.f + erff(x * kSqrtHalf)) + x * kInvSqrt2Pi * expf(-0.5f * x * x);
   if constexpr (kAct == Activation::kGeluTanh) {
-    // d/dx x s = s + 2 x s (1 - s) u', s = sigmoid(2u), u' = k (1 + 3c x^2),
-    // 1 - s taken as e s, accurate where s rounds near 1 (1 - s would
-    // cancel); where e = inf, e s is NaN and fminf gives 1 - s = 1. Past
-    // |x| ~ 10, s (1 - s) is 0: x ds first and x^2 capped keep 0 * inf out
-    // for finite x up to fp32's largest (x^2 overflows past 1.8e19).
-    const float e = GeluTanhExp(x);
-    const float s = FastRcp(1.f + e);
-    const float x_ds = x * (s * fminf(e * s, 1.f));
-    return fmaf(2.f * kTanhCoef * x_ds, fmaf(3.f * kCubic, fminf(x * x, 1e30f), 1.f), s);
+    // d/dx x s = s + 2 x s (1 - s) u', s = sigmoid(2u), u' = k (1 + 3c x^2).
+    // Past |x| ~ 10, s (1 - s) is 0: x ds first and x^2 capped keep 0 * inf
+    // out for finite x up to fp32's largest (x^2 overflows past 1.8e19).
+    const SigmoidOfExp g(GeluTanhExp(x));
+    return fmaf(2.f * kTanhCoef * (x * g.ds), fmaf(3.f * kCubic, fminf(x * x, 1e30f), 1.f), g.s);
   }
   if constexpr (kAct == Activation::kSilu) {  // s (1 + x (1 - s))
-    const float e = ExpNeg(x);
-    const float s = FastRcp(1.f + e);
-    return fmaf(x, s * fminf(e * s, 1.f), s);
+    const SigmoidOfExp g(ExpNeg(x));
+    return fmaf(x, g.ds, g.s);
   }
-  if constexpr (kAct == Activation::kSigmoid) {  // s (1 - s)
-    const float e = ExpNeg(x);
-    const float s = FastRcp(1.f + e);
-    return s * fminf(e * s, 1.f);
-  }
+  if constexpr (kAct == Activation::kSigmoid) return SigmoidOfExp(ExpNeg(x)).ds;
   if constexpr (kAct == Activation::kTanh) {
     const float t = tanhf(x);
     return 1.f - t * t;
