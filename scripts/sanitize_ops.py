@@ -104,8 +104,8 @@ def main():
     x = jax.random.normal(key, (300, 50000), jnp.float32).astype(dtype)
     run(jax.jit(jax_dnn.softmax), x)
     run(jax.jit(jax_dnn.log_softmax), x)
-  # The norm backward's clusters streaming several rows each, with shared and
-  # with per-group parameters.
+  # The norms' clusters (forward and backward) streaming several rows each,
+  # with shared and with per-group parameters.
   x = jax.random.normal(key, (300, 50000), jnp.float32).astype(jnp.bfloat16)
   p = jnp.linspace(0.5, 1.5, 50000, dtype=jnp.bfloat16)
   run(jax.jit(jax_dnn.layer_norm), x, p, p)

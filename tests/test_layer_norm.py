@@ -41,9 +41,10 @@ OPS = {
 # team's last vectors, and teams that visit several rows (6000 rows); rows
 # split over a cluster (20000; fp32 12288) into equal shares of whole
 # vectors (65544 bf16/f16: 5 blocks, the last two vectors short), and past the
-# cluster path (65544 fp32). Forward cluster split: 2-3 blocks (32776; 65544 in
-# 3 equal shares), 8 full blocks (262144 bf16/f16; fp32 and the backward take
-# the fallback there).
+# cluster path (65544 fp32). Forward cluster split: streamed, 3 blocks (32776)
+# and 5 (65544 bf16/f16); the register-row kernels over clusters past that
+# (65544 fp32 in 5 equal shares, 262144 bf16/f16 in 8 full blocks; fp32 and
+# the backward take the fallback there).
 SHAPES = [(1, 1), (3, 7), (2, 3, 100), (64, 1024), (5, 4097), (16, 4096), (3, 12288), (2, 20000),
           (0, 16), (7, 200), (33, 520), (6000, 264), (2, 65544), (3, 32776), (1, 262144)]
 
@@ -181,12 +182,12 @@ def test_grouped_parameter_gradients(device, name, groups, rows):
 # blocks), bf16 100000 (7), fp32 20000 (3), in shares that are not whole
 # segments; bf16 131072 and fp32 65536 (8 blocks, the widest cluster); and
 # per-group parameters (vmap), 2-block clusters with several parts a group;
-# the same bits from two calls. The 16-bit layer-norm forward at these widths
-# normalizes two rows a pass (LayerNormPairFwdKernel): 300 rows stride over
-# the persistent clusters; per-group parameters with even rows a group take
-# it (2 x 6 x 40000), with odd rows a group the one-row kernel (3 x 5 x
-# 40000); an odd row count that strides (301 rows: 151 pairs, the last
-# without a second row).
+# the same bits from two calls. The forward at the cluster widths (past 32768
+# bf16/fp16, 16384 fp32) streams too (layer_norm_fwd_stream.cu), two rows a
+# pass: 300 rows stride over the persistent clusters; per-group parameters
+# with even (2 x 6 x 40000) and odd (3 x 5 x 40000) rows a group, the last
+# pass of a part with one row (301 x 50000, 40 x 131072), and more groups than
+# clusters fit at once (60 x 3 x 40000: one part a group, in two waves).
 @pytest.mark.parametrize("name", OPS)
 @pytest.mark.parametrize("shape,dtype", [((1001, 6000), jnp.bfloat16), ((700, 4096), jnp.float32),
                                          ((401, 16384), jnp.float16), ((3, 333, 6000), jnp.bfloat16),
@@ -196,7 +197,8 @@ def test_grouped_parameter_gradients(device, name, groups, rows):
                                          ((60, 100000), jnp.bfloat16), ((300, 20000), jnp.float32),
                                          ((40, 131072), jnp.bfloat16), ((40, 65536), jnp.float32),
                                          ((3, 100, 20000), jnp.bfloat16), ((2, 6, 40000), jnp.float16),
-                                         ((3, 5, 40000), jnp.bfloat16), ((301, 50000), jnp.bfloat16)],
+                                         ((3, 5, 40000), jnp.bfloat16), ((301, 50000), jnp.bfloat16),
+                                         ((60, 3, 40000), jnp.bfloat16)],
                          ids=str)
 def test_streamed_rows(device, name, shape, dtype):
   if not on_gpu(device):

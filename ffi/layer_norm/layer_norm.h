@@ -55,6 +55,11 @@ struct LayerNormBwdParams {
 };
 
 cudaError_t LaunchLayerNormFwd(const LayerNormFwdParams& p, cudaStream_t stream);
+// The forward's streamed cluster form (layer_norm_fwd_stream.cu), for aligned
+// rows wider than the register-row kernels and up to
+// LayerNormStreamFwdMaxWidth.
+int64_t LayerNormStreamFwdMaxWidth(int dtype_bytes);
+cudaError_t LaunchLayerNormStreamFwd(const LayerNormFwdParams& p, cudaStream_t stream);
 cudaError_t LaunchLayerNormBwd(const LayerNormBwdParams& p, cudaStream_t stream);
 
 // The backward's register rows hold up to this many 16-byte vectors of x and

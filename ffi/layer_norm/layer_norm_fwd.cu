@@ -11,15 +11,19 @@
 // below). A plain two-pass about the row mean (x - mean after the first sum)
 // took ptxas to 128 registers here, from 80.
 //
-// Aligned rows up to 8 times wider (262144 bf16/fp16, 131072 fp32) take the
-// same kernel split over the blocks of a cluster (ffi/common/row_cluster.cuh):
-// 512 x 8 vectors a block, the team sums added over distributed shared memory
-// (layer norm: each block's (count, mean, M2), merged in one exchange a row,
-// 2.6% faster than two cluster sums at 4096 x 131072 bf16 on an H200). The
-// 16-bit layer norm there, and at the register widths where it measured
-// faster (the launcher), takes LayerNormPairFwdKernel, two rows a pass, so
-// that each parameter vector is read once for both; at 3585-4096 wide, one
-// row a 128-thread team of 4 vectors a thread (measured faster still).
+// Aligned rows wider than that, up to 131072 bf16/fp16 or 65536 fp32, take
+// the streamed cluster kernel of layer_norm_fwd_stream.cu (the parameters
+// staged in shared memory once, the rows streamed, two a pass). Wider ones, up
+// to 262144 bf16/fp16 or 131072 fp32, take the register-row kernel split over
+// the blocks of a cluster (ffi/common/row_cluster.cuh): 512 x 8 vectors a
+// block, the team sums added over distributed shared memory (layer norm: each
+// block's (count, mean, M2), merged in one exchange a row, 2.6% faster than
+// two cluster sums at 4096 x 131072 bf16 on an H200, when this kernel ran
+// that width). The 16-bit layer norm there, and at the register widths where
+// it measured faster (the launcher), takes LayerNormPairFwdKernel, two rows a
+// pass, so that each parameter vector is read once for both; at 3585-4096
+// wide, one row a 128-thread team of 4 vectors a thread (measured faster
+// still).
 //
 // The rest (longer rows, or rows not 16-byte aligned) take LayerNormFwdKernel,
 // a row team that caches kCacheElems fp32 a thread and re-reads the uncached
@@ -401,6 +405,11 @@ cudaError_t Launch(const LayerNormFwdParams& p, cudaStream_t stream) {
       return launch(LayerNormRegFwdKernel<T, Row, kRms>, row, p.rows);
     });
   }
+  // Wider rows up to 131072 (fp32: 65536): streamed clusters
+  // (layer_norm_fwd_stream.cu).
+  if (V > 1 && p.width <= LayerNormStreamFwdMaxWidth(sizeof(T))) return LaunchLayerNormStreamFwd(p, stream);
+  // Wider still (up to 8 blocks of 512 x 8 vectors: 262144, fp32 131072): the
+  // register-row kernels over a cluster.
   if (V > 1 && p.width <= kMaxClusterBlocks * RegRowMaxWidth<T>()) {
     using Row = RegRow<T, 512, 8>;
     // Layer norm at 16 bits: persistent clusters (as many as fit at once, each
