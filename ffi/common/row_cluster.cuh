@@ -8,23 +8,23 @@
 // their registers cannot hold (35-41% of copy bandwidth for 131072-wide bf16
 // forwards, the norm backward's 7%).
 //
-// Used by the layer/RMS-norm forward (loads straight into registers: one
-// cluster a row, or, for the 16-bit layer norm, persistent clusters taking
-// two rows a pass), and by the softmax forward and backward and the
-// layer/RMS-norm backward (persistent clusters streaming their rows through
-// shared memory: RowFeed below). The one-row forwards bound their cluster
-// kernels to 2 blocks of 512 an SM (64 registers: 1024 threads of 16-byte
-// loads in flight); the two-row forward and the backwards, holding two rows
-// (or x and dy), to 1 block and 128 registers (the norm backward's
-// one-block rows of 256 threads run two an SM). The softmax
-// kernels write `__launch_bounds__(kBlock, kCluster ? 1024 / kBlock : 0)`
-// (backward `kCluster ? 1 : 0`): a minimum of 0 is ptxas's default, while 1
-// let the register-row kernels grow (softmax backward 128 -> 154 registers,
-// 90% -> 75% of copy). The norm backward (layer_norm_bwd_stream.cu) has its
-// own kernel: its clusters (and, for rows of one block, its blocks) are
-// persistent within a group of rows, each part taking rows part, part +
-// parts, ... so that a thread keeps its columns' parameter-gradient sums in
-// registers.
+// Used by every row op past its register widths. Streaming their rows
+// through shared memory (RowFeed below), persistent clusters: the softmax
+// forward and backward, and the layer/RMS-norm forward and backward up to
+// 131072 bf16/fp16 (their own kernels, layer_norm_fwd_stream.cu and
+// layer_norm_bwd_stream.cu: clusters persistent within a group of rows, each
+// part taking rows part, part + parts, ..., so that a block stages its
+// columns of the group's parameters once and, in the backward, keeps their
+// gradient sums in registers). Loading straight into registers: the norm
+// forwards wider than that (one cluster a row, or, for the 16-bit layer
+// norm, persistent clusters taking two rows a pass). The forwards' streamed
+// kernels take two rows a pass and the backwards hold x and dy, all bound to
+// 1 block of 512 an SM and 128 registers (the norm backward's one-block rows
+// of 256 threads run two an SM); the one-row register forwards to 2 blocks
+// (64 registers: 1024 threads of 16-byte loads in flight). The softmax
+// backward writes `__launch_bounds__(kBlock, kCluster ? 1 : 0)`: a minimum
+// of 0 is ptxas's default, while 1 let its register-row kernels grow (128 ->
+// 154 registers, 90% -> 75% of copy).
 
 #pragma once
 
@@ -101,15 +101,13 @@ struct RowSplit {
 // mbarriers are initialized) and again before exiting (every push has landed).
 // Clusters have at most kMaxClusterBlocks blocks (the launches check).
 //
-// kPull: the earlier form (each block writes its State to its own slot, a
-// cluster barrier with release and acquire, each block reads every slot),
-// kept for the softmax forward, where the push was slower at 4096 x 131072
-// bf16 (748 us against 660, H200; cause not found: not the L1 invalidation
-// of a cluster-scope acquire, nor the waiting warps' issue slots, nor the
-// stores the release waited for) though faster at 65536 and 40000 (0.92-0.95).
-// Its slots are read by the peers before they reach the next barrier (the
-// values are merged by then), so the final ClusterSyncRelaxed also covers it.
-template <typename State, bool kCluster = true, bool kPull = false>
+// The softmax forward kept an earlier pull form (each block wrote its State
+// to its own slot, a cluster barrier with release and acquire, each block
+// read every slot) until session 36: its one-row kernel, 2 blocks an SM, ran
+// slower with the push at 4096 x 131072 bf16 (748 us against 660, H200; cause
+// not found). Its two-rows-a-pass kernel is faster with the push (585 us, and
+// 700 pulled).
+template <typename State, bool kCluster = true>
 struct ClusterExchange {
   struct Inbox {
     State from[2][kMaxClusterBlocks];
@@ -119,7 +117,7 @@ struct ClusterExchange {
   uint32_t round = 0;
 
   __device__ explicit ClusterExchange(Inbox& inbox) : box(inbox) {
-    if (!kPull && threadIdx.x == 0) {
+    if (threadIdx.x == 0) {
       hopper::BarrierInit(&box.bar[0], 1);
       hopper::BarrierInit(&box.bar[1], 1);
       hopper::FenceBarrierInit();
@@ -134,11 +132,6 @@ struct ClusterExchange {
     const int slot = round & 1;
     const uint32_t parity = (round >> 1) & 1;
     ++round;
-    if constexpr (kPull) {
-      if (threadIdx.x == 0) box.from[slot][0] = st;
-      hopper::ClusterSync();
-      return Merge(*cluster.map_shared_rank(&box.from[slot][0], lane < blocks ? lane : 0), blocks);
-    }
     if (threadIdx.x < 32) {
       if (lane == 0) hopper::BarrierExpectTx(&box.bar[slot], blocks * sizeof(State));
       if (lane < blocks) {  // lane r pushes to block r
@@ -184,8 +177,8 @@ struct ClusterExchange {
 };
 
 // Without a cluster: no inbox, and the block's total is the row's.
-template <typename State, bool kPull>
-struct ClusterExchange<State, false, kPull> {
+template <typename State>
+struct ClusterExchange<State, false> {
   struct Inbox {};
   __device__ explicit ClusterExchange(Inbox&) {}
   __device__ State Sum(const State& st) { return st; }
@@ -230,9 +223,8 @@ struct RowFeed {
   }
 };
 
-// Streamed (kStreamed, which the softmax kernels set exactly when they run
-// in clusters): the grid is persistent (LaunchRowClusters with kSmemBytes:
-// as many clusters as fit at once; the norm backward launches its own), and
+// Streamed (kStreamed): the grid is persistent (LaunchRowClusters with kSmemBytes:
+// as many clusters as fit at once; the norm kernels launch their own), and
 // each block, one team, streams its columns of the next kStages rows into
 // shared memory with the bulk copy engine (one copy an array, one mbarrier a
 // stage) while it reduces and writes this one; Get waits for this row's
@@ -241,8 +233,9 @@ struct RowFeed {
 // its peers at the row's exchange; with loads issued only at a row's start
 // the softmax forward ran at 71% of copy bandwidth at 4096 x 131072 bf16, 8%
 // slower than streamed (benchmarks/RESULTS.md, where the layer/RMS norm
-// forwards, whose fp32 parameters are re-read through L1 for every row,
-// gained less or lost). The norm backward streams its one-block rows too.
+// forwards, which then re-read their fp32 parameters from L2 for every row,
+// gained less or lost; with the parameters staged in shared memory they
+// stream too). The norm backward streams its one-block rows too.
 template <typename T, typename Row, int kArrays, int kStages>
 struct RowFeed<T, Row, true, kArrays, kStages> {
   static_assert(Row::kTeams == 1, "a streamed block is one team");

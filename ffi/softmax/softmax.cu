@@ -6,10 +6,11 @@
 //   one team a row, held in registers as packed elements; x (and dy) read once,
 //   the output written once.
 // - Aligned rows up to 8 times wider (the backward's from 1.2 times: below):
-//   the same kernels split over the blocks of a cluster
-//   (ffi/common/row_cluster.cuh), each block a share of the row in registers,
-//   streamed in through shared memory (RowFeed) while the previous row is
-//   reduced, the states merged over distributed shared memory.
+//   split over the blocks of a cluster (ffi/common/row_cluster.cuh), each
+//   block a share of the row in registers, streamed in through shared memory
+//   (RowFeed) while the previous rows are reduced, the states merged over
+//   distributed shared memory: the forward's own kernel two rows a pass
+//   (SoftmaxPairFwdKernel), the backward's Reg kernel one.
 // - Other rows take the fallback row kernels (ffi/common/row_team.cuh): the
 //   first kCacheElems values a thread cached, and for longer rows (any length)
 //   an online max/sum pass (each thread rescales its running sum when its max
@@ -40,7 +41,8 @@ constexpr int kBwdCacheElems = 16;  // two tensors (x, dy) are cached
 
 // The cluster splits: 512-thread blocks of 8 vectors a thread, up to 8 a
 // cluster (rows up to 262144 bf16/fp16, 131072 fp32), streaming their rows
-// through shared memory (RowFeed). Forward: 2 blocks an SM (64 registers).
+// through shared memory (RowFeed). Forward: 1 block an SM, two rows a pass
+// (SoftmaxPairFwdKernel; until session 36 one row, 2 blocks an SM).
 // Backward: x and dy, 8 vectors of each, 1 block an SM (128 registers, 128
 // KiB of shared memory), for rows over 1.2 times the register layout.
 // H200, A/B (us, bwd): against the fallback that re-reads from L2, 4096 x
@@ -196,60 +198,110 @@ __device__ __forceinline__ float ThreadMax(const Row& r, int64_t n) {
   return m;
 }
 
-// Rows that fit the register layout (ffi/common/row_regs.cuh): one team a row,
-// x read once, y written once, one team reduction of (max, sum). kCluster:
-// a wider row split over the blocks of a cluster (ffi/common/row_cluster.cuh),
-// streamed (RowFeed), the (max, sum) states merged over them
-// (ClusterExchange).
-template <typename T, typename Row, bool kLog, bool kCluster = false>
-__global__ void __launch_bounds__(Row::kBlock, kCluster ? 1024 / Row::kBlock : 0)
-    SoftmaxRegFwdKernel(SoftmaxFwdParams p) {
-  constexpr int V = Row::V;
+// This thread's (max, sum of exp(x - max)) over its values of a register row
+// (the first n columns). exp(x - m) as one FFMA and one EX2; a thread with no
+// finite max adds 0.
+template <typename Row>
+__device__ __forceinline__ MaxSum ThreadMaxSum(const Row& r, int64_t n) {
   constexpr float kLog2e = 1.4426950408889634f;
-  __shared__ typename Row::template Slots<MaxSum> slots;
-  // The pull exchange: see ClusterExchange.
-  using Exchange = ClusterExchange<MaxSum, kCluster, /*kPull=*/true>;
-  __shared__ typename Exchange::Inbox inbox;
-  const int64_t n = p.n;
-  const RowSplit<Row, kCluster> split(n);
-  const int64_t ns = split.width;  // this block's columns of the row
-  RowFeed<T, Row, kCluster> feed({static_cast<const T*>(p.x)}, n, split, p.outer);
-  Exchange exchange(inbox);
-  ClusterSyncRelaxed<kCluster>();
-  int parity = 0;
-  for (int64_t row = split.row0; row < p.outer; row += split.row_step, parity ^= 1) {
-    Row r;
-    feed.Get(row, r);
-    const float m = ThreadMax(r, ns);
-    // exp(x - m) as one FFMA and one EX2; a thread with no finite max adds 0.
-    float s = 0.f;
-    if (m != -INFINITY) {
-      const float ml = m * kLog2e;
-#pragma unroll
-      for (int v = 0; v < Row::kVecs; ++v) {
-        if (!Row::In(v, ns)) continue;
-        float f[V];
-        r.Get(v, f);
-#pragma unroll
-        for (int i = 0; i < V; ++i) s += FastExp2(fmaf(f[i], kLog2e, -ml));
-      }
-    }
-    const MaxSum st = RowTotal<Row>(MaxSum{m, s}, slots, parity, exchange);
-    // softmax: exp(x - max) / sum; log_softmax: x - max - log(sum). An all
-    // -inf row gives NaN, as jax.nn.softmax does.
-    const float ml = st.m * kLog2e, inv_sum = 1.f / st.s, shift = st.m + logf(st.s);
-    T* y = static_cast<T*>(p.y) + row * n + split.col0;
+  const float m = ThreadMax(r, n);
+  float s = 0.f;
+  if (m != -INFINITY) {
+    const float ml = m * kLog2e;
 #pragma unroll
     for (int v = 0; v < Row::kVecs; ++v) {
-      if (!Row::In(v, ns)) continue;
-      float f[V];
+      if (!Row::In(v, n)) continue;
+      float f[Row::V];
       r.Get(v, f);
 #pragma unroll
-      for (int i = 0; i < V; ++i) f[i] = kLog ? f[i] - shift : FastExp2(fmaf(f[i], kLog2e, -ml)) * inv_sum;
-      StoreVec<T, V>(y + Row::Col(v), f);
+      for (int i = 0; i < Row::V; ++i) s += FastExp2(fmaf(f[i], kLog2e, -ml));
     }
   }
-  ClusterSyncRelaxed<kCluster>();
+  return {m, s};
+}
+
+// Writes this thread's values of a register row's output from the row's
+// (max, sum): softmax exp(x - max) / sum; log_softmax x - max - log(sum). An
+// all -inf row gives NaN, as jax.nn.softmax does.
+template <typename T, typename Row, bool kLog>
+__device__ __forceinline__ void WriteRow(const Row& r, const MaxSum& st, T* y, int64_t n) {
+  constexpr float kLog2e = 1.4426950408889634f;
+  const float ml = st.m * kLog2e, inv_sum = 1.f / st.s, shift = st.m + logf(st.s);
+#pragma unroll
+  for (int v = 0; v < Row::kVecs; ++v) {
+    if (!Row::In(v, n)) continue;
+    float f[Row::V];
+    r.Get(v, f);
+#pragma unroll
+    for (int i = 0; i < Row::V; ++i) f[i] = kLog ? f[i] - shift : FastExp2(fmaf(f[i], kLog2e, -ml)) * inv_sum;
+    StoreVec<T, Row::V>(y + Row::Col(v), f);
+  }
+}
+
+// Rows that fit the register layout (ffi/common/row_regs.cuh): one team a row,
+// x read once, y written once, one team reduction of (max, sum).
+template <typename T, typename Row, bool kLog>
+__global__ void __launch_bounds__(Row::kBlock) SoftmaxRegFwdKernel(SoftmaxFwdParams p) {
+  __shared__ typename Row::template Slots<MaxSum> slots;
+  const int64_t n = p.n;
+  int parity = 0;
+  for (int64_t row = int64_t{blockIdx.x} * Row::kTeams + Row::Team(); row < p.outer;
+       row += int64_t{gridDim.x} * Row::kTeams, parity ^= 1) {
+    Row r;
+    r.Load(static_cast<const T*>(p.x) + row * n, n);
+    const MaxSum st = Row::Reduce(ThreadMaxSum(r, n), slots, parity);
+    WriteRow<T, Row, kLog>(r, st, static_cast<T*>(p.y) + row * n, n);
+  }
+}
+
+// Two rows' (max, sum) states as one mergeable State.
+struct MaxSumPair {
+  MaxSum r[2];
+  __device__ static MaxSumPair Merge(const MaxSumPair& a, const MaxSumPair& b) {
+    return {{MaxSum::Merge(a.r[0], b.r[0]), MaxSum::Merge(a.r[1], b.r[1])}};
+  }
+};
+
+// Rows wider than the register layout: split over the blocks of a cluster
+// (ffi/common/row_cluster.cuh), persistent clusters (one block an SM) taking
+// two rows a pass (rows row and row + row_step of the cluster's), streamed in
+// through shared memory (RowFeed: the feed holds a pass's two rows, so the
+// next pass's stream in while this one is reduced and written), both rows'
+// block reductions and cluster exchange (pushed: ClusterExchange) merged into
+// one. Why: the one-row form (2 blocks an SM, each streaming one row ahead,
+// the (max, sum) pulled behind a cluster barrier, where its push had measured
+// slower) ran at 79% of copy bandwidth at 4096 x 131072 bf16. H200 A/B
+// against it (us, fwd, 2 rounds, 2026-11-24), pushed / pulled pairs: 4096 x
+// 131072 bf16 659.1 -> 584.7 / 699.7, 1024 x 262144 354.5 -> 308.4 / 370.9,
+// 4096 x 65536 312.6 -> 304.5 / 329.4, 4096 x 40000 214.8 -> 201.2 / 226.9;
+// fp32 4096 x 32768 298.1 -> 295.9 / 299.6, x 65536 602.4 -> 592.6 / 597.4.
+template <typename T, typename Row, bool kLog>
+__global__ void __launch_bounds__(Row::kBlock, 1) SoftmaxPairFwdKernel(SoftmaxFwdParams p) {
+  __shared__ typename Row::template Slots<MaxSumPair> slots;
+  __shared__ typename ClusterExchange<MaxSumPair>::Inbox inbox;
+  const int64_t n = p.n;
+  const RowSplit<Row, true> split(n);
+  const int64_t ns = split.width;  // this block's columns of the row
+  RowFeed<T, Row, true, 1, 2> feed({static_cast<const T*>(p.x)}, n, split, p.outer);
+  ClusterExchange<MaxSumPair> exchange(inbox);
+  ClusterSyncRelaxed<true>();
+  int parity = 0;
+  for (int64_t row = split.row0; row < p.outer; row += 2 * split.row_step, parity ^= 1) {
+    const bool second = row + split.row_step < p.outer;  // uniform over the cluster
+    Row r[2];
+    feed.Get(row, r[0]);
+    if (second) {
+      feed.Get(row + split.row_step, r[1]);
+    } else {
+      r[1].LoadShared(nullptr, 0);  // zeros; their state goes unused
+    }
+    const MaxSumPair st =
+        RowTotal<Row>(MaxSumPair{{ThreadMaxSum(r[0], ns), ThreadMaxSum(r[1], ns)}}, slots, parity, exchange);
+    T* y = static_cast<T*>(p.y) + row * n + split.col0;
+    WriteRow<T, Row, kLog>(r[0], st.r[0], y, ns);
+    if (second) WriteRow<T, Row, kLog>(r[1], st.r[1], y + split.row_step * n, ns);
+  }
+  ClusterSyncRelaxed<true>();  // every push to this block has landed
 }
 
 // The fallback backward row kernel (long or unaligned rows), as the forward's.
@@ -546,8 +598,8 @@ cudaError_t LaunchSoftmaxFwd(const SoftmaxFwdParams& p, cudaStream_t stream) {
           },
           [&](auto row, int blocks) {
             using Row = decltype(row);
-            return LaunchRowClusters(SoftmaxRegFwdKernel<T, Row, kLog, true>, blocks, Row::kBlock,
-                                     RowFeed<T, Row, true>::kSmemBytes, p.outer, p, stream);
+            return LaunchRowClusters(SoftmaxPairFwdKernel<T, Row, kLog>, blocks, Row::kBlock,
+                                     RowFeed<T, Row, true, 1, 2>::kSmemBytes, p.outer, p, stream);
           },
           [&](auto team, auto v) {
             constexpr int kTeam = decltype(team)::value;
