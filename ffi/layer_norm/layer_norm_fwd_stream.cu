@@ -27,7 +27,8 @@
 //   4096 x 65536  fp32             633.7 -> 572.0 / 584.0,          598.5 -> 578.1 / 575.4
 //   4096 x 32768  fp32             298.8 -> 303.6 / 300.6,          294.5 -> 295.7 / 296.2
 // One row a pass lost to the old 16-bit layer norm, which already took two
-// rows a pass; a third stream stage (one row a pass) changed nothing.
+// rows a pass; a third stream stage (one row a pass) took 0.99-1.02 of the
+// two-stage time.
 #include <type_traits>
 
 #include "ffi/common/row_cluster.cuh"
