@@ -41,12 +41,13 @@ OPS = {
 # team's last vectors, and teams that visit several rows (6000 rows); rows
 # split over a cluster (20000; fp32 12288) into equal shares of whole
 # vectors (65544 bf16/f16: 5 blocks, the last two vectors short), and past the
-# cluster path (65544 fp32). Forward cluster split: streamed, 3 blocks (32776)
-# and 5 (65544 bf16/f16); the register-row kernels over clusters past that
-# (65544 fp32 in 5 equal shares, 262144 bf16/f16 in 8 full blocks; fp32 and
-# the backward take the fallback there).
+# cluster path (65544 fp32). Forward cluster split: streamed, 3 blocks (32776
+# bf16/f16; fp32 20000), 5 (65544 bf16/f16; fp32 32776); the register-row
+# kernels over clusters past that (65544 fp32 in 5 equal shares, one row a
+# pass; 262144 bf16/f16 in 8 full blocks, two rows a pass and a last row
+# alone; fp32 and the backward take the fallback there).
 SHAPES = [(1, 1), (3, 7), (2, 3, 100), (64, 1024), (5, 4097), (16, 4096), (3, 12288), (2, 20000),
-          (0, 16), (7, 200), (33, 520), (6000, 264), (2, 65544), (3, 32776), (1, 262144)]
+          (0, 16), (7, 200), (33, 520), (6000, 264), (2, 65544), (3, 32776), (3, 262144)]
 
 
 def _params(width, n, dtype, key=7):
@@ -185,9 +186,10 @@ def test_grouped_parameter_gradients(device, name, groups, rows):
 # the same bits from two calls. The forward at the cluster widths (past 32768
 # bf16/fp16, 16384 fp32) streams too (layer_norm_fwd_stream.cu), two rows a
 # pass: 300 rows stride over the persistent clusters; per-group parameters
-# with even (2 x 6 x 40000) and odd (3 x 5 x 40000) rows a group, the last
-# pass of a part with one row (301 x 50000, 40 x 131072), and more groups than
-# clusters fit at once (60 x 3 x 40000: one part a group, in two waves).
+# with several rows a part (3 x 100 x 20000 fp32) and with one row a part
+# (2 x 6 x 40000, 3 x 5 x 40000), the last pass of a part with one row (301 x
+# 50000, 40 x 131072), and more groups than clusters fit at once (60 x 3 x
+# 40000: one part a group, in two waves).
 @pytest.mark.parametrize("name", OPS)
 @pytest.mark.parametrize("shape,dtype", [((1001, 6000), jnp.bfloat16), ((700, 4096), jnp.float32),
                                          ((401, 16384), jnp.float16), ((3, 333, 6000), jnp.bfloat16),
@@ -198,7 +200,7 @@ def test_grouped_parameter_gradients(device, name, groups, rows):
                                          ((40, 131072), jnp.bfloat16), ((40, 65536), jnp.float32),
                                          ((3, 100, 20000), jnp.bfloat16), ((2, 6, 40000), jnp.float16),
                                          ((3, 5, 40000), jnp.bfloat16), ((301, 50000), jnp.bfloat16),
-                                         ((60, 3, 40000), jnp.bfloat16)],
+                                         ((60, 3, 40000), jnp.bfloat16), ((3, 100, 20000), jnp.float32)],
                          ids=str)
 def test_streamed_rows(device, name, shape, dtype):
   if not on_gpu(device):
@@ -220,14 +222,16 @@ def test_streamed_rows(device, name, shape, dtype):
 
 # The layer norm's residuals: each row's (mean, rstd) from the forward, which
 # the backward reads instead of recomputing them. Every forward kernel: a
-# team a row (1 and several rows a team), the unaligned fallback, cluster
-# rows one a cluster (fp32) and in pairs (16-bit), with an odd row count
-# (the last pair alone), and the uncached-tail fallback past the clusters.
+# team a row (1 and several rows a team), the unaligned fallback, the
+# streamed clusters (32776; fp32 20000: one row a part; 200 x 40000: two-row
+# passes), the register-row clusters past them (140000 16-bit in pairs with
+# the last row alone; 70000 fp32 one row a pass), and the uncached-tail
+# fallback past the clusters (300000; fp32 140000).
 # Two inputs in turn, so a row the kernel left unwritten cannot pass on the
 # first input's values.
 @pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: jnp.dtype(d).name)
-@pytest.mark.parametrize("shape", [(6000, 264), (5, 4097), (2, 3, 1024), (3, 32776), (1, 300000)],
-                         ids=str)
+@pytest.mark.parametrize("shape", [(6000, 264), (5, 4097), (2, 3, 1024), (3, 32776), (200, 40000),
+                                   (3, 140000), (3, 70000), (1, 300000)], ids=str)
 def test_layer_norm_stats(device, dtype, shape):
   from jax_dnn._src import layer_norm as layer_norm_lib  # pylint: disable=g-import-not-at-top
   params = [p.astype(jnp.float32).reshape(1, -1) for p in _params(shape[-1], 2, dtype)]

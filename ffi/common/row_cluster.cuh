@@ -8,23 +8,25 @@
 // their registers cannot hold (35-41% of copy bandwidth for 131072-wide bf16
 // forwards, the norm backward's 7%).
 //
-// Used by every row op past its register widths. Streaming their rows
-// through shared memory (RowFeed below), persistent clusters: the softmax
-// forward and backward, and the layer/RMS-norm forward and backward up to
-// 131072 bf16/fp16 (their own kernels, layer_norm_fwd_stream.cu and
+// Used by the row ops past their register widths (aligned rows; the softmax
+// backward from 1.2 times its width, the fallback below that). Streaming
+// their rows through shared memory (RowFeed below), persistent clusters: the
+// softmax forward and backward, and the layer/RMS-norm forward and backward
+// up to 131072 bf16/fp16 (their own kernels, layer_norm_fwd_stream.cu and
 // layer_norm_bwd_stream.cu: clusters persistent within a group of rows, each
 // part taking rows part, part + parts, ..., so that a block stages its
 // columns of the group's parameters once and, in the backward, keeps their
 // gradient sums in registers). Loading straight into registers: the norm
-// forwards wider than that (one cluster a row, or, for the 16-bit layer
-// norm, persistent clusters taking two rows a pass). The forwards' streamed
-// kernels take two rows a pass and the backwards hold x and dy, all bound to
-// 1 block of 512 an SM and 128 registers (the norm backward's one-block rows
-// of 256 threads run two an SM); the one-row register forwards to 2 blocks
-// (64 registers: 1024 threads of 16-byte loads in flight). The softmax
-// backward writes `__launch_bounds__(kBlock, kCluster ? 1 : 0)`: a minimum
-// of 0 is ptxas's default, while 1 let its register-row kernels grow (128 ->
-// 154 registers, 90% -> 75% of copy).
+// forwards wider than that (one cluster a row; the 16-bit layer norm,
+// persistent clusters taking two rows a pass, or one where a group has an
+// odd number of rows). The forwards' streamed kernels and the register
+// two-row forward take two rows a pass and the backwards hold x and dy, all
+// bound to 1 block of 512 an SM and 128 registers (the norm backward's
+// one-block rows of 256 threads run two an SM); the one-row register
+// forwards to 2 blocks (64 registers: 1024 threads of 16-byte loads in
+// flight). The softmax backward writes `__launch_bounds__(kBlock, kCluster ?
+// 1 : 0)`: a minimum of 0 is ptxas's default, while 1 let its register-row
+// kernels grow (128 -> 154 registers, 90% -> 75% of copy).
 
 #pragma once
 

@@ -159,7 +159,10 @@ struct MeanM2Pair {
 };
 
 // The 16-bit layer norm two rows a pass: each vector of scale and bias is
-// loaded once for both rows. Why: at 4096 x 131072 bf16 a block's share of
+// loaded once for both rows. (Its cluster form now serves 131073-262144 wide
+// only: layer_norm_fwd_stream.cu took the narrower cluster rows in session
+// 36. The measurements here were taken at those narrower widths.) Why: at
+// 4096 x 131072 bf16 a block's share of
 // the fp32 parameters (256 KiB) does not fit L1, so LayerNormRegFwdKernel
 // re-read it from L2 for every row, 4x the bytes of x it reads from memory
 // (ncu: ~40% of the stall samples on those loads); in narrow teams the same
@@ -409,7 +412,9 @@ cudaError_t Launch(const LayerNormFwdParams& p, cudaStream_t stream) {
   // (layer_norm_fwd_stream.cu).
   if (V > 1 && p.width <= LayerNormStreamFwdMaxWidth(sizeof(T))) return LaunchLayerNormStreamFwd(p, stream);
   // Wider still (up to 8 blocks of 512 x 8 vectors: 262144, fp32 131072): the
-  // register-row kernels over a cluster.
+  // register-row kernels over a cluster. The A/Bs below were measured when
+  // these kernels also took 32769-131072 wide (before session 36); of their
+  // widths only 1024 x 262144 is still served here.
   if (V > 1 && p.width <= kMaxClusterBlocks * RegRowMaxWidth<T>()) {
     using Row = RegRow<T, 512, 8>;
     // Layer norm at 16 bits: persistent clusters (as many as fit at once, each

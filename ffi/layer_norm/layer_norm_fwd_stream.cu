@@ -53,7 +53,8 @@ template <typename T, typename Row>
 using Feed = RowFeed<T, Row, /*kStreamed=*/true, 1, kPassRows>;
 
 // Dynamic shared memory: the feed's row buffers, then the block's columns of
-// scale and (layer norm) bias. 64 + 128 KiB at 16 bits, 64 + 64 KiB at fp32.
+// scale and (layer norm) bias. Layer norm 64 + 128 KiB at 16 bits, 64 + 64
+// KiB at fp32; RMS norm half the parameter bytes.
 template <typename T, typename Row>
 constexpr size_t ParamOffset() {
   return Feed<T, Row>::kSmemBytes;
@@ -229,6 +230,7 @@ __global__ void __launch_bounds__(Row::kBlock, 1)
 // group's rows.
 template <typename T, bool kRms>
 cudaError_t LaunchClusters(const LayerNormFwdParams& p, cudaStream_t stream) {
+  if (p.rows == 0 || p.width == 0) return cudaSuccess;
   using Row = Row512<T>;
   auto kernel = LayerNormStreamFwdKernel<T, Row, kRms>;
   const int blocks = ClusterBlocks(p.width, RowSplit<Row, true>::kSegment);
