@@ -74,18 +74,22 @@ constexpr int kNormBwdVecs = 4;
 int64_t LayerNormStreamBwdMaxWidth(int dtype_bytes);
 cudaError_t LaunchLayerNormStreamBwd(LayerNormBwdParams& p, cudaStream_t stream);
 
-// Parts a group for the persistent backwards: as many units (blocks, or
-// clusters) as fit on the device at once (`resident`, all groups together),
-// at most the workspace's p.parts, trimmed to the fewest that keep the most
-// rows a team visits (teams visit at most one row fewer than that). A unit
-// holds `teams` teams, each taking its own rows.
-inline int64_t BwdParts(const LayerNormBwdParams& p, int64_t resident, int64_t teams = 1) {
-  const int64_t team_rows = (p.rows / p.groups + teams - 1) / teams;
-  int64_t parts = resident / p.groups > 1 ? resident / p.groups : 1;
-  if (parts > p.parts) parts = p.parts;
+// Parts a group for the persistent norm kernels (the streamed forward, the
+// backwards): as many units (blocks, or clusters) as fit on the device at
+// once (`resident`, all groups together; at least one a group), at most
+// `max_parts`, trimmed to the fewest that keep the most rows a part visits
+// (parts visit at most one row fewer than that). team_rows >= 1.
+inline int64_t GroupParts(int64_t team_rows, int64_t groups, int64_t resident, int64_t max_parts) {
+  int64_t parts = resident / groups > 1 ? resident / groups : 1;
+  if (parts > max_parts) parts = max_parts;
   if (parts > team_rows) parts = team_rows;
-  const int64_t per_team = (team_rows + parts - 1) / parts;
-  return (team_rows + per_team - 1) / per_team;
+  const int64_t per_part = (team_rows + parts - 1) / parts;
+  return (team_rows + per_part - 1) / per_part;
+}
+// The backwards' parts: at most the workspace's p.parts; a unit holds `teams`
+// teams, each taking its own rows.
+inline int64_t BwdParts(const LayerNormBwdParams& p, int64_t resident, int64_t teams = 1) {
+  return GroupParts((p.rows / p.groups + teams - 1) / teams, p.groups, resident, p.parts);
 }
 
 }  // namespace jax_dnn

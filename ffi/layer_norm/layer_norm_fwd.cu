@@ -145,19 +145,6 @@ __global__ void __launch_bounds__(Row::kBlock, kCluster ? 1024 / Row::kBlock : 0
   ClusterSyncRelaxed<kCluster>();
 }
 
-// Two plain sums (one a row of a pair) as one mergeable State.
-struct SumPair {
-  float a, b;
-  __device__ static SumPair Merge(const SumPair& x, const SumPair& y) { return {x.a + y.a, x.b + y.b}; }
-};
-// The blocks' (count, mean, M2) of both rows of a pair, merged in one exchange.
-struct MeanM2Pair {
-  MeanM2 r0, r1;
-  __device__ static MeanM2Pair Merge(const MeanM2Pair& x, const MeanM2Pair& y) {
-    return {MeanM2::Merge(x.r0, y.r0), MeanM2::Merge(x.r1, y.r1)};
-  }
-};
-
 // The 16-bit layer norm two rows a pass: each vector of scale and bias is
 // loaded once for both rows. (Its cluster form now serves 131073-262144 wide
 // only: layer_norm_fwd_stream.cu took the narrower cluster rows in session
@@ -175,10 +162,12 @@ struct MeanM2Pair {
 template <typename T, typename Row, bool kCluster = true>
 __global__ void __launch_bounds__(Row::kBlock, kCluster ? 1 : 0) LayerNormPairFwdKernel(LayerNormFwdParams p) {
   constexpr int V = Row::V;
-  __shared__ typename Row::template Slots<SumPair> slots;
-  __shared__ typename Row::template Slots<SumPair> slots2;
-  __shared__ typename ClusterExchange<MeanM2Pair, kCluster>::Inbox inbox;
-  ClusterExchange<MeanM2Pair, kCluster> exchange(inbox);
+  // Both rows' sums (Sums<2>) and the blocks' (count, mean, M2) of both rows
+  // (MeanM2s<2>), merged in one exchange.
+  __shared__ typename Row::template Slots<Sums<2>> slots;
+  __shared__ typename Row::template Slots<Sums<2>> slots2;
+  __shared__ typename ClusterExchange<MeanM2s<2>, kCluster>::Inbox inbox;
+  ClusterExchange<MeanM2s<2>, kCluster> exchange(inbox);
   ClusterSyncRelaxed<kCluster>();
   const int64_t n = p.width;
   const RowSplit<Row, kCluster> split(n);
@@ -218,16 +207,16 @@ __global__ void __launch_bounds__(Row::kBlock, kCluster ? 1 : 0) LayerNormPairFw
 #pragma unroll
       for (int i = 0; i < V; ++i) m20 += (f[i] - lm0) * (f[i] - lm0), m21 += (g[i] - lm1) * (g[i] - lm1);
     }
-    const SumPair s = Row::Reduce(SumPair{sum0, sum1}, slots, 0);
-    const float mean0 = s.a * __frcp_rn(team_n), mean1 = s.b * __frcp_rn(team_n);
+    const Sums<2> s = Row::Reduce(Sums<2>{{sum0, sum1}}, slots, 0);
+    const float mean0 = s.s[0] * __frcp_rn(team_n), mean1 = s.s[1] * __frcp_rn(team_n);
     const float d0 = lm0 - mean0, d1 = lm1 - mean1;
-    const SumPair q = Row::Reduce(SumPair{m20 + count * d0 * d0, m21 + count * d1 * d1}, slots2, 0);
-    const MeanM2Pair st = exchange.Sum(MeanM2Pair{{team_n, mean0, q.a}, {team_n, mean1, q.b}});
-    const float rstd0 = rsqrtf(st.r0.m2 * inv_n + p.epsilon);
-    const float rstd1 = rsqrtf(st.r1.m2 * inv_n + p.epsilon);
+    const Sums<2> q = Row::Reduce(Sums<2>{{m20 + count * d0 * d0, m21 + count * d1 * d1}}, slots2, 0);
+    const MeanM2s<2> st = exchange.Sum(MeanM2s<2>{{{team_n, mean0, q.s[0]}, {team_n, mean1, q.s[1]}}});
+    const float rstd0 = rsqrtf(st.r[0].m2 * inv_n + p.epsilon);
+    const float rstd1 = rsqrtf(st.r[1].m2 * inv_n + p.epsilon);
     if (split.col0 == 0 && (kCluster ? threadIdx.x : Row::Lane()) == 0) {  // a cluster block is one team
-      StoreStats(p.stats, row0, st.r0.mean, rstd0);
-      if (second) StoreStats(p.stats, row0 + 1, st.r1.mean, rstd1);
+      StoreStats(p.stats, row0, st.r[0].mean, rstd0);
+      if (second) StoreStats(p.stats, row0 + 1, st.r[1].mean, rstd1);
     }
     const int64_t group = row0 / rows_per_group;
     const float* scale = p.scale + group * n + split.col0;
@@ -242,12 +231,12 @@ __global__ void __launch_bounds__(Row::kBlock, kCluster ? 1 : 0) LayerNormPairFw
       LoadVec<float, V>(bias + col, b);
       r0.Get(v, f);
 #pragma unroll
-      for (int i = 0; i < V; ++i) f[i] = (f[i] - st.r0.mean) * rstd0 * g[i] + b[i];
+      for (int i = 0; i < V; ++i) f[i] = (f[i] - st.r[0].mean) * rstd0 * g[i] + b[i];
       StoreVec<T, V>(y + col, f);
       if (!second) continue;
       r1.Get(v, f);
 #pragma unroll
-      for (int i = 0; i < V; ++i) f[i] = (f[i] - st.r1.mean) * rstd1 * g[i] + b[i];
+      for (int i = 0; i < V; ++i) f[i] = (f[i] - st.r[1].mean) * rstd1 * g[i] + b[i];
       StoreVec<T, V>(y + n + col, f);
     }
   }

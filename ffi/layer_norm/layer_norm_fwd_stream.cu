@@ -66,28 +66,6 @@ constexpr size_t SmemBytes() {
 static_assert(SmemBytes<__nv_bfloat16, Row512<__nv_bfloat16>, false>() <= 226 * 1024 &&
               SmemBytes<float, Row512<float>, false>() <= 226 * 1024);
 
-// K plain sums, and K rows' (count, mean, M2), as mergeable States.
-template <int K>
-struct Sums {
-  float s[K];
-  __device__ static Sums Merge(const Sums& a, const Sums& b) {
-    Sums c;
-#pragma unroll
-    for (int k = 0; k < K; ++k) c.s[k] = a.s[k] + b.s[k];
-    return c;
-  }
-};
-template <int K>
-struct MeanM2s {
-  MeanM2 r[K];
-  __device__ static MeanM2s Merge(const MeanM2s& a, const MeanM2s& b) {
-    MeanM2s c;
-#pragma unroll
-    for (int k = 0; k < K; ++k) c.r[k] = MeanM2::Merge(a.r[k], b.r[k]);
-    return c;
-  }
-};
-
 template <typename T, typename Row, bool kRms>
 __global__ void __launch_bounds__(Row::kBlock, 1)
     LayerNormStreamFwdKernel(LayerNormFwdParams p, int64_t parts) {
@@ -239,12 +217,7 @@ cudaError_t LaunchClusters(const LayerNormFwdParams& p, cudaStream_t stream) {
   int resident = 0;
   cudaError_t e = ResidentClusters(kernel, launch, &resident);
   if (e != cudaSuccess) return e;
-  // The fewest parts that keep the most rows a part (as BwdParts).
-  const int64_t rows_per_group = p.rows / p.groups;
-  int64_t parts = resident / p.groups > 1 ? resident / p.groups : 1;
-  if (parts > rows_per_group) parts = rows_per_group;
-  const int64_t per_part = (rows_per_group + parts - 1) / parts;
-  parts = (rows_per_group + per_part - 1) / per_part;
+  const int64_t parts = GroupParts(p.rows / p.groups, p.groups, resident, p.rows);
   if (p.groups * parts * blocks > (int64_t{1} << 31) - 1) return cudaErrorInvalidValue;
   launch.cfg.gridDim = dim3(static_cast<unsigned>(p.groups * parts * blocks));
   e = cudaLaunchKernelEx(&launch.cfg, kernel, p, parts);

@@ -52,6 +52,29 @@ __device__ __forceinline__ MeanM2 ChunkMeanM2(const float (&v)[V]) {
   return {static_cast<float>(V), mean, m2};
 }
 
+// K rows' plain sums, and K rows' (count, mean, M2), as mergeable States:
+// the forwards that take several rows a pass merge them in one reduction.
+template <int K>
+struct Sums {
+  float s[K];
+  __device__ static Sums Merge(const Sums& a, const Sums& b) {
+    Sums c;
+#pragma unroll
+    for (int k = 0; k < K; ++k) c.s[k] = a.s[k] + b.s[k];
+    return c;
+  }
+};
+template <int K>
+struct MeanM2s {
+  MeanM2 r[K];
+  __device__ static MeanM2s Merge(const MeanM2s& a, const MeanM2s& b) {
+    MeanM2s c;
+#pragma unroll
+    for (int k = 0; k < K; ++k) c.r[k] = MeanM2::Merge(a.r[k], b.r[k]);
+    return c;
+  }
+};
+
 // RMS norm backward's two row sums (sum x^2, sum g x) as one mergeable state.
 struct SumSqGrad {
   float ss, sgx;
