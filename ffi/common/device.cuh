@@ -114,6 +114,12 @@ __device__ __forceinline__ uint4 LoadStream16(const void* p) {
   return r;
 }
 
+// Asks the bulk copy engine to bring `bytes` (a multiple of 16, from a
+// 16-byte aligned address) into L2: no registers, no completion to wait for.
+__device__ __forceinline__ void PrefetchL2(const void* p, uint32_t bytes) {
+  asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(p), "r"(bytes) : "memory");
+}
+
 __device__ __forceinline__ uint4 LoadNc16(const void* p) {
   uint4 r;
   asm volatile("ld.global.nc.L1::no_allocate.v4.u32 {%0,%1,%2,%3}, [%4];"

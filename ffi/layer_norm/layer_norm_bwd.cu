@@ -31,6 +31,13 @@
 // ncu where this takes 112-114 us (80% of copy in benchmarks/RESULTS.md, with
 // the column sums); a streamed form with several teams a block (not kept)
 // took 1.007-1.12 of its time at 1024-4096 wide.
+// Teams of 128 threads (rows of 2049-4096 bf16/fp16, 1025-2048 fp32) also
+// prefetch the row after next into L2 with one bulk request a row and
+// operand (PrefetchL2): a third row in flight that costs no registers. H200
+// A/B (bwd, 3 rounds, without / with): layer norm 16384 x 4096 bf16 121.7 ->
+// 115.4 us (0.949), x 3072 0.929, fp16 x 4096 0.965, 8192 x 4096 0.976, fp32
+// x 2048 0.982; RMS norm 0.945-1.006. Narrower teams lost with it (1024 wide
+// bf16 1.04-1.07, 2048 1.00-1.04, 1024 fp32 1.02-1.04: many small requests).
 // Wider aligned rows, up to 32 times (131072 bf16/fp16, 65536 fp32), take the
 // streamed kernel (layer_norm_bwd_stream.cu): one block a row, or a cluster
 // for rows wider than one block's layout. Other rows take LayerNormBwdKernel,
@@ -117,9 +124,16 @@ __global__ void __launch_bounds__(Row::kBlock, kRegThreadsPerSM / Row::kBlock)
       for (int q = 0; q < kQuads; ++q) at(acc0 + s, v, q) = make_float4(0.f, 0.f, 0.f, 0.f);
   __syncthreads();
   int parity = 0;
+  // Teams of 128 threads or more also ask L2 for the row after next, one
+  // bulk request a row and operand (see the file comment).
+  constexpr bool kPrefetch = Row::kTeam >= 128;
   for (; local < rows_per_group; local += step, parity ^= 1) {
     // The next row's loads go out before this row is used: its latency
     // overlaps this row's reduction and stores.
+    if (kPrefetch && Row::Lane() == 0 && local + 2 * step < rows_per_group) {
+      PrefetchL2(x_base + (local + 2 * step) * n, static_cast<uint32_t>(n * sizeof(T)));
+      PrefetchL2(dy_base + (local + 2 * step) * n, static_cast<uint32_t>(n * sizeof(T)));
+    }
     Row x_next, dy_next;
     if (local + step < rows_per_group) {
       x_next.Load(x_base + (local + step) * n, n);
