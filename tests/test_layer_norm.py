@@ -45,9 +45,12 @@ OPS = {
 # bf16/f16; fp32 20000), 5 (65544 bf16/f16; fp32 32776); the register-row
 # kernels over clusters past that (65544 fp32 in 5 equal shares, one row a
 # pass; 262144 bf16/f16 in 8 full blocks, two rows a pass and a last row
-# alone; fp32 and the backward take the fallback there).
+# alone; fp32 and the backward take the fallback there). 1500 x 3000: the
+# 16-bit backward's 128-thread teams visit rows enough to prefetch the row
+# after next into L2 (each team 3 rows on a 132-SM GPU).
 SHAPES = [(1, 1), (3, 7), (2, 3, 100), (64, 1024), (5, 4097), (16, 4096), (3, 12288), (2, 20000),
-          (0, 16), (7, 200), (33, 520), (6000, 264), (2, 65544), (3, 32776), (3, 262144)]
+          (0, 16), (7, 200), (33, 520), (6000, 264), (2, 65544), (3, 32776), (3, 262144),
+          (1500, 3000)]
 
 
 def _params(width, n, dtype, key=7):
