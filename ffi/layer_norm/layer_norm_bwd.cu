@@ -33,11 +33,13 @@
 // took 1.007-1.12 of its time at 1024-4096 wide.
 // Teams of 128 threads (rows of 2049-4096 bf16/fp16, 1025-2048 fp32) also
 // prefetch the row after next into L2 with one bulk request a row and
-// operand (PrefetchL2): a third row in flight that costs no registers. H200
+// operand (PrefetchL2): a third row in flight that holds no registers (the
+// kernels gained 0-5 for the addresses, no spills). H200
 // A/B (bwd, 3 rounds, without / with): layer norm 16384 x 4096 bf16 121.7 ->
 // 115.4 us (0.949), x 3072 0.929, fp16 x 4096 0.965, 8192 x 4096 0.976, fp32
 // x 2048 0.982; RMS norm 0.945-1.006. Narrower teams lost with it (1024 wide
-// bf16 1.04-1.07, 2048 1.00-1.04, 1024 fp32 1.02-1.04: many small requests).
+// bf16 1.04-1.07, 2048 1.00-1.04, 1024 fp32 1.02-1.04: many small requests,
+// one a 32- or 64-thread team).
 // Wider aligned rows, up to 32 times (131072 bf16/fp16, 65536 fp32), take the
 // streamed kernel (layer_norm_bwd_stream.cu): one block a row, or a cluster
 // for rows wider than one block's layout. Other rows take LayerNormBwdKernel,
