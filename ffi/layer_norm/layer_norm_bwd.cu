@@ -132,7 +132,7 @@ __global__ void __launch_bounds__(Row::kBlock, kRegThreadsPerSM / Row::kBlock)
   for (; local < rows_per_group; local += step, parity ^= 1) {
     // The next row's loads go out before this row is used: its latency
     // overlaps this row's reduction and stores.
-    if (kPrefetch && Row::Lane() == 0 && local + 2 * step < rows_per_group) {
+    if (kPrefetch && lane == 0 && local + 2 * step < rows_per_group) {
       PrefetchL2(x_base + (local + 2 * step) * n, static_cast<uint32_t>(n * sizeof(T)));
       PrefetchL2(dy_base + (local + 2 * step) * n, static_cast<uint32_t>(n * sizeof(T)));
     }
