@@ -55,6 +55,16 @@ def attention(key):
                          logits_soft_cap=4.0)
   y, vjp = jax.vjp(jax.jit(fn), q, q, q, bias)
   jax.block_until_ready((y, vjp(jnp.ones_like(y))))
+  # Causal backward grids whose last 33 of 40 (head, batch) slices take
+  # their tiles longest first (BwdGridTile, on a 132-SM GPU): the single
+  # pass and the split at head dim 128, two dK/dV kernels at 256.
+  for h in (128, 256):
+    for det in (False, True) if h == 128 else (False,):
+      q = jax.random.normal(key, (5, 1000, 8, h), jnp.bfloat16)
+      fn = functools.partial(jax_dnn.dot_product_attention, is_causal=True,
+                             deterministic_backward=det)
+      y, vjp = jax.vjp(jax.jit(fn), q, q, q)
+      jax.block_until_ready((y, vjp(jnp.ones_like(y))))
   # The persistent forward: more work tiles than SMs (several a CTA), with
   # tiles past a query length (no keys) between ones with keys.
   for causal in (False, True):
@@ -113,6 +123,15 @@ def main():
   x = jax.random.normal(key, (3, 100, 20000), jnp.float32)
   p = jnp.ones((3, 20000), jnp.float32)
   run(jax.jit(jax.vmap(jax_dnn.layer_norm)), x, p, p)
+  # The register-row norm backward's 128-thread teams (rows of 2049-4096 at
+  # 16 bits, 1025-2048 fp32), each visiting three rows or more: the L2
+  # prefetch of the row after next.
+  for shape, dtype in (((1500, 3000), jnp.bfloat16), ((1500, 3000), jnp.float16),
+                       ((1500, 2000), jnp.float32)):
+    x = jax.random.normal(key, shape, jnp.float32).astype(dtype)
+    p = jnp.linspace(0.5, 1.5, shape[-1], dtype=dtype)
+    run(jax.jit(jax_dnn.layer_norm), x, p, p)
+    run(jax.jit(jax_dnn.rms_norm), x, p)
   # The norm backward's one-block streamed rows (256-thread blocks at 6000
   # bf16 and 3000 fp32, 512 at 12000 bf16 and 6000 fp32), each block several
   # rows.

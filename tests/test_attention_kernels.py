@@ -237,6 +237,12 @@ BWD_CASES = {  # shape (B, T, S, N, K, H), options, valid kwargs
     "d128_mqa": ((2, 130, 77, 4, 1, 128), {}, {}),
     "d128_ragged": ((2, 113, 255, 4, 4, 128), {}, {}),
     "d96_causal": ((1, 300, 300, 2, 1, 96), dict(is_causal=True), dict(causal=True)),
+    # Causal grids whose last slices take their tiles longest first
+    # (BwdGridTile): on a 132-SM GPU, 8 tiles a slice make a tail of 33 of
+    # the 40 slices (dQ and dK/dV grids alike); at head dim 256 (two dK/dV
+    # kernels), 6 tiles a tail of 44 of 48.
+    "d128_causal_tail": ((5, 1000, 1000, 8, 8, 128), dict(is_causal=True), dict(causal=True)),
+    "d256_causal_tail": ((4, 700, 700, 12, 12, 256), dict(is_causal=True), dict(causal=True)),
     "d128_window": ((1, 777, 700, 2, 1, 128), dict(local_window_size=(100, 20)),
                     dict(window=(100, 20))),
     "d128_lengths": ((2, 513, 400, 2, 2, 128),

@@ -65,6 +65,9 @@ struct AttentionBwdParams {
   // Workspace of the single-pass backward (nullptr: the deterministic split):
   // fp32 dQ accumulator, AttentionDqAccElements(shape) floats.
   float* dq_acc;
+  // Set by the launcher for each kernel (BwdGridTile): the grid's last
+  // slices whose tiles go longest first (0: none).
+  unsigned tail_slices;
 };
 
 // Whether the single-pass backward (dQ added from the dK/dV kernel) takes

@@ -3,19 +3,32 @@
 #pragma once
 
 #include <algorithm>
+#include <cstdint>
 
 #include "ffi/attention/attention_bwd.cuh"
 #include "ffi/attention/attention_tma.h"
+#include "ffi/common/device_info.h"
 
 namespace jax_dnn {
 namespace attention {
 
+// The grid's last slices whose tiles a causal backward takes longest first
+// (BwdGridTile): ceil(2 SMs / tiles), at most all of them.
+inline unsigned CausalTail(const AttentionBwdParams& p, dim3 grid) {
+  const uint64_t slices = uint64_t{grid.y} * grid.z;
+  if (!p.mask.causal || grid.x * slices > UINT32_MAX) return 0;  // BwdGridTile's 32-bit index
+  const uint64_t tail = (2 * static_cast<uint64_t>(SmCount()) + grid.x - 1) / grid.x;
+  return static_cast<unsigned>(std::min(slices, tail));
+}
+
 template <typename Kernel>
 cudaError_t Launch(Kernel kernel, dim3 grid, int smem, cudaStream_t stream, const CUtensorMap& a,
                    const CUtensorMap& b, const CUtensorMap& c, const CUtensorMap& d,
-                   const AttentionBwdParams& p) {
+                   const AttentionBwdParams& params) {
   cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
   if (e != cudaSuccess) return e;
+  AttentionBwdParams p = params;
+  p.tail_slices = CausalTail(p, grid);
   kernel<<<grid, 384, smem, stream>>>(a, b, c, d, p);
   return cudaGetLastError();
 }
