@@ -146,8 +146,8 @@ __device__ __forceinline__ void StoreFragment(const float (&acc)[kN / 2], float 
 // the grid's last CTAs include the last head's longest tiles, which run on
 // while the other SMs idle. So the grid's last p.tail_slices (head, batch)
 // slices are taken tile-major instead: every one of their longest tiles,
-// then every second, ... (0: the plain order). The launcher's tail is
-// ceil(2 SMs / tiles) slices (CausalTail). Not the whole grid: its running
+// then all their second-longest, ... (0: the plain order). The launcher's
+// tail is ceil(2 SMs / tiles) slices (CausalTail). Not the whole grid: its running
 // CTAs would then span many heads and lose the sharing of each head's K/V
 // (dQ) or Q/dO (dK/dV) streams and dQ accumulator in L2.
 // In a simulation of greedy dispatch (132 SMs, 4-256 tiles, 1-256 slices)
@@ -160,6 +160,7 @@ __device__ __forceinline__ void StoreFragment(const float (&acc)[kN / 2], float 
 // but D = 128 1.03-1.07 and D = 64 1.09 (L2). A tail of ceil(3 SMs / tiles):
 // 0.98-1.007 of this one's time (2 rounds), not kept.
 __device__ __forceinline__ uint3 BwdGridTile(unsigned tail_slices) {
+  if (tail_slices == 0) return blockIdx;  // (any grid size: nothing below runs)
   const unsigned tiles = gridDim.x, slices = gridDim.y * gridDim.z;
   const unsigned linear = blockIdx.x + tiles * (blockIdx.y + gridDim.y * blockIdx.z);
   const unsigned first = (slices - tail_slices) * tiles;  // the CTAs before the tail

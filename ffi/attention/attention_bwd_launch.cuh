@@ -16,7 +16,7 @@ namespace attention {
 // (BwdGridTile): ceil(2 SMs / tiles), at most all of them.
 inline unsigned CausalTail(const AttentionBwdParams& p, dim3 grid) {
   const uint64_t slices = uint64_t{grid.y} * grid.z;
-  if (!p.mask.causal || grid.x * slices > UINT32_MAX) return 0;  // BwdGridTile's 32-bit index
+  if (!p.mask.causal || grid.x * slices > UINT32_MAX) return 0;  // BwdGridTile's 32-bit tail index
   const uint64_t tail = (2 * static_cast<uint64_t>(SmCount()) + grid.x - 1) / grid.x;
   return static_cast<unsigned>(std::min(slices, tail));
 }
