@@ -147,9 +147,9 @@ __device__ __forceinline__ void StoreFragment(const float (&acc)[kN / 2], float 
 // while the other SMs idle. So the grid's last p.tail_slices (head, batch)
 // slices are taken tile-major instead: every one of their longest tiles,
 // then all their second-longest, ... (0: the plain order). The launcher's
-// tail is ceil(2 SMs / tiles) slices (CausalTail). Not the whole grid: its running
-// CTAs would then span many heads and lose the sharing of each head's K/V
-// (dQ) or Q/dO (dK/dV) streams and dQ accumulator in L2.
+// tail is ceil(2 SMs / tiles) slices (CausalTail). Not the whole grid: its
+// running CTAs would then span many heads and lose the sharing of each
+// head's K/V (dQ) or Q/dO (dK/dV) streams and dQ accumulator in L2.
 // In a simulation of greedy dispatch (132 SMs, 4-256 tiles, 1-256 slices)
 // this tail was never worse than the plain order and within 1% of the
 // whole grid longest first on average. H200 A/B of the backward alone
