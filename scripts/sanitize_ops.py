@@ -30,11 +30,12 @@ def run(fn, x, *params):
 
 def attention(key):
   """Each head-dim pair, ragged lengths, masks that skip tiles, bias (dbias);
-  at head dims padding to 128 both backward paths (single pass, split)."""
+  at head dims padding to 64 and 128 both backward paths (single pass, split;
+  at 64 the single pass is taken under a causal mask)."""
   dims = [(64, 64), (128, 128), (96, 96), (192, 192), (256, 256), (192, 128)]
   for dtype in (jnp.bfloat16, jnp.float16):
     for h, hv in dims:
-      for det in (False, True) if h in (96, 128) else (False,):
+      for det in (False, True) if h in (64, 96, 128) else (False,):
         for t, s, causal in ((130, 77, True), (65, 200, False)):
           q = jax.random.normal(key, (2, t, 4, h), dtype)
           k = jax.random.normal(key, (2, s, 2, h), dtype)
@@ -57,9 +58,9 @@ def attention(key):
   jax.block_until_ready((y, vjp(jnp.ones_like(y))))
   # Causal backward grids whose last 33 of 40 (head, batch) slices take
   # their tiles longest first (BwdGridTile, on a 132-SM GPU): the single
-  # pass and the split at head dim 128, two dK/dV kernels at 256.
-  for h in (128, 256):
-    for det in (False, True) if h == 128 else (False,):
+  # pass and the split at head dims 64 and 128, two dK/dV kernels at 256.
+  for h in (64, 128, 256):
+    for det in (False, True) if h in (64, 128) else (False,):
       q = jax.random.normal(key, (5, 1000, 8, h), jnp.bfloat16)
       fn = functools.partial(jax_dnn.dot_product_attention, is_causal=True,
                              deterministic_backward=det)

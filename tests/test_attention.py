@@ -258,7 +258,11 @@ def test_cuda_lowering_uses_kernels():
     (128, {}, True),
     (96, dict(is_causal=True, local_window_size=(9, 3)), True),
     (128, dict(query_seq_lengths=jnp.array([16, 9])), True),
-    (64, {}, False),  # the split at other head dims
+    (64, dict(is_causal=True), True),  # at 64 under a causal mask only
+    (32, dict(is_causal=True, query_seq_lengths=jnp.array([16, 9])), True),
+    (64, {}, False),  # the split at other head dims and masks
+    (64, dict(local_window_size=(9, 3)), False),
+    (256, {}, False),
     (128, dict(logits_soft_cap=2.0), False),  # and on the general logits path
     (128, dict(q_segment_ids=jnp.zeros((2, 16), jnp.int32),
                kv_segment_ids=jnp.zeros((2, 24), jnp.int32)), False),

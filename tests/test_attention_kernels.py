@@ -230,13 +230,20 @@ def test_kernel_is_used_and_vmap(gpu):
 
 
 # The two backward paths: the single pass (dQ reduce-added in fp32; the
-# default at head dims padding to 128 without bias, soft-cap, mask or
-# segments) and the deterministic split.
+# default at head dims padding to 128, and to 64 under a causal mask,
+# without bias, soft-cap, mask or segments) and the deterministic split.
 BWD_CASES = {  # shape (B, T, S, N, K, H), options, valid kwargs
     "d128_gqa_causal": ((1, 1000, 1000, 4, 2, 128), dict(is_causal=True), dict(causal=True)),
     "d128_mqa": ((2, 130, 77, 4, 1, 128), {}, {}),
     "d128_ragged": ((2, 113, 255, 4, 4, 128), {}, {}),
     "d96_causal": ((1, 300, 300, 2, 1, 96), dict(is_causal=True), dict(causal=True)),
+    # Causal head dims padding to 64 take the single pass too (32 dQ
+    # columns a warpgroup); several query heads a key/value head; lengths.
+    "d64_gqa_causal": ((2, 1000, 1000, 4, 2, 64), dict(is_causal=True), dict(causal=True)),
+    "d32_causal_lengths": ((2, 333, 300, 4, 1, 32),
+                           dict(is_causal=True, query_seq_lengths=jnp.array([333, 100]),
+                                key_value_seq_lengths=jnp.array([250, 300])),
+                           dict(causal=True, q_lens=[333, 100], kv_lens=[250, 300])),
     # Causal grids whose last slices take their tiles longest first
     # (BwdGridTile): on a 132-SM GPU, 8 tiles a slice make a tail of 33 of
     # the 40 slices (dQ and dK/dV grids alike); at head dim 256 (two dK/dV

@@ -71,8 +71,10 @@ struct AttentionBwdParams {
 };
 
 // Whether the single-pass backward (dQ added from the dK/dV kernel) takes
-// these parameters: head dims padding to 128/128, without bias, soft-cap,
-// mask or segments (the general logits path). Mirrored in _src/attention.py.
+// these parameters: head dims padding to 64/64 or 128/128, without bias,
+// soft-cap, mask or segments (the general logits path). _src/attention.py
+// (_fused_dq) asks for it where it is the faster path: at 64 only under a
+// causal mask.
 bool AttentionFusedDqSupported(const AttentionBwdParams& p);
 int64_t AttentionDqAccElements(const AttentionShape& s);
 

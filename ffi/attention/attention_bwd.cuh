@@ -10,9 +10,10 @@
 //       operands of the next wgmmas), dP^T = V dO^T, dV += P^T dO,
 //       dK += dS^T Q. A producer warp stages each query tile's lse and delta
 //       in shared memory beside its Q and dO.
-// The single pass (head dim 128 on the lean logits path, no bias; the
-// default unless deterministic_backward): AttentionDkvKernel with kDq also
-// adds dQ = dS K into an fp32 accumulator with TMA bulk reduce-adds, and
+// The single pass (head dims padding to 128, and to 64 under a causal mask,
+// on the lean logits path, no bias; the default unless
+// deterministic_backward): AttentionDkvKernel with kDq also adds dQ = dS K
+// into an fp32 accumulator with TMA bulk reduce-adds, and
 // AttentionDqConvertKernel writes dq from it: 5 GEMMs per tile pair where
 // the split does 7 (S = 8192, D = 128, H100: 5.06 ms against 5.74 ms for
 // the split, kernels under ncu). An earlier single pass that added dQ with
@@ -453,7 +454,7 @@ __global__ void __launch_bounds__(256)
 
 // kDoDK / kDoDV: which gradients this launch computes (large head dims split
 // them over two launches to keep both accumulators within the register file).
-// kDq (the single pass; head dim 128, lean logits path): also dQ, added into the fp32
+// kDq (the single pass; head dim 64 or 128, lean logits path): also dQ, added into the fp32
 // p.dq_acc. Per query tile, each consumer stores its dS^T fragment to shared
 // memory as dS with queries contiguous (an MN-major wgmma operand); once the
 // other consumer's half is there too, warpgroup w computes its half of the dQ
@@ -471,7 +472,7 @@ __global__ void __launch_bounds__(384, 1)
   constexpr int kBN = Tiles::kBN, kStages = Tiles::kStages;
   constexpr bool kNeedDp = kDoDK;  // dV needs only P
   static_assert(!kDq || (kDoDK && kDoDV && kBQ == kDqTileRows && (kD == 64 || kD == 128)),
-                "the fused dQ takes 64-query tiles and head dims 64 or 128");  // launched: 128
+                "the fused dQ takes 64-query tiles and head dims 64 or 128");
   extern __shared__ uint8_t smem_raw[];
   uint8_t* base = hopper::AlignSmem1024(smem_raw);
   uint8_t* sk = base;

@@ -107,12 +107,13 @@ cudaError_t LaunchBwdGeneral(const AttentionBwdParams& p, cudaStream_t stream) {
                                                                           : 32;
 
   if (p.dq_acc != nullptr) {  // the single pass (see AttentionDkvKernel's kDq)
-    if constexpr (kD == 128 && kDv == 128 && !kGeneral) {
+    if constexpr ((kD == 64 || kD == 128) && kDv == kD && !kGeneral) {
+      constexpr int kBQf = kDqTileRows;  // the fused dQ's query tile
       cudaError_t e = cudaMemsetAsync(p.dq_acc, 0, sizeof(float) * AttentionDqAccElements(s), stream);
       if (e != cudaSuccess) return e;
-      if (!MakeDkvMaps(p, kBQ, &tq, &tdo, &tk, &tv)) return cudaErrorInvalidValue;
-      e = Launch(AttentionDkvKernel<T, kD, kDv, kBQ, true, true, kGeneral, true>, DkvGrid(s),
-                 DkvTiles<kD, kDv, kBQ, true>::kSmem, stream, tq, tdo, tk, tv, p);
+      if (!MakeDkvMaps(p, kBQf, &tq, &tdo, &tk, &tv)) return cudaErrorInvalidValue;
+      e = Launch(AttentionDkvKernel<T, kD, kDv, kBQf, true, true, kGeneral, true>, DkvGrid(s),
+                 DkvTiles<kD, kDv, kBQf, true>::kSmem, stream, tq, tdo, tk, tv, p);
       if (e != cudaSuccess) return e;
       const unsigned tiles = static_cast<unsigned>((s.t + kDqTileRows - 1) / kDqTileRows);
       AttentionDqConvertKernel<T, kD><<<dim3(tiles, s.n, s.b), 256, 0, stream>>>(

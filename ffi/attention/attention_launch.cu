@@ -24,7 +24,8 @@ cudaError_t LaunchAttentionBwd(const AttentionBwdParams& p, cudaStream_t stream)
 }
 
 bool AttentionFusedDqSupported(const AttentionBwdParams& p) {
-  return attention::PadDim(p.shape.h) == 128 && attention::PadDim(p.shape.hv) == 128 &&
+  const int64_t d = attention::PadDim(p.shape.h);
+  return (d == 64 || d == 128) && attention::PadDim(p.shape.hv) == d &&
          p.dbias == nullptr &&
          !attention::NeedsGeneral(p.mask, p.softcap);
 }

@@ -198,11 +198,16 @@ def _fused_dq(q, k, v, params):
   d = _pad64(q.shape[-1])
   if d != _pad64(v.shape[-1]):
     return False
-  # Head dim 128 only: at 64 each tile's GEMMs are half as long while the
-  # dS hand-over and the reduce-add cost the same (7.94 ms for the fused
-  # kernel at S = 8192 under ncu, H100, no faster than the split).
   general = p["softcap"] != 0.0 or "mask" in p["present"] or "q_seg" in p["present"]
-  return d == 128 and not general
+  if general:
+    return False
+  # At head dims padding to 64 only under a causal mask. The single pass
+  # takes 64-query tiles there, and its GEMMs are half as wide as the
+  # split's dK/dV kernel's (128 queries) while the dS hand-over costs the
+  # same. H200 A/B of the backward alone, B*S = 16384, 32 heads
+  # (2026-11-25, 3 rounds): causal S = 4096 / 8192 0.885 / 0.890 of the
+  # split's time, but without a mask 1.011-1.028 at S = 1024-16384.
+  return d == 128 or (d == 64 and p["is_causal"])
 
 
 # Padded (H, Hv) pairs with a kernel: mirrors DispatchHeadDims in
