@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 import jax_dnn
-from helpers import check_fwd_bwd, on_gpu
+from helpers import check_fwd_bwd, cuda_hlo, on_gpu
 from test_attention import naive_attention, qkv
 
 pytestmark = pytest.mark.gpu
@@ -276,6 +276,20 @@ def test_backward_paths(gpu, case, deterministic):
   naive = functools.partial(naive_attention, valid=_valid(b, n, t, s, **valid_kw),
                             softcap=kwargs.get("logits_soft_cap"))
   check_fwd_bwd(gpu, ours, naive, (q, k, v), jnp.bfloat16, what=f"attention bwd {case}")
+
+
+# The single pass at head dims padding to 64 in fp16, and with a value head
+# dim that pads the same way (64 / 40).
+@pytest.mark.parametrize("dtype, h, hv", [(jnp.float16, 64, 64), (jnp.bfloat16, 64, 40)],
+                         ids=["f16", "hv40"])
+def test_single_pass_d64(gpu, dtype, h, hv):
+  b, t, s, n, kh = 2, 300, 280, 4, 2
+  q, k, v = qkv(18, b, t, s, n, kh, h, dtype, hv=hv)
+  ours = functools.partial(jax_dnn.dot_product_attention, is_causal=True)
+  loss = lambda q, k, v: jnp.sum(ours(q, k, v).astype(jnp.float32))
+  assert "fused_dq = true" in cuda_hlo(jax.grad(loss, (0, 1, 2)), q, k, v)
+  naive = functools.partial(naive_attention, valid=_valid(b, n, t, s, causal=True))
+  check_fwd_bwd(gpu, ours, naive, (q, k, v), dtype, what=f"attention single pass {h}/{hv}")
 
 
 def test_deterministic_backward(gpu):

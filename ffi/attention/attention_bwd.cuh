@@ -399,7 +399,7 @@ struct DkvTiles {
            4 * kDqHalfBytes + 8 * (1 + 2 * stages);
   }
   // Q/dO ring depth: as many stages (up to 4) as shared memory holds (2 with
-  // the fused dQ's buffers). Against the earlier 2 stages, ncu, H200,
+  // the fused dQ's buffers at head dim 128, 4 at 64). Against the earlier 2 stages, ncu, H200,
   // S = 8192, 2026-11-22: D = 64 (4 stages) 4.98 -> 4.91 ms, D = 128 split
   // (4) 3.47 -> 3.46 ms; D = 256 (3) backward 0 to 3% faster in the
   // benchmark (within its noise).
@@ -460,7 +460,8 @@ __global__ void __launch_bounds__(256)
 // other consumer's half is there too, warpgroup w computes its half of the dQ
 // columns, dS (64 queries x 128 keys) times K (128 keys x kD / 2), stages it
 // in shared memory and adds it to global memory with one TMA bulk reduce-add
-// (so the adds are done in L2, one instruction per 16 KB, not per element).
+// (so the adds are done in L2, one instruction per 16 KB at head dim 128,
+// 8 KB at 64, not per element).
 // Five GEMMs per tile instead of the split's seven; not deterministic (the
 // order of the adds varies), so the split stays for the deterministic option.
 template <typename T, int kD, int kDv, int kBQ, bool kDoDK, bool kDoDV, bool kGeneral, bool kDq = false>
@@ -594,8 +595,8 @@ __global__ void __launch_bounds__(384, 1)
     // 2026-11-23; S = 4096 2.56 -> 2.30 ms): before, the warpgroup waited for
     // dQ, staged it and only then issued S^T, and the tensor cores had only
     // the other warpgroup's work meanwhile. dP^T is issued after the staging
-    // so that dQ's 32 accumulators and dP^T's are never live together (with
-    // dQ, S^T and dP^T all in flight it spilled 212 bytes).
+    // so that dQ's accumulators (32 at D = 128) and dP^T's are never live
+    // together (with dQ, S^T and dP^T all in flight it spilled 212 bytes).
     constexpr int kHalf = kD / 2;
     const int64_t q_tiles = (sh.t + kBQ - 1) / kBQ;
     const uint32_t ds_base = hopper::SmemAddr(sds);
@@ -606,7 +607,7 @@ __global__ void __launch_bounds__(384, 1)
     const int n_iters = group * per_head;
     // dQ's accumulator is declared where it is used, from its wgmmas to its
     // staging: a kernel-wide array stays live through S^T / dP^T (the
-    // wgmma's "+f" operands read it), 32 registers the exponentials need.
+    // wgmma's "+f" operands read it), kD / 4 registers the exponentials need.
     using DqFrag = float[kD / 4];
 
     auto issue_dq = [&](DqFrag& dq, int it) {  // dQ(it) = dS(it) K[:, this warpgroup's columns]

@@ -473,7 +473,8 @@ def dot_product_attention(query, key, value, bias=None, mask=None, *, scale=None
     deterministic_backward: gradients bitwise reproducible from run to run.
       By default the kernels' backward adds dQ in fp32 from every key tile
       (one pass, five GEMMs per tile instead of seven) where it can (head
-      dims padding to 128, without bias, soft-cap, mask or segments), and
+      dims padding to 128, and to 64 under a causal mask; without bias,
+      soft-cap, mask or segments), and
       the order of those adds varies; True takes the split backward, which
       writes every gradient exactly once (the only path elsewhere).
   `implementation` is accepted for compatibility: None or "jax_dnn".
