@@ -399,10 +399,10 @@ struct DkvTiles {
            4 * kDqHalfBytes + 8 * (1 + 2 * stages);
   }
   // Q/dO ring depth: as many stages (up to 4) as shared memory holds (2 with
-  // the fused dQ's buffers at head dim 128, 4 at 64). Against the earlier 2 stages, ncu, H200,
-  // S = 8192, 2026-11-22: D = 64 (4 stages) 4.98 -> 4.91 ms, D = 128 split
-  // (4) 3.47 -> 3.46 ms; D = 256 (3) backward 0 to 3% faster in the
-  // benchmark (within its noise).
+  // the fused dQ's buffers at head dim 128, 4 at 64). Against the earlier 2
+  // stages, ncu, H200, S = 8192, 2026-11-22: D = 64 (4 stages) 4.98 -> 4.91
+  // ms, D = 128 split (4) 3.47 -> 3.46 ms; D = 256 (3) backward 0 to 3%
+  // faster in the benchmark (within its noise).
   static constexpr int kMaxSmem = 227 * 1024;
   static constexpr int kStages = SmemFor(4) <= kMaxSmem ? 4 : SmemFor(3) <= kMaxSmem ? 3 : 2;
   static constexpr int kSmem = SmemFor(kStages);
@@ -454,8 +454,8 @@ __global__ void __launch_bounds__(256)
 
 // kDoDK / kDoDV: which gradients this launch computes (large head dims split
 // them over two launches to keep both accumulators within the register file).
-// kDq (the single pass; head dim 64 or 128, lean logits path): also dQ, added into the fp32
-// p.dq_acc. Per query tile, each consumer stores its dS^T fragment to shared
+// kDq (the single pass; head dim 64 or 128, lean logits path): also dQ,
+// added into the fp32 p.dq_acc. Per query tile, each consumer stores its dS^T fragment to shared
 // memory as dS with queries contiguous (an MN-major wgmma operand); once the
 // other consumer's half is there too, warpgroup w computes its half of the dQ
 // columns, dS (64 queries x 128 keys) times K (128 keys x kD / 2), stages it
