@@ -94,7 +94,7 @@ int main(int argc, char** argv) {
   // The split tail's workspace (attention.h; unused by a
   // tree from before it, whose AttentionFwdParams ends at lse).
 #ifdef JAX_DNN_FWD_HAS_WS
-  p.ws_elems = 2 * 132 * 128 * (d + 1);
+  p.ws_elems = 2 * 132 * 192 * (d + 1);  // room for 192-row tiles (AttentionFwdWideKernel)
   CHECK(cudaMalloc(&p.ws, p.ws_elems * 4));
 #endif
   cudaStream_t stream;

@@ -78,13 +78,16 @@ def attention(key):
   q = jax.random.normal(key, (1, 4200, 2, 64), jnp.bfloat16)
   y, vjp = jax.vjp(jax.jit(jax_dnn.dot_product_attention), q, q, q)
   jax.block_until_ready((y, vjp(jnp.ones_like(y))))
-  # The split tail (FwdSchedule), pieces merged by the combine kernel: 175
-  # work tiles of 35 176-key tiles (ragged rows and keys; 35 query tiles a
-  # head, so single CTAs), then 180 (36 a head: clusters of two CTAs sharing
-  # K and V, 90 units on 66 clusters).
-  for t in (4400, 4600):
-    q = jax.random.normal(key, (1, t, 5, 128), jnp.bfloat16)
-    k = jax.random.normal(key, (1, 6000, 5, 128), jnp.bfloat16)
+  # The split tail (FwdSchedule), pieces merged by the combine kernel, at
+  # head dim 64: 175 work tiles of 35 176-key tiles (ragged rows and keys; 35
+  # query tiles a head, so single CTAs), then 180 (36 a head: clusters of two
+  # CTAs sharing K and V, 90 units on 66 clusters). At head dim 128 the
+  # 192-row kernel: 175 work tiles (25 a head: single CTAs; the last tile's
+  # third consumer has no rows), then 144 (24 a head: 72 units on 66
+  # clusters); 6000 keys, a ragged last key tile.
+  for t, n, h in ((4400, 5, 64), (4600, 5, 64), (4700, 7, 128), (4608, 6, 128)):
+    q = jax.random.normal(key, (1, t, n, h), jnp.bfloat16)
+    k = jax.random.normal(key, (1, 6000, n, h), jnp.bfloat16)
     jax.block_until_ready(jax.jit(jax_dnn.dot_product_attention)(q, k, k))
 
 

@@ -49,7 +49,7 @@ SHAPES = [  # B, T, S, N, K, H, Hv
     (1, 257, 129, 2, 1, 256, 256),
     (1, 130, 200, 4, 2, 192, 128),  # MLA-style head dims
     (1, 4097, 4097, 1, 1, 64, 64),
-    (1, 4500, 4500, 2, 1, 128, 128),  # past 4096 keys: 176-key forward tiles
+    (1, 4500, 4500, 2, 1, 128, 128),  # past 4096 keys: the 192-row forward (full)
     # More work tiles (128 query rows of one head) than an H100/H200 has SMs:
     # the persistent forward runs several tiles a CTA.
     (4, 1000, 1000, 8, 2, 128, 128),
@@ -95,17 +95,31 @@ PERSISTENT_CASES = {
     # key tile (most CTAs' ranges empty).
     "split_one_tile": ((1, 2432, 4096, 7, 7, 128, 128), {}),
     # 176-key tiles, rows and keys not multiples of the tiles (6000).
-    "split_176_ragged": ((1, 6000, 6000, 4, 2, 128, 128), {}),
+    "split_176_ragged": ((1, 6000, 6000, 4, 2, 64, 64), {}),
     # 12 split tiles of 32 key tiles over 132 CTAs, GQA.
     "split_d64_gqa": ((1, 1024, 4096, 18, 9, 64, 64), {}),
     "split_f16_d192_128": ((1, 1024, 2048, 18, 6, 192, 128), dict(dtype=jnp.float16)),
     # Clusters of two CTAs sharing K/V loads (176-key tiles, no mask, an even
     # number of query tiles). 5000 keys: the last key tile holds 72, so the
     # second CTA's half of it (rows 88..175) lies wholly past the keys.
-    "cluster_oob_half": ((1, 2048, 5000, 12, 4, 128, 128), {}),
+    "cluster_oob_half": ((1, 2048, 5000, 12, 4, 64, 64), {}),
     # With the split tail: 72 units of two tiles on 66 clusters.
     "cluster_split_d64": ((1, 2304, 6000, 8, 8, 64, 64), {}),
-    "cluster_split_f16": ((1, 2304, 6000, 8, 2, 128, 128), dict(dtype=jnp.float16)),
+    # The 192-row kernel (head dims 128, more than 4096 keys, no mask):
+    # clusters and the split tail (144 tiles: 72 units on 66 clusters); the
+    # last key tile holds 20 keys, so the second CTA's half (rows 64..127)
+    # lies wholly past them.
+    "wide_cluster_split": ((1, 2304, 4500, 12, 4, 128, 128), {}),
+    # No clusters (25 query tiles a head, odd), the split tail; the last
+    # query tile's 92 rows leave the third consumer none, the last key tile
+    # holds 8 keys.
+    "wide_split_ragged": ((1, 4700, 5000, 14, 7, 128, 128), {}),
+    # Clusters without a split (264 tiles: 2 rounds of 66 clusters), fp16,
+    # head dim 96 (padded to 128).
+    "wide_cluster_f16_d96": ((1, 4608, 4608, 11, 11, 96, 96), dict(dtype=jnp.float16)),
+    # Head dim 128 past 4096 keys with key lengths: 176-key tiles in
+    # persistent pairs (the 192-row kernel takes only unmasked keys).
+    "lengths_176": ((2, 1152, 4500, 8, 4, 128, 128), dict(kv_lens=[4100, 4321])),
 }
 
 
@@ -115,11 +129,14 @@ def test_persistent_forward_and_lse(gpu, case):
   kw = dict(kw)
   dtype = kw.pop("dtype", jnp.bfloat16)
   mask = kw.pop("mask", None)
+  kv_lens = kw.pop("kv_lens", None)
   q, k, v = qkv(21, b, t, s, n, kh, h, dtype, hv=hv)
   if mask is not None:
     kw["mask"] = jnp.asarray(mask)
+  if kv_lens is not None:
+    kw["key_value_seq_lengths"] = jnp.asarray(kv_lens, jnp.int32)
   ours = functools.partial(jax_dnn.dot_product_attention, **kw)
-  valid = _valid(b, n, t, s, causal=kw.get("is_causal", False), mask=mask)
+  valid = _valid(b, n, t, s, causal=kw.get("is_causal", False), mask=mask, kv_lens=kv_lens)
   naive = functools.partial(naive_attention, valid=valid, softcap=kw.get("logits_soft_cap"))
   check_fwd_bwd(gpu, ours, naive, (q, k, v), dtype, what=f"attention persistent {case}")
   # The logsumexp the forward returns ([B, T, N]), against fp32 logits of the

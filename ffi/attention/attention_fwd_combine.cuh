@@ -19,10 +19,11 @@ namespace attention {
 constexpr int kFwdCombineMaxCtas = 256;
 constexpr int kFwdCombineRows = 16;
 
-template <typename T, int kDv>
+// kBM: the work tile's rows (128, or 192 for AttentionFwdWideKernel).
+template <typename T, int kDv, int kBM>
 __global__ void __launch_bounds__(kFwdCombineRows * kDv / 8)
     AttentionFwdCombineKernel(const AttentionFwdParams p, const FwdSchedule s, const int ctas) {
-  constexpr int kBM = FwdTiles<64, kDv, 64>::kBM, kSlot = kBM * (kDv + 1), kRows = kFwdCombineRows;
+  constexpr int kSlot = kBM * (kDv + 1), kRows = kFwdCombineRows;
   __shared__ int pieces[kFwdCombineMaxCtas + 1];  // workspace slot of cluster c0 + i (this rank), -1: none
   __shared__ float weight[kFwdCombineMaxCtas + 1][kRows];
   __shared__ int c0s, counts, n_pieces;

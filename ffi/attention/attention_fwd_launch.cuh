@@ -4,6 +4,7 @@
 
 #include "ffi/attention/attention_fwd.cuh"
 #include "ffi/attention/attention_fwd_combine.cuh"
+#include "ffi/attention/attention_fwd_wide.cuh"
 #include "ffi/attention/attention_tma.h"
 #include "ffi/common/device_info.h"
 
@@ -38,48 +39,56 @@ cudaError_t LaunchFwdKernel(const AttentionFwdParams& p, const FwdSchedule& sche
   config.numAttrs = kCluster > 1 ? 1 : 0;  // the plain form launches as before: no clusters
   e = cudaLaunchKernelEx(&config, kernel, tq, tk, tv, p, sched);
   if (e != cudaSuccess || !kSplit) return e;
-  AttentionFwdCombineKernel<T, kDv>
+  AttentionFwdCombineKernel<T, kDv, Tiles::kBM>
       <<<dim3(sched.split_tiles * kCluster, Tiles::kBM / kFwdCombineRows), kFwdCombineRows * kDv / 8, 0, stream>>>(
           p, sched, static_cast<int>(grid));
   return cudaGetLastError();
 }
 
+// The lean path where every query tile sees the same keys (the split tail
+// and clusters), built except where AttentionFwdWideKernel takes it (head
+// dims 128 past 4096 keys: 176-key tiles there come only with sequence
+// lengths).
+template <int kD, int kDv, int kBN, bool kGeneral>
+constexpr bool kFwdUniformBuilt = !kGeneral && !(kD == 128 && kDv == 128 && kBN == 176);
 // Clusters of two CTAs that share their K/V loads (AttentionFwdKernel's
 // kCluster): for the lean path without a mask at 176-key tiles (S > 4096).
 // Those are where the forward is long enough for the power cap to set the
 // clock; elsewhere the extra instantiations would not pay for their build.
-template <int kBN, bool kGeneral>
-constexpr bool kFwdClusterBuilt = !kGeneral && kBN == 176;
+template <int kD, int kDv, int kBN, bool kGeneral>
+constexpr bool kFwdClusterBuilt = kFwdUniformBuilt<kD, kDv, kBN, kGeneral> && kBN == 176;
 
-// How many clusters of two forward CTAs the device runs at once (once per
-// device and instantiation): the cluster form only runs where they fill
-// every SM.
-template <typename T, int kD, int kDv, int kBN>
-int FwdMaxClusters() {
-  constexpr int kMaxDevices = 64;
-  static int cache[kMaxDevices] = {};
+// How many clusters of two CTAs of `kernel` (`threads` a CTA, `smem` bytes
+// of dynamic shared memory) the device runs at once, cached per device in
+// `cache`: the cluster form only runs where they fill every SM.
+template <typename Kernel>
+int FwdMaxClusters(Kernel kernel, int threads, int smem, int (&cache)[64]) {
   int dev = 0;
-  if (cudaGetDevice(&dev) != cudaSuccess || dev < 0 || dev >= kMaxDevices) return 0;
+  if (cudaGetDevice(&dev) != cudaSuccess || dev < 0 || dev >= 64) return 0;
   if (cache[dev] == 0) {
-    auto kernel = AttentionFwdKernel<T, kD, kDv, kBN, false, false, 2>;  // the split form is alike
     int n = 0;
     cudaLaunchConfig_t config = {};
     config.gridDim = dim3(2);
-    config.blockDim = dim3(384);
-    config.dynamicSmemBytes = FwdTiles<kD, kDv, kBN>::kSmem;
+    config.blockDim = dim3(threads);
+    config.dynamicSmemBytes = smem;
     cudaLaunchAttribute cluster[1];
     cluster[0].id = cudaLaunchAttributeClusterDimension;
     cluster[0].val.clusterDim.x = 2;
     cluster[0].val.clusterDim.y = cluster[0].val.clusterDim.z = 1;
     config.attrs = cluster;
     config.numAttrs = 1;
-    if (cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, config.dynamicSmemBytes) !=
-            cudaSuccess ||
+    if (cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem) != cudaSuccess ||
         cudaOccupancyMaxActiveClusters(&n, kernel, &config) != cudaSuccess)
       n = 0, cudaGetLastError();  // no clusters: the plain form
     cache[dev] = n > 0 ? n : -1;
   }
   return cache[dev] > 0 ? cache[dev] : 0;
+}
+template <typename T, int kD, int kDv, int kBN>
+int FwdMaxClusters() {
+  static int cache[64] = {};
+  return FwdMaxClusters(AttentionFwdKernel<T, kD, kDv, kBN, false, false, 2>,  // the split form is alike
+                        384, FwdTiles<kD, kDv, kBN>::kSmem, cache);
 }
 
 template <typename T, int kD, int kDv, int kBN, bool kGeneral>
@@ -94,9 +103,9 @@ cudaError_t LaunchFwdTiles(const AttentionFwdParams& p, cudaStream_t stream) {
   const long long m_tiles = (s.t + Tiles::kBM - 1) / Tiles::kBM, sms = SmCount();
   const long long tiles = m_tiles * s.n * s.b, key_tiles = (s.s + kBN - 1) / kBN;
   if (tiles > INT32_MAX / 2) return cudaErrorInvalidValue;  // the kernel's 32-bit tile indices
-  const bool uniform = !kGeneral && FwdUniformKeys(p.mask);
+  const bool uniform = kFwdUniformBuilt<kD, kDv, kBN, kGeneral> && FwdUniformKeys(p.mask);
   int cl = 1;
-  if constexpr (kFwdClusterBuilt<kBN, kGeneral>)
+  if constexpr (kFwdClusterBuilt<kD, kDv, kBN, kGeneral>)
     if (uniform && m_tiles % 2 == 0 && tiles > sms && 2 * FwdMaxClusters<T, kD, kDv, kBN>() >= sms)
       cl = 2;
   const long long units = tiles / cl, slots = sms / cl;  // clusters the device runs at once
@@ -122,14 +131,88 @@ cudaError_t LaunchFwdTiles(const AttentionFwdParams& p, cudaStream_t stream) {
     sched.units = static_cast<int>(FwdUnits(m_tiles, s.n, s.b, sched.pairs, cl));
   }
   const unsigned grid = static_cast<unsigned>((sched.units < slots ? sched.units : slots) * cl);
-  if constexpr (!kGeneral) {
-    if constexpr (kFwdClusterBuilt<kBN, kGeneral>)
+  if constexpr (kFwdUniformBuilt<kD, kDv, kBN, kGeneral>) {
+    if constexpr (kFwdClusterBuilt<kD, kDv, kBN, kGeneral>)
       if (cl == 2)
         return split ? LaunchFwdKernel<T, kD, kDv, kBN, false, true, 2>(p, sched, grid, stream)
                      : LaunchFwdKernel<T, kD, kDv, kBN, false, false, 2>(p, sched, grid, stream);
     if (split) return LaunchFwdKernel<T, kD, kDv, kBN, false, true, 1>(p, sched, grid, stream);
   }
   return LaunchFwdKernel<T, kD, kDv, kBN, kGeneral, false, 1>(p, sched, grid, stream);
+}
+
+// The 192-row kernel (AttentionFwdWideKernel), launched as LaunchFwdKernel
+// launches the 128-row one.
+template <typename T, int kD, int kDv, bool kSplit, int kCluster>
+cudaError_t LaunchFwdWideKernel(const AttentionFwdParams& p, const FwdSchedule& sched, unsigned grid,
+                                cudaStream_t stream) {
+  using Tiles = FwdWideTiles<kD, kDv>;
+  const AttentionShape& s = p.shape;
+  CUtensorMap tq, tk, tv;
+  if (!MakeTensorMap(&tq, p.q, s.b, s.t, s.n, s.h, 64) ||  // a consumer's rows
+      !MakeTensorMap(&tk, p.k, s.b, s.s, s.kh, s.h, Tiles::kBN / kCluster) ||
+      !MakeTensorMap(&tv, p.v, s.b, s.s, s.kh, s.hv, Tiles::kBN / kCluster))
+    return cudaErrorInvalidValue;
+  auto kernel = AttentionFwdWideKernel<T, kD, kDv, kSplit, kCluster>;
+  cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Tiles::kSmem);
+  if (e != cudaSuccess) return e;
+  cudaLaunchConfig_t config = {};
+  config.gridDim = dim3(grid);
+  config.blockDim = dim3(512);
+  config.dynamicSmemBytes = Tiles::kSmem;
+  config.stream = stream;
+  cudaLaunchAttribute cluster[1];
+  cluster[0].id = cudaLaunchAttributeClusterDimension;
+  cluster[0].val.clusterDim.x = kCluster;
+  cluster[0].val.clusterDim.y = cluster[0].val.clusterDim.z = 1;
+  config.attrs = cluster;
+  config.numAttrs = kCluster > 1 ? 1 : 0;
+  e = cudaLaunchKernelEx(&config, kernel, tq, tk, tv, p, sched);
+  if (e != cudaSuccess || !kSplit) return e;
+  AttentionFwdCombineKernel<T, kDv, Tiles::kBM>
+      <<<dim3(sched.split_tiles * kCluster, Tiles::kBM / kFwdCombineRows), kFwdCombineRows * kDv / 8, 0, stream>>>(
+          p, sched, static_cast<int>(grid));
+  return cudaGetLastError();
+}
+
+template <typename T, int kD, int kDv>
+int FwdWideMaxClusters() {
+  static int cache[64] = {};
+  return FwdMaxClusters(AttentionFwdWideKernel<T, kD, kDv, false, 2>, 512, FwdWideTiles<kD, kDv>::kSmem, cache);
+}
+
+// The 192-row kernel's schedule: LaunchFwdTiles's with every tile seeing the
+// same keys -- single tiles (no pairs: no causal mask), a split tail where
+// the last round would leave SMs idle, clusters of two CTAs where the query
+// tiles of a head pair up (an even number) and fill every SM.
+template <typename T, int kD, int kDv>
+cudaError_t LaunchFwdWide(const AttentionFwdParams& p, cudaStream_t stream) {
+  using Tiles = FwdWideTiles<kD, kDv>;
+  const AttentionShape& s = p.shape;
+  const long long m_tiles = (s.t + Tiles::kBM - 1) / Tiles::kBM, sms = SmCount();
+  const long long tiles = m_tiles * s.n * s.b, key_tiles = (s.s + Tiles::kBN - 1) / Tiles::kBN;
+  if (tiles > INT32_MAX / 2) return cudaErrorInvalidValue;
+  int cl = 1;
+  if (m_tiles % 2 == 0 && tiles > sms && 2 * FwdWideMaxClusters<T, kD, kDv>() >= sms) cl = 2;
+  const long long units = tiles / cl, slots = sms / cl;
+  const bool split = key_tiles >= 32 && units > slots && units % slots != 0 && p.ws != nullptr &&
+                     p.ws_elems >= 2 * sms * Tiles::kBM * (kDv + 1) &&
+                     (units % slots) * key_tiles * slots < INT32_MAX && slots <= kFwdCombineMaxCtas;
+  FwdSchedule sched{};
+  sched.cluster = cl;
+  sched.units = static_cast<int>(units);
+  if (split) {
+    sched.rounds = static_cast<int>(units / slots);
+    sched.split_tiles = static_cast<int>(units % slots);
+    sched.key_tiles = static_cast<int>(key_tiles);
+    sched.ws = p.ws;
+  }
+  const unsigned grid = static_cast<unsigned>((units < slots ? units : slots) * cl);
+  if (cl == 2)
+    return split ? LaunchFwdWideKernel<T, kD, kDv, true, 2>(p, sched, grid, stream)
+                 : LaunchFwdWideKernel<T, kD, kDv, false, 2>(p, sched, grid, stream);
+  return split ? LaunchFwdWideKernel<T, kD, kDv, true, 1>(p, sched, grid, stream)
+               : LaunchFwdWideKernel<T, kD, kDv, false, 1>(p, sched, grid, stream);
 }
 
 template <typename T, int kD, int kDv>
@@ -145,6 +228,10 @@ cudaError_t LaunchFwdDims(const AttentionFwdParams& p, cudaStream_t stream) {
     // 0.64 at 512) and 176 beyond (D = 128: 0.95 -> 0.97 at 8192, 0.98 ->
     // 1.00 at 16384; D = 64: 0.92 -> 0.95, 0.95 -> 0.97).
     const bool banded = p.mask.causal || p.mask.window_left >= 0 || p.mask.window_right >= 0;
+    // Head dims 128 past 4096 keys without a mask: 192-row tiles
+    // (attention_fwd_wide.cuh). At 4096 keys and fewer, an A/B was not run.
+    if constexpr (kD == 128 && kDv == 128)
+      if (FwdUniformKeys(p.mask) && p.shape.s > 4096) return LaunchFwdWide<T, kD, kDv>(p, stream);
     return banded || p.shape.s <= 4096 ? LaunchFwdTiles<T, kD, kDv, 128, false>(p, stream)
                                        : LaunchFwdTiles<T, kD, kDv, 176, false>(p, stream);
   } else {

@@ -138,8 +138,9 @@ def _fwd_abstract(q, k, v, *operands, present, **params):
 # The forward's split tail (ffi/attention/attention.h, AttentionFwdParams::ws):
 # on the lean logits path where every query tile sees the same keys, a
 # persistent grid's last round is shared out over the SMs by key tiles and
-# the pieces merged from this workspace: 2 slots of 128 x (Hv padded + 1)
-# floats for each of up to 132 SMs (17 MB at Hv = 128), only when there are
+# the pieces merged from this workspace: 2 slots of a work tile's rows x
+# (Hv padded + 1) floats for each of up to 132 SMs (26 MB at Hv = 128 past
+# 4096 keys, whose tiles have 192 rows; else 128 rows), only when there are
 # more work tiles than that. The launcher checks the size; a workspace it
 # does not take costs only memory.
 _FWD_SPLIT_CTAS = 132
@@ -150,18 +151,20 @@ def _fwd_ws_shape(q, k, v, *, present, is_causal, window, **params):
   Not per batch element: the batching rule passes it on unbatched."""
   b, t, n, _ = q.shape
   d, dv, s = _pad64(q.shape[-1]), _pad64(v.shape[-1]), k.shape[1]
-  key_tile = 64 if max(d, dv) > 128 else 128 if s <= 4096 else 176  # LaunchFwdDims
+  wide = d == dv == 128 and s > 4096  # LaunchFwdDims: the 192-row kernel, 128-key tiles
+  key_tile = 64 if max(d, dv) > 128 else 128 if s <= 4096 or wide else 176
   # LaunchFwdTiles: FwdUniformKeys, not FwdNeedsGeneral, 32 key tiles or more.
   split = (not is_causal and window is None and params["softcap"] == 0.0 and params["scale"] > 0
            and not {"q_lens", "kv_lens", "bias", "mask", "q_seg"} & set(present)
            and dv <= 128 and -(-s // key_tile) >= 32)
-  ctas = b * n * -(-t // 128)
+  rows = 192 if wide else 128
+  ctas = b * n * -(-t // rows)
   # A symbolic batch (jax.export): the launcher decides; a workspace it does
   # not use costs only its allocation.
   many = ctas > _FWD_SPLIT_CTAS if isinstance(ctas, int) else True
   if not (split and _kernel_supported(q, k, v) and many):
     return (0,)
-  return (2 * _FWD_SPLIT_CTAS * 128 * (dv + 1),)
+  return (2 * _FWD_SPLIT_CTAS * rows * (dv + 1),)
 
 
 def _bwd_abstract(do, q, k, v, o, lse, *operands, present, fused_dq, **params):
