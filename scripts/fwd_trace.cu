@@ -4,6 +4,8 @@
 //   nvcc -std=c++17 -O3 -gencode arch=compute_90a,code=sm_90a --expt-relaxed-constexpr \
 //     -I. scripts/fwd_trace.cu ffi/attention/attention_tma.cu -o build/fwd_trace
 //   build/fwd_trace [S=8192] [causal|x] [D=128] [dump]
+// FWD_B / FWD_N set the batch and head count; FWD_ONCE=1 launches once and
+// stops (for compute-sanitizer).
 // With a fourth argument the output and logsumexp go to that file (raw), to
 // compare two builds of the kernel byte for byte.
 // B * S = 16384 tokens, 2048 / D heads of D (the benchmark's shapes), bf16.
@@ -11,6 +13,7 @@
 
 #include <algorithm>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <vector>
 
@@ -72,7 +75,9 @@ int main(int argc, char** argv) {
   const long long s = argc > 1 ? std::atoll(argv[1]) : 8192;
   const bool causal = argc > 2 && std::strcmp(argv[2], "causal") == 0;
   const long long d = argc > 3 ? std::atoll(argv[3]) : 128;
-  const long long b = 16384 / s, n = 2048 / d;
+  const char* env_b = std::getenv("FWD_B");
+  const char* env_n = std::getenv("FWD_N");
+  const long long b = env_b ? std::atoll(env_b) : 16384 / s, n = env_n ? std::atoll(env_n) : 2048 / d;
   const long long elems = b * s * n * d;
   __nv_bfloat16 *q, *k, *v, *o;
   float* lse;
@@ -104,6 +109,12 @@ int main(int argc, char** argv) {
     if (d == 256) return attention::LaunchFwdDims<__nv_bfloat16, 256, 256>(p, stream);
     return attention::LaunchFwdDims<__nv_bfloat16, 128, 128>(p, stream);
   };
+  if (std::getenv("FWD_ONCE")) {
+    CHECK(launch());
+    CHECK(cudaDeviceSynchronize());
+    std::printf("launched once\n");
+    return 0;
+  }
   for (int i = 0; i < 5; ++i) CHECK(launch());
   cudaEvent_t e0, e1;
   CHECK(cudaEventCreate(&e0));

@@ -1,4 +1,6 @@
 // Flash attention forward for Hopper: o = softmax(logits) v and lse.
+// (At head dims 128 past 4096 keys without a mask the launcher takes
+// AttentionFwdWideKernel instead: 192-row tiles, attention_fwd_wide.cuh.)
 //
 // One CTA computes 128 query rows of one (batch, head) in three warpgroups:
 //   warpgroup 0 (producer): one thread issues TMA loads -- each consumer's

@@ -13,7 +13,8 @@
 // O rescale) spread over more rows and key tiles of 128 waste less at the
 // end of a sequence, and every K/V tile serves 192 rows. Time a call against
 // AttentionFwdKernel (fwd_ab.sh, B * S = 16384, 16 heads): S = 8192
-// 0.94-0.99, 16384 0.98-0.99, and 0.72-0.90 at S = 4608, 5000, 6000, 7000.
+// 0.94-1.03 (clocks move +-5% between runs there), 16384 0.98-0.99, and
+// 0.72-0.91 at S = 4608, 5000, 6000, 7000 (RESULTS.md, session 40).
 //
 // Registers: 512 threads leave 160 a consumer thread, which hold O (64
 // floats) and S (64) of a 128-key tile but not also the previous tile's P
