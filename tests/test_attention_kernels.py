@@ -100,26 +100,30 @@ PERSISTENT_CASES = {
     "split_d64_gqa": ((1, 1024, 4096, 18, 9, 64, 64), {}),
     "split_f16_d192_128": ((1, 1024, 2048, 18, 6, 192, 128), dict(dtype=jnp.float16)),
     # Clusters of two CTAs sharing K/V loads (176-key tiles, no mask, an even
-    # number of query tiles). 5000 keys: the last key tile holds 72, so the
-    # second CTA's half of it (rows 88..175) lies wholly past the keys.
-    "cluster_oob_half": ((1, 2048, 5000, 12, 4, 64, 64), {}),
+    # number of query tiles; at head dim 128 only up to 4096 queries, past
+    # them the 192-row kernel). 5000 keys: the last key tile holds 72, so
+    # the second CTA's half of it (rows 88..175) lies wholly past the keys.
+    "cluster_oob_half": ((1, 2048, 5000, 12, 4, 128, 128), {}),
     # With the split tail: 72 units of two tiles on 66 clusters.
     "cluster_split_d64": ((1, 2304, 6000, 8, 8, 64, 64), {}),
-    # The 192-row kernel (head dims 128, more than 4096 keys, no mask):
-    # clusters and the split tail (144 tiles: 72 units on 66 clusters); the
-    # last key tile holds 20 keys, so the second CTA's half (rows 64..127)
-    # lies wholly past them.
-    "wide_cluster_split": ((1, 2304, 4500, 12, 4, 128, 128), {}),
+    "cluster_split_f16": ((1, 2304, 6000, 8, 2, 128, 128), dict(dtype=jnp.float16)),
+    # The 192-row kernel (head dims 128, more than 4096 keys and queries, no
+    # mask). Clusters and the split tail (B = 2, GQA: 288 tiles, 144 units
+    # on 66 clusters); the last key tile holds 20 keys, so the second CTA's
+    # half (rows 64..127) lies wholly past them.
+    "wide_cluster_split": ((2, 4608, 4500, 6, 2, 128, 128), {}),
     # No clusters (25 query tiles a head, odd), the split tail; the last
     # query tile's 92 rows leave the third consumer none, the last key tile
     # holds 8 keys.
     "wide_split_ragged": ((1, 4700, 5000, 14, 7, 128, 128), {}),
-    # Clusters without a split (264 tiles: 2 rounds of 66 clusters), fp16,
-    # head dim 96 (padded to 128).
-    "wide_cluster_f16_d96": ((1, 4608, 4608, 11, 11, 96, 96), dict(dtype=jnp.float16)),
-    # Head dim 128 past 4096 keys with key lengths: 176-key tiles in
-    # persistent pairs (the 192-row kernel takes only unmasked keys).
-    "lengths_176": ((2, 1152, 4500, 8, 4, 128, 128), dict(kv_lens=[4100, 4321])),
+    # Clusters and the split, fp16, head dim 96 (padded to 128).
+    "wide_cluster_split_f16_d96": ((1, 4608, 4608, 12, 12, 96, 96), dict(dtype=jnp.float16)),
+    # Clusters without a split (264 tiles: 2 rounds of 66 clusters), value
+    # head dim 80 (padded to 128) under a query head dim of 128.
+    "wide_cluster_hv80": ((1, 4608, 4608, 11, 11, 128, 80), {}),
+    # Head dim 128 past 4096 keys and queries with key lengths: 176-key
+    # tiles in persistent pairs (the 192-row kernel takes no lengths).
+    "lengths_176": ((2, 4224, 4500, 3, 1, 128, 128), dict(kv_lens=[4100, 4321])),
 }
 
 

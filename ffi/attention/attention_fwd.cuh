@@ -129,6 +129,8 @@ __host__ __device__ __forceinline__ int64_t FwdUnits(int64_t m_tiles, int64_t he
 // after their wait for Q). Worked out by the producer, whose thread has time
 // to spare: on a consumer it cost ~1800 cycles a tile between two issue
 // points (32-bit divisions, the sequence lengths' loads).
+// (AttentionFwdWideKernel shares it and leaves mask_lo, mask_hi and
+// q_limit unused: it takes no mask.)
 struct FwdTileInfo {
   int m0, n, b, j_begin, n_tiles;
   int q_limit, kv_limit;
@@ -229,10 +231,12 @@ __device__ __forceinline__ bool FwdTileAt(int k, const FwdSchedule& s, int m_til
 // lean path without a mask) and share their K and V: each CTA's producer
 // loads half the rows of a key tile into both CTAs' shared memory (TMA
 // multicast), and a stage is free once the consumers of both CTAs are done
-// with it. Half the K/V traffic out of L2, which under the H200's power cap
-// is what sets the clock: a forward that loaded only every other key tile
-// took the same cycles but 9-11% less time (fwd_trace, D = 128, S = 8192 and
-// 16384). FlashAttention-3 does the same for head dims >= 128.
+// with it. Half the K/V traffic out of L2: 2-3% less time under the
+// H200's power cap (fwd_trace, D = 128, S = 16384; session 17 took a forward
+// that loaded only every other key tile, the same cycles and 9-11% less
+// time, to mean K/V traffic sets the clock, but session 40's 192-row kernel
+// moved a third less for ~1%: RESULTS.md). FlashAttention-3 does the same
+// for head dims >= 128.
 template <typename T, int kD, int kDv, int kBN, bool kGeneral, bool kSplit, int kCluster>
 __global__ void __launch_bounds__(384, 1)
     AttentionFwdKernel(const __grid_constant__ CUtensorMap tq, const __grid_constant__ CUtensorMap tk,

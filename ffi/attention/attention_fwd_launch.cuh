@@ -45,26 +45,22 @@ cudaError_t LaunchFwdKernel(const AttentionFwdParams& p, const FwdSchedule& sche
   return cudaGetLastError();
 }
 
-// The lean path where every query tile sees the same keys (the split tail
-// and clusters), built except where AttentionFwdWideKernel takes it (head
-// dims 128 past 4096 keys: 176-key tiles there come only with sequence
-// lengths).
-template <int kD, int kDv, int kBN, bool kGeneral>
-constexpr bool kFwdUniformBuilt = !kGeneral && !(kD == 128 && kDv == 128 && kBN == 176);
 // Clusters of two CTAs that share their K/V loads (AttentionFwdKernel's
 // kCluster): for the lean path without a mask at 176-key tiles (S > 4096).
 // Those are where the forward is long enough for the power cap to set the
 // clock; elsewhere the extra instantiations would not pay for their build.
-template <int kD, int kDv, int kBN, bool kGeneral>
-constexpr bool kFwdClusterBuilt = kFwdUniformBuilt<kD, kDv, kBN, kGeneral> && kBN == 176;
+// (At head dims 128 the 192-row kernel takes T > 4096 too.)
+template <int kBN, bool kGeneral>
+constexpr bool kFwdClusterBuilt = !kGeneral && kBN == 176;
 
 // How many clusters of two CTAs of `kernel` (`threads` a CTA, `smem` bytes
 // of dynamic shared memory) the device runs at once, cached per device in
 // `cache`: the cluster form only runs where they fill every SM.
+constexpr int kFwdMaxDevices = 64;
 template <typename Kernel>
-int FwdMaxClusters(Kernel kernel, int threads, int smem, int (&cache)[64]) {
+int FwdMaxClusters(Kernel kernel, int threads, int smem, int (&cache)[kFwdMaxDevices]) {
   int dev = 0;
-  if (cudaGetDevice(&dev) != cudaSuccess || dev < 0 || dev >= 64) return 0;
+  if (cudaGetDevice(&dev) != cudaSuccess || dev < 0 || dev >= kFwdMaxDevices) return 0;
   if (cache[dev] == 0) {
     int n = 0;
     cudaLaunchConfig_t config = {};
@@ -86,7 +82,7 @@ int FwdMaxClusters(Kernel kernel, int threads, int smem, int (&cache)[64]) {
 }
 template <typename T, int kD, int kDv, int kBN>
 int FwdMaxClusters() {
-  static int cache[64] = {};
+  static int cache[kFwdMaxDevices] = {};
   return FwdMaxClusters(AttentionFwdKernel<T, kD, kDv, kBN, false, false, 2>,  // the split form is alike
                         384, FwdTiles<kD, kDv, kBN>::kSmem, cache);
 }
@@ -103,9 +99,9 @@ cudaError_t LaunchFwdTiles(const AttentionFwdParams& p, cudaStream_t stream) {
   const long long m_tiles = (s.t + Tiles::kBM - 1) / Tiles::kBM, sms = SmCount();
   const long long tiles = m_tiles * s.n * s.b, key_tiles = (s.s + kBN - 1) / kBN;
   if (tiles > INT32_MAX / 2) return cudaErrorInvalidValue;  // the kernel's 32-bit tile indices
-  const bool uniform = kFwdUniformBuilt<kD, kDv, kBN, kGeneral> && FwdUniformKeys(p.mask);
+  const bool uniform = !kGeneral && FwdUniformKeys(p.mask);
   int cl = 1;
-  if constexpr (kFwdClusterBuilt<kD, kDv, kBN, kGeneral>)
+  if constexpr (kFwdClusterBuilt<kBN, kGeneral>)
     if (uniform && m_tiles % 2 == 0 && tiles > sms && 2 * FwdMaxClusters<T, kD, kDv, kBN>() >= sms)
       cl = 2;
   const long long units = tiles / cl, slots = sms / cl;  // clusters the device runs at once
@@ -131,8 +127,8 @@ cudaError_t LaunchFwdTiles(const AttentionFwdParams& p, cudaStream_t stream) {
     sched.units = static_cast<int>(FwdUnits(m_tiles, s.n, s.b, sched.pairs, cl));
   }
   const unsigned grid = static_cast<unsigned>((sched.units < slots ? sched.units : slots) * cl);
-  if constexpr (kFwdUniformBuilt<kD, kDv, kBN, kGeneral>) {
-    if constexpr (kFwdClusterBuilt<kD, kDv, kBN, kGeneral>)
+  if constexpr (!kGeneral) {
+    if constexpr (kFwdClusterBuilt<kBN, kGeneral>)
       if (cl == 2)
         return split ? LaunchFwdKernel<T, kD, kDv, kBN, false, true, 2>(p, sched, grid, stream)
                      : LaunchFwdKernel<T, kD, kDv, kBN, false, false, 2>(p, sched, grid, stream);
@@ -177,7 +173,7 @@ cudaError_t LaunchFwdWideKernel(const AttentionFwdParams& p, const FwdSchedule& 
 
 template <typename T, int kD, int kDv>
 int FwdWideMaxClusters() {
-  static int cache[64] = {};
+  static int cache[kFwdMaxDevices] = {};
   return FwdMaxClusters(AttentionFwdWideKernel<T, kD, kDv, false, 2>, 512, FwdWideTiles<kD, kDv>::kSmem, cache);
 }
 
@@ -220,7 +216,8 @@ cudaError_t LaunchFwdDims(const AttentionFwdParams& p, cudaStream_t stream) {
   if constexpr (kD <= 128 && kDv <= 128) {
     if (FwdNeedsGeneral(p.mask, p.softcap, p.scale)) return LaunchFwdTiles<T, kD, kDv, 128, true>(p, stream);
     // 176-key tiles (FwdTiles) only where rows see every key of a long
-    // sequence; 128 keys otherwise. With a causal mask or a window, 128 keys
+    // sequence (at head dims 128 past 4096 queries too without lengths, the
+    // 192-row kernel below); 128 keys otherwise. With a causal mask or a window, 128 keys
     // match the 128-row tiles and waste less at the diagonal. Without one,
     // an A/B on H200 (2026-11-22, B*S = 16384, non-causal, ratio to cuDNN,
     // 128 -> 176 keys) favoured 128 up to S = 4096 (D = 128: 0.99 -> 0.78 at
@@ -228,10 +225,14 @@ cudaError_t LaunchFwdDims(const AttentionFwdParams& p, cudaStream_t stream) {
     // 0.64 at 512) and 176 beyond (D = 128: 0.95 -> 0.97 at 8192, 0.98 ->
     // 1.00 at 16384; D = 64: 0.92 -> 0.95, 0.95 -> 0.97).
     const bool banded = p.mask.causal || p.mask.window_left >= 0 || p.mask.window_right >= 0;
-    // Head dims 128 past 4096 keys without a mask: 192-row tiles
-    // (attention_fwd_wide.cuh). At 4096 keys and fewer, an A/B was not run.
+    // Head dims 128 past 4096 keys and queries without a mask: 192-row
+    // tiles (attention_fwd_wide.cuh). Measured with T = S only; with few
+    // queries a 192-row tile wastes more rows than a 128-row one, so
+    // shorter T keeps the 128-row kernel until an A/B says otherwise.
+    // (_fwd_ws_shape in jax_dnn/_src/attention.py mirrors this test.)
     if constexpr (kD == 128 && kDv == 128)
-      if (FwdUniformKeys(p.mask) && p.shape.s > 4096) return LaunchFwdWide<T, kD, kDv>(p, stream);
+      if (FwdUniformKeys(p.mask) && p.shape.s > 4096 && p.shape.t > 4096)
+        return LaunchFwdWide<T, kD, kDv>(p, stream);
     return banded || p.shape.s <= 4096 ? LaunchFwdTiles<T, kD, kDv, 128, false>(p, stream)
                                        : LaunchFwdTiles<T, kD, kDv, 176, false>(p, stream);
   } else {

@@ -1,7 +1,8 @@
 // Flash attention forward for Hopper with 192-row work tiles: three
 // consumer warpgroups of 64 rows share each K and V tile. The launcher
 // takes it for head dims 128 on the lean path where every query tile sees
-// every key (FwdUniformKeys, not FwdNeedsGeneral) past 4096 keys; all else
+// every key (FwdUniformKeys, not FwdNeedsGeneral) past 4096 keys and
+// queries; all else
 // goes to AttentionFwdKernel (attention_fwd.cuh), whose schedule (FwdSchedule:
 // persistent grid, split tail, clusters of two CTAs sharing K/V loads) and
 // tile indices (FwdTileInfo) it shares.
@@ -12,7 +13,7 @@
 // here), but here the per-step costs (barrier waits, the max shuffles, the
 // O rescale) spread over more rows and key tiles of 128 waste less at the
 // end of a sequence, and every K/V tile serves 192 rows. Time a call against
-// AttentionFwdKernel (fwd_ab.sh, B * S = 16384, 16 heads): S = 8192
+// AttentionFwdKernel (fwd_ab.sh, T = S, B = 16384 / S rounded down, 16 heads): S = 8192
 // 0.94-1.03 (clocks move +-5% between runs there), 16384 0.98-0.99, and
 // 0.72-0.91 at S = 4608, 5000, 6000, 7000 (RESULTS.md, session 40).
 //
@@ -25,8 +26,9 @@
 // cycles and 1-2% more time: session 40.)
 //
 // Roles: warpgroup 0 (producer) -- one thread issues the TMA loads of each
-// consumer's 64 rows of Q (a slot each, loaded for the next tile as soon as
-// its consumer's last scores are done) and of K and V tiles through a
+// consumer's 64 rows of Q (a slot each, loaded for the next tile once its
+// consumer's last scores of this one are done, after the next tile's first
+// K, consumers in order) and of K and V tiles through a
 // 2-stage ring, and works out each work tile's indices (a ring of 3);
 // warpgroups 1-3 (consumers) -- per key tile S = Q K^T (SS wgmma), the
 // online softmax, O += P V (RS wgmma). Named barriers pass the turn to issue
@@ -36,10 +38,15 @@
 #include "ffi/attention/attention_fwd.cuh"
 
 // scripts/fwd_trace.cu's probes (see attention_fwd.cuh) record the first two
-// consumers (roles 1, 2): events 0 (tile start), 1-2 (Q arrived), 3-4 (key
-// loop done), 5 (output written).
-#define JAX_DNN_FWD_WIDE_PROBE(tile, event) \
-  if (wg < 2) JAX_DNN_FWD_PROBE(1 + wg, tile, event)
+// consumers (roles 1, 2; the third, last in the turns, is not traced, so
+// fwd_trace's CTA ends read a little early): events 0 (tile start), 1 (Q
+// arrived), 3 (key loop done), 5 (output written); 2 and 4 repeat 1 and 3
+// (this kernel has no separate prologue or last P V), so fwd_trace's
+// "prologue" and "last PV" read ~0.
+#define JAX_DNN_FWD_WIDE_PROBE(tile, event)               \
+  do {                                                    \
+    if (wg < 2) JAX_DNN_FWD_PROBE(1 + wg, tile, event);   \
+  } while (0)
 
 namespace jax_dnn {
 namespace attention {
@@ -55,6 +62,10 @@ struct FwdWideTiles {
                                kStages * (kKBytes + kVBytes) + 8 * (2 * kConsumers + 4 * kStages) +
                                3 * 52 /*FwdTileInfo ring*/;
   static_assert(kSmem <= 227 * 1024, "shared memory per block");
+  // setmaxnreg: the producer's registers a thread and the consumers', within
+  // the SM's 64K.
+  static constexpr int kProducerRegs = 24, kConsumerRegs = 160;
+  static_assert(128 * kProducerRegs + 128 * kConsumers * kConsumerRegs <= 65536, "register file");
 };
 
 template <typename T, int kD, int kDv, bool kSplit, int kCluster>
@@ -105,7 +116,7 @@ __global__ void __launch_bounds__(512, 1)
     __syncthreads();
 
   if (tid < 128) {  // producer
-    hopper::RegDealloc<24>();
+    hopper::RegDealloc<Tiles::kProducerRegs>();
     if (tid == 0) {
       hopper::TmaPrefetchDescriptor(&tq);
       hopper::TmaPrefetchDescriptor(&tk);
@@ -204,7 +215,7 @@ __global__ void __launch_bounds__(512, 1)
   }
 
   // --- consumers ---
-  hopper::RegAlloc<160>();
+  hopper::RegAlloc<Tiles::kConsumerRegs>();
   const int wg = hopper::WarpUniform(tid / 128) - 1, t = tid % 128, warp = t / 32, lane = t % 32;
   // The turn to issue the scores goes round the consumers 0, 1, 2, 0, ...
   auto my_turn = [&] { hopper::NamedBarrierSync(kPingPong + wg, 256); };

@@ -151,9 +151,13 @@ def _fwd_ws_shape(q, k, v, *, present, is_causal, window, **params):
   Not per batch element: the batching rule passes it on unbatched."""
   b, t, n, _ = q.shape
   d, dv, s = _pad64(q.shape[-1]), _pad64(v.shape[-1]), k.shape[1]
-  wide = d == dv == 128 and s > 4096  # LaunchFwdDims: the 192-row kernel, 128-key tiles
+  # LaunchFwdDims: the 192-row kernel (128-key tiles) past 4096 keys and
+  # queries at head dims 128; a symbolic T is sized for it (larger).
+  long_q = t > 4096 if isinstance(t, int) else True
+  wide = d == dv == 128 and s > 4096 and long_q
   key_tile = 64 if max(d, dv) > 128 else 128 if s <= 4096 or wide else 176
-  # LaunchFwdTiles: FwdUniformKeys, not FwdNeedsGeneral, 32 key tiles or more.
+  # LaunchFwdTiles / LaunchFwdWide: FwdUniformKeys, not FwdNeedsGeneral, 32
+  # key tiles or more.
   split = (not is_causal and window is None and params["softcap"] == 0.0 and params["scale"] > 0
            and not {"q_lens", "kv_lens", "bias", "mask", "q_seg"} & set(present)
            and dv <= 128 and -(-s // key_tile) >= 32)
