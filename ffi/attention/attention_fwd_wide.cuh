@@ -2,20 +2,20 @@
 // consumer warpgroups of 64 rows share each K and V tile. The launcher
 // takes it for head dims 128 on the lean path where every query tile sees
 // every key (FwdUniformKeys, not FwdNeedsGeneral) past 4096 keys and
-// queries; all else
-// goes to AttentionFwdKernel (attention_fwd.cuh), whose schedule (FwdSchedule:
-// persistent grid, split tail, clusters of two CTAs sharing K/V loads) and
-// tile indices (FwdTileInfo) it shares.
+// queries; all else goes to AttentionFwdKernel (attention_fwd.cuh), whose
+// schedule (FwdSchedule: persistent grid, split tail, clusters of two CTAs
+// sharing K/V loads) and tile indices (FwdTileInfo) it shares.
 //
 // Why: AttentionFwdKernel's 128-row tiles at 176 keys and this kernel's
 // 192 x 128 both keep the tensor cores ~83% busy (fwd_trace, H200: ~3420
 // cycles a key-tile step for 2816 of tensor work there, ~3690 for 3072
 // here), but here the per-step costs (barrier waits, the max shuffles, the
 // O rescale) spread over more rows and key tiles of 128 waste less at the
-// end of a sequence, and every K/V tile serves 192 rows. Time a call against
-// AttentionFwdKernel (fwd_ab.sh, T = S, B = 16384 / S rounded down, 16 heads): S = 8192
-// 0.94-1.03 (clocks move +-5% between runs there), 16384 0.98-0.99, and
-// 0.72-0.91 at S = 4608, 5000, 6000, 7000 (RESULTS.md, session 40).
+// end of a sequence, and every K/V tile serves 192 rows. Time a call
+// against AttentionFwdKernel (fwd_ab.sh, T = S, B = 16384 / S rounded down,
+// 16 heads): S = 8192 0.94-1.03 (clocks move +-5% between runs there),
+// 16384 0.98-0.99, and 0.72-0.91 at S = 4608, 5000, 6000, 7000
+// (RESULTS.md, session 40).
 //
 // Registers: 512 threads leave 160 a consumer thread, which hold O (64
 // floats) and S (64) of a 128-key tile but not also the previous tile's P
@@ -28,8 +28,8 @@
 // Roles: warpgroup 0 (producer) -- one thread issues the TMA loads of each
 // consumer's 64 rows of Q (a slot each, loaded for the next tile once its
 // consumer's last scores of this one are done, after the next tile's first
-// K, consumers in order) and of K and V tiles through a
-// 2-stage ring, and works out each work tile's indices (a ring of 3);
+// K, consumers in order) and of K and V tiles through a 2-stage ring, and
+// works out each work tile's indices (a ring of 3);
 // warpgroups 1-3 (consumers) -- per key tile S = Q K^T (SS wgmma), the
 // online softmax, O += P V (RS wgmma). Named barriers pass the turn to issue
 // the scores round the three consumers.
