@@ -207,6 +207,55 @@ __device__ __forceinline__ bool FwdTileAt(int k, const FwdSchedule& s, int m_til
   return true;
 }
 
+// A consumer's epilogue: o / l and lse of the thread's two rows (r0, its
+// first row in the work tile, and row0 = m0 + r0 in the sequence; rows past
+// T are not written), into the outputs of (batch b, head n) or, for a piece
+// of a split tile (kSplit, slot >= 0), into its workspace slot ([kBM][kDv]
+// o, then [kBM] lse). Into the outputs, after a 4x4 transpose inside each
+// quad a thread holds 8 adjacent columns: a quarter of the store
+// instructions of the accumulator layout's 2 columns, each of which cost ~85
+// cycles (the L1 takes the 8 rows of a warp's store one line at a time):
+// 2700 cycles a work tile at D = 128.
+template <typename T, int kBM, int kDv, bool kSplit>
+__device__ __forceinline__ void FwdStoreRows(const AttentionFwdParams& p, const FwdSchedule& sched, int slot,
+                                             const float (&o)[kDv / 2], const float (&inv)[2],
+                                             const float (&lse)[2], int r0, int64_t row0, int b, int n, int lane) {
+  const AttentionShape& sh = p.shape;
+  if (kSplit && slot >= 0) {
+    float* ws = sched.ws + int64_t(slot) * kBM * (kDv + 1);
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const int r = r0 + 8 * h;  // row in the tile
+      if (row0 + 8 * h >= sh.t) continue;
+#pragma unroll
+      for (int e = 0; e < kDv / 8; ++e)
+        *reinterpret_cast<float2*>(ws + r * kDv + 8 * e + 2 * (lane % 4)) =
+            make_float2(o[4 * e + 2 * h] * inv[h], o[4 * e + 2 * h + 1] * inv[h]);
+      if (lane % 4 == 0) ws[kBM * kDv + r] = lse[h];
+    }
+    return;
+  }
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    uint32_t x[kDv / 8];
+#pragma unroll
+    for (int e = 0; e < kDv / 8; ++e) x[e] = hopper::PackPair<T>(o[4 * e + 2 * h] * inv[h], o[4 * e + 2 * h + 1] * inv[h]);
+#pragma unroll
+    for (int g = 0; g < kDv / 32; ++g) QuadTranspose(x + 4 * g, lane % 4);
+    const int64_t row = row0 + 8 * h;
+    if (row < sh.t) {
+      T* orow = static_cast<T*>(p.o) + ((b * sh.t + row) * sh.n + n) * sh.hv;
+#pragma unroll
+      for (int g = 0; g < kDv / 32; ++g) {
+        const int col = 8 * (4 * g + lane % 4);  // sh.hv is a multiple of 8
+        if (col < sh.hv)
+          *reinterpret_cast<uint4*>(orow + col) = make_uint4(x[4 * g], x[4 * g + 1], x[4 * g + 2], x[4 * g + 3]);
+      }
+      if (lane % 4 == 0) p.lse[(int64_t(b) * sh.n + n) * sh.t + row] = lse[h];
+    }
+  }
+}
+
 // A CTA takes its work tiles as FwdSchedule says -- one with a grid of every
 // tile, several with a persistent grid (one CTA an SM), the last round
 // possibly split along its keys (AttentionFwdCombineKernel merges). In the
@@ -600,46 +649,9 @@ __global__ void __launch_bounds__(384, 1)
       inv[h] = l > 0.f ? 1.f / l : 0.f;
       lse[h] = l > 0.f ? (m_run[h] + log2f(l)) * kLn2 : -INFINITY;
     }
-
-    // Epilogue: o / l and lse; rows past T are not written. After a 4x4
-    // transpose inside each quad a thread holds 8 adjacent columns: a
-    // quarter of the store instructions of the accumulator layout's 2
-    // columns, each of which cost ~85 cycles (the L1 takes the 8 rows of a
-    // warp's store one line at a time): 2700 cycles a work tile at D = 128.
     auto store_output = [&] {
-      if (kSplit && cur.w.slot >= 0) {  // a piece of a split tile: o / l and lse into its slot
-        float* ws = sched.ws + int64_t(cur.w.slot) * kBM * (kDv + 1);
-#pragma unroll
-        for (int h = 0; h < 2; ++h) {
-          const int r = 64 * wg + 16 * warp + lane / 4 + 8 * h;  // row in the tile
-          if (cur.row0 + 8 * h >= sh.t) continue;
-#pragma unroll
-          for (int e = 0; e < kDv / 8; ++e)
-            *reinterpret_cast<float2*>(ws + r * kDv + 8 * e + 2 * (lane % 4)) =
-                make_float2(o[4 * e + 2 * h] * inv[h], o[4 * e + 2 * h + 1] * inv[h]);
-          if (lane % 4 == 0) ws[kBM * kDv + r] = lse[h];
-        }
-        return;
-      }
-#pragma unroll
-      for (int h = 0; h < 2; ++h) {
-        uint32_t x[kDv / 8];
-#pragma unroll
-        for (int e = 0; e < kDv / 8; ++e) x[e] = hopper::PackPair<T>(o[4 * e + 2 * h] * inv[h], o[4 * e + 2 * h + 1] * inv[h]);
-#pragma unroll
-        for (int g = 0; g < kDv / 32; ++g) QuadTranspose(x + 4 * g, lane % 4);
-        const int64_t row = cur.row0 + 8 * h;
-        if (row < sh.t) {
-          T* orow = static_cast<T*>(p.o) + ((cur.w.b * sh.t + row) * sh.n + cur.w.n) * sh.hv;
-#pragma unroll
-          for (int g = 0; g < kDv / 32; ++g) {
-            const int col = 8 * (4 * g + lane % 4);  // sh.hv is a multiple of 8
-            if (col < sh.hv)
-              *reinterpret_cast<uint4*>(orow + col) = make_uint4(x[4 * g], x[4 * g + 1], x[4 * g + 2], x[4 * g + 3]);
-          }
-          if (lane % 4 == 0) p.lse[(int64_t(cur.w.b) * sh.n + cur.w.n) * sh.t + row] = lse[h];
-        }
-      }
+      FwdStoreRows<T, kBM, kDv, kSplit>(p, sched, cur.w.slot, o, inv, lse, 64 * wg + 16 * warp + lane / 4,
+                                        cur.row0, cur.w.b, cur.w.n, lane);
       JAX_DNN_FWD_PROBE(1 + wg, tile, 5);
     };
 

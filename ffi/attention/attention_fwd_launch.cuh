@@ -11,25 +11,25 @@
 namespace jax_dnn {
 namespace attention {
 
-// Launches one instantiation of the forward kernel (in clusters of kCluster
-// CTAs), then the split tail's combine.
-template <typename T, int kD, int kDv, int kBN, bool kGeneral, bool kSplit, int kCluster>
-cudaError_t LaunchFwdKernel(const AttentionFwdParams& p, const FwdSchedule& sched, unsigned grid,
-                            cudaStream_t stream) {
-  using Tiles = FwdTiles<kD, kDv, kBN>;
+// Launches a forward kernel (AttentionFwdKernel, or AttentionFwdWideKernel:
+// `threads` a CTA, `smem` bytes of shared memory, work tiles of kBM rows
+// and key tiles of kBN) on `grid` CTAs in clusters of kCluster, then the
+// split tail's combine.
+template <typename T, int kDv, int kBM, int kBN, bool kSplit, int kCluster, typename Kernel>
+cudaError_t LaunchFwdGrid(Kernel kernel, int threads, int smem, const AttentionFwdParams& p,
+                          const FwdSchedule& sched, unsigned grid, cudaStream_t stream) {
   const AttentionShape& s = p.shape;
   CUtensorMap tq, tk, tv;
-  if (!MakeTensorMap(&tq, p.q, s.b, s.t, s.n, s.h, Tiles::kBM / 2) ||  // a consumer's half
+  if (!MakeTensorMap(&tq, p.q, s.b, s.t, s.n, s.h, 64) ||               // a consumer's 64 rows
       !MakeTensorMap(&tk, p.k, s.b, s.s, s.kh, s.h, kBN / kCluster) ||  // a CTA's share of a key tile
       !MakeTensorMap(&tv, p.v, s.b, s.s, s.kh, s.hv, kBN / kCluster))
     return cudaErrorInvalidValue;
-  auto kernel = AttentionFwdKernel<T, kD, kDv, kBN, kGeneral, kSplit, kCluster>;
-  cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Tiles::kSmem);
+  cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
   if (e != cudaSuccess) return e;
   cudaLaunchConfig_t config = {};
   config.gridDim = dim3(grid);
-  config.blockDim = dim3(384);
-  config.dynamicSmemBytes = Tiles::kSmem;
+  config.blockDim = dim3(threads);
+  config.dynamicSmemBytes = smem;
   config.stream = stream;
   cudaLaunchAttribute cluster[1];
   cluster[0].id = cudaLaunchAttributeClusterDimension;
@@ -39,10 +39,55 @@ cudaError_t LaunchFwdKernel(const AttentionFwdParams& p, const FwdSchedule& sche
   config.numAttrs = kCluster > 1 ? 1 : 0;  // the plain form launches as before: no clusters
   e = cudaLaunchKernelEx(&config, kernel, tq, tk, tv, p, sched);
   if (e != cudaSuccess || !kSplit) return e;
-  AttentionFwdCombineKernel<T, kDv, Tiles::kBM>
-      <<<dim3(sched.split_tiles * kCluster, Tiles::kBM / kFwdCombineRows), kFwdCombineRows * kDv / 8, 0, stream>>>(
+  AttentionFwdCombineKernel<T, kDv, kBM>
+      <<<dim3(sched.split_tiles * kCluster, kBM / kFwdCombineRows), kFwdCombineRows * kDv / 8, 0, stream>>>(
           p, sched, static_cast<int>(grid));
   return cudaGetLastError();
+}
+
+// One instantiation of the 128-row kernel.
+template <typename T, int kD, int kDv, int kBN, bool kGeneral, bool kSplit, int kCluster>
+cudaError_t LaunchFwdKernel(const AttentionFwdParams& p, const FwdSchedule& sched, unsigned grid,
+                            cudaStream_t stream) {
+  using Tiles = FwdTiles<kD, kDv, kBN>;
+  return LaunchFwdGrid<T, kDv, Tiles::kBM, kBN, kSplit, kCluster>(
+      AttentionFwdKernel<T, kD, kDv, kBN, kGeneral, kSplit, kCluster>, 384, Tiles::kSmem, p, sched, grid, stream);
+}
+
+// How the work tiles are shared out over the CTAs (FwdSchedule): m_tiles
+// query tiles of bm rows a head, each with key_tiles key tiles, in clusters
+// of cl CTAs (units of cl tiles). A persistent grid (one CTA an SM) where
+// the tiles do not fit on the device at once: with a split tail where every
+// tile sees the same keys (`uniform`) and the workspace is there, else over
+// pairs of tiles (FwdWorkAt) where `pairs` allows. *grid: the CTAs.
+inline FwdSchedule FwdPlan(const AttentionFwdParams& p, long long m_tiles, long long key_tiles, int bm, int dv,
+                           int cl, bool uniform, bool pairs, unsigned* grid) {
+  const AttentionShape& s = p.shape;
+  const long long sms = SmCount(), tiles = m_tiles * s.n * s.b;
+  const long long units = tiles / cl, slots = sms / cl;  // clusters the device runs at once
+  // The split's fixed costs (a piece's pipeline start, the combine: 9 us at
+  // D = 128, 18 at 256) beat what it saves below 32 key tiles a work tile or
+  // at Hv = 256 (fwd_trace, H200: 1.5% slower at D = 128, S = 2048 and 0.5%
+  // at D = 256, S = 4096; 1.5-3.5% faster at D = 128, S >= 4096 and at
+  // D = 64, S = 8192).
+  const bool split = uniform && dv <= 128 && key_tiles >= 32 && units > slots && units % slots != 0 &&
+                     p.ws != nullptr && p.ws_elems >= 2 * sms * bm * (dv + 1) &&
+                     (units % slots) * key_tiles * slots < INT32_MAX &&  // FwdSplit's 32-bit ranges
+                     slots <= kFwdCombineMaxCtas;
+  FwdSchedule sched{};
+  sched.cluster = cl;
+  if (split) {
+    sched.units = static_cast<int>(units);
+    sched.rounds = static_cast<int>(units / slots);
+    sched.split_tiles = static_cast<int>(units % slots);
+    sched.key_tiles = static_cast<int>(key_tiles);
+    sched.ws = p.ws;
+  } else {
+    sched.pairs = pairs && cl == 1 && tiles > sms;
+    sched.units = static_cast<int>(FwdUnits(m_tiles, s.n, s.b, sched.pairs, cl));
+  }
+  *grid = static_cast<unsigned>((sched.units < slots ? sched.units : slots) * cl);
+  return sched;
 }
 
 // Clusters of two CTAs that share their K/V loads (AttentionFwdKernel's
@@ -92,10 +137,9 @@ cudaError_t LaunchFwdTiles(const AttentionFwdParams& p, cudaStream_t stream) {
   using Tiles = FwdTiles<kD, kDv, kBN>;
   const AttentionShape& s = p.shape;
   // A grid of every tile when they fit on the device at once (one CTA an SM:
-  // shared memory and registers); otherwise a persistent grid (one CTA an
-  // SM): on the lean path where every tile has the same keys in clusters of
-  // two (m_tiles even) and with a split tail where the workspace is there
-  // (FwdSchedule), else over pairs of tiles (FwdWorkAt).
+  // shared memory and registers); otherwise a persistent grid (FwdPlan), on
+  // the lean path where every tile has the same keys in clusters of two
+  // (m_tiles even).
   const long long m_tiles = (s.t + Tiles::kBM - 1) / Tiles::kBM, sms = SmCount();
   const long long tiles = m_tiles * s.n * s.b, key_tiles = (s.s + kBN - 1) / kBN;
   if (tiles > INT32_MAX / 2) return cudaErrorInvalidValue;  // the kernel's 32-bit tile indices
@@ -104,29 +148,9 @@ cudaError_t LaunchFwdTiles(const AttentionFwdParams& p, cudaStream_t stream) {
   if constexpr (kFwdClusterBuilt<kBN, kGeneral>)
     if (uniform && m_tiles % 2 == 0 && tiles > sms && 2 * FwdMaxClusters<T, kD, kDv, kBN>() >= sms)
       cl = 2;
-  const long long units = tiles / cl, slots = sms / cl;  // clusters the device runs at once
-  // The split's fixed costs (a piece's pipeline start, the combine: 9 us at
-  // D = 128, 18 at 256) beat what it saves below 32 key tiles a work tile or
-  // at Hv = 256 (fwd_trace, H200: 1.5% slower at D = 128, S = 2048 and 0.5%
-  // at D = 256, S = 4096; 1.5-3.5% faster at D = 128, S >= 4096 and at
-  // D = 64, S = 8192).
-  const bool split = uniform && kDv <= 128 && key_tiles >= 32 && units > slots && units % slots != 0 &&
-                     p.ws != nullptr && p.ws_elems >= 2 * sms * Tiles::kBM * (kDv + 1) &&
-                     (units % slots) * key_tiles * slots < INT32_MAX &&  // FwdSplit's 32-bit ranges
-                     slots <= kFwdCombineMaxCtas;
-  FwdSchedule sched{};
-  sched.cluster = cl;
-  if (split) {
-    sched.units = static_cast<int>(units);
-    sched.rounds = static_cast<int>(units / slots);
-    sched.split_tiles = static_cast<int>(units % slots);
-    sched.key_tiles = static_cast<int>(key_tiles);
-    sched.ws = p.ws;
-  } else {
-    sched.pairs = cl == 1 && tiles > sms;
-    sched.units = static_cast<int>(FwdUnits(m_tiles, s.n, s.b, sched.pairs, cl));
-  }
-  const unsigned grid = static_cast<unsigned>((sched.units < slots ? sched.units : slots) * cl);
+  unsigned grid;
+  const FwdSchedule sched = FwdPlan(p, m_tiles, key_tiles, Tiles::kBM, kDv, cl, uniform, /*pairs=*/true, &grid);
+  const bool split = sched.split_tiles > 0;
   if constexpr (!kGeneral) {
     if constexpr (kFwdClusterBuilt<kBN, kGeneral>)
       if (cl == 2)
@@ -137,38 +161,13 @@ cudaError_t LaunchFwdTiles(const AttentionFwdParams& p, cudaStream_t stream) {
   return LaunchFwdKernel<T, kD, kDv, kBN, kGeneral, false, 1>(p, sched, grid, stream);
 }
 
-// The 192-row kernel (AttentionFwdWideKernel), launched as LaunchFwdKernel
-// launches the 128-row one.
+// One instantiation of the 192-row kernel (AttentionFwdWideKernel).
 template <typename T, int kD, int kDv, bool kSplit, int kCluster>
 cudaError_t LaunchFwdWideKernel(const AttentionFwdParams& p, const FwdSchedule& sched, unsigned grid,
                                 cudaStream_t stream) {
   using Tiles = FwdWideTiles<kD, kDv>;
-  const AttentionShape& s = p.shape;
-  CUtensorMap tq, tk, tv;
-  if (!MakeTensorMap(&tq, p.q, s.b, s.t, s.n, s.h, 64) ||  // a consumer's rows
-      !MakeTensorMap(&tk, p.k, s.b, s.s, s.kh, s.h, Tiles::kBN / kCluster) ||
-      !MakeTensorMap(&tv, p.v, s.b, s.s, s.kh, s.hv, Tiles::kBN / kCluster))
-    return cudaErrorInvalidValue;
-  auto kernel = AttentionFwdWideKernel<T, kD, kDv, kSplit, kCluster>;
-  cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Tiles::kSmem);
-  if (e != cudaSuccess) return e;
-  cudaLaunchConfig_t config = {};
-  config.gridDim = dim3(grid);
-  config.blockDim = dim3(512);
-  config.dynamicSmemBytes = Tiles::kSmem;
-  config.stream = stream;
-  cudaLaunchAttribute cluster[1];
-  cluster[0].id = cudaLaunchAttributeClusterDimension;
-  cluster[0].val.clusterDim.x = kCluster;
-  cluster[0].val.clusterDim.y = cluster[0].val.clusterDim.z = 1;
-  config.attrs = cluster;
-  config.numAttrs = kCluster > 1 ? 1 : 0;
-  e = cudaLaunchKernelEx(&config, kernel, tq, tk, tv, p, sched);
-  if (e != cudaSuccess || !kSplit) return e;
-  AttentionFwdCombineKernel<T, kDv, Tiles::kBM>
-      <<<dim3(sched.split_tiles * kCluster, Tiles::kBM / kFwdCombineRows), kFwdCombineRows * kDv / 8, 0, stream>>>(
-          p, sched, static_cast<int>(grid));
-  return cudaGetLastError();
+  return LaunchFwdGrid<T, kDv, Tiles::kBM, Tiles::kBN, kSplit, kCluster>(
+      AttentionFwdWideKernel<T, kD, kDv, kSplit, kCluster>, 512, Tiles::kSmem, p, sched, grid, stream);
 }
 
 template <typename T, int kD, int kDv>
@@ -190,20 +189,10 @@ cudaError_t LaunchFwdWide(const AttentionFwdParams& p, cudaStream_t stream) {
   if (tiles > INT32_MAX / 2) return cudaErrorInvalidValue;
   int cl = 1;
   if (m_tiles % 2 == 0 && tiles > sms && 2 * FwdWideMaxClusters<T, kD, kDv>() >= sms) cl = 2;
-  const long long units = tiles / cl, slots = sms / cl;
-  const bool split = key_tiles >= 32 && units > slots && units % slots != 0 && p.ws != nullptr &&
-                     p.ws_elems >= 2 * sms * Tiles::kBM * (kDv + 1) &&
-                     (units % slots) * key_tiles * slots < INT32_MAX && slots <= kFwdCombineMaxCtas;
-  FwdSchedule sched{};
-  sched.cluster = cl;
-  sched.units = static_cast<int>(units);
-  if (split) {
-    sched.rounds = static_cast<int>(units / slots);
-    sched.split_tiles = static_cast<int>(units % slots);
-    sched.key_tiles = static_cast<int>(key_tiles);
-    sched.ws = p.ws;
-  }
-  const unsigned grid = static_cast<unsigned>((units < slots ? units : slots) * cl);
+  unsigned grid;  // single tiles: pairs only balance a causal mask's tiles
+  const FwdSchedule sched = FwdPlan(p, m_tiles, key_tiles, Tiles::kBM, kDv, cl, /*uniform=*/true, /*pairs=*/false,
+                                    &grid);
+  const bool split = sched.split_tiles > 0;
   if (cl == 2)
     return split ? LaunchFwdWideKernel<T, kD, kDv, true, 2>(p, sched, grid, stream)
                  : LaunchFwdWideKernel<T, kD, kDv, false, 2>(p, sched, grid, stream);

@@ -326,42 +326,8 @@ __global__ void __launch_bounds__(512, 1)
       inv[h] = l > 0.f ? 1.f / l : 0.f;
       lse[h] = l > 0.f ? (m_run[h] + log2f(l)) * kLn2 : -INFINITY;
     }
-    // The output as AttentionFwdKernel writes it (quad transpose, 16-byte
-    // stores); a piece of a split tile into its workspace slot.
-    if (kSplit && slot >= 0) {
-      float* ws = sched.ws + int64_t(slot) * kBM * (kDv + 1);
-#pragma unroll
-      for (int h = 0; h < 2; ++h) {
-        const int r = 64 * wg + 16 * warp + lane / 4 + 8 * h;
-        if (row0 + 8 * h >= sh.t) continue;
-#pragma unroll
-        for (int e = 0; e < kDv / 8; ++e)
-          *reinterpret_cast<float2*>(ws + r * kDv + 8 * e + 2 * (lane % 4)) =
-              make_float2(o[4 * e + 2 * h] * inv[h], o[4 * e + 2 * h + 1] * inv[h]);
-        if (lane % 4 == 0) ws[kBM * kDv + r] = lse[h];
-      }
-      JAX_DNN_FWD_WIDE_PROBE(tile, 5);
-      continue;
-    }
-#pragma unroll
-    for (int h = 0; h < 2; ++h) {
-      uint32_t x[kDv / 8];
-#pragma unroll
-      for (int e = 0; e < kDv / 8; ++e) x[e] = hopper::PackPair<T>(o[4 * e + 2 * h] * inv[h], o[4 * e + 2 * h + 1] * inv[h]);
-#pragma unroll
-      for (int q = 0; q < kDv / 32; ++q) QuadTranspose(x + 4 * q, lane % 4);
-      const int64_t row = row0 + 8 * h;
-      if (row < sh.t) {
-        T* orow = static_cast<T*>(p.o) + ((b * sh.t + row) * sh.n + n) * sh.hv;
-#pragma unroll
-        for (int q = 0; q < kDv / 32; ++q) {
-          const int col = 8 * (4 * q + lane % 4);
-          if (col < sh.hv)
-            *reinterpret_cast<uint4*>(orow + col) = make_uint4(x[4 * q], x[4 * q + 1], x[4 * q + 2], x[4 * q + 3]);
-        }
-        if (lane % 4 == 0) p.lse[(int64_t(b) * sh.n + n) * sh.t + row] = lse[h];
-      }
-    }
+    FwdStoreRows<T, kBM, kDv, kSplit>(p, sched, slot, o, inv, lse, 64 * wg + 16 * warp + lane / 4, row0, b, n,
+                                      lane);
     JAX_DNN_FWD_WIDE_PROBE(tile, 5);
   }
   if (wg == 0) my_turn();  // the last consumer's last hand-over
