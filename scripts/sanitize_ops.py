@@ -74,18 +74,27 @@ def attention(key):
     fn = functools.partial(jax_dnn.dot_product_attention, is_causal=causal,
                            query_seq_lengths=jnp.array([700, 100, 500]))
     jax.block_until_ready(jax.jit(fn)(q, k, k))
-  # Past 4096 keys the forward takes 176-key tiles (a ragged last one here).
-  q = jax.random.normal(key, (1, 4200, 2, 64), jnp.bfloat16)
-  y, vjp = jax.vjp(jax.jit(jax_dnn.dot_product_attention), q, q, q)
+  # Past 4096 keys the forward takes 176-key tiles (a ragged last one here;
+  # at head dim 64 below 512 queries, else the 192-row kernel).
+  q = jax.random.normal(key, (1, 300, 2, 64), jnp.bfloat16)
+  k = jax.random.normal(key, (1, 4200, 2, 64), jnp.bfloat16)
+  y, vjp = jax.vjp(jax.jit(jax_dnn.dot_product_attention), q, k, k)
   jax.block_until_ready((y, vjp(jnp.ones_like(y))))
-  # The split tail (FwdSchedule), pieces merged by the combine kernel, at
-  # head dim 64: 175 work tiles of 35 176-key tiles (ragged rows and keys; 35
-  # query tiles a head, so single CTAs), then 180 (36 a head: clusters of two
-  # CTAs sharing K and V, 90 units on 66 clusters). At head dim 128 the
-  # 192-row kernel: 175 work tiles (25 a head: single CTAs; the last tile's
-  # third consumer has no rows), then 144 (24 a head: 72 units on 66
-  # clusters); 6000 keys, a ragged last key tile.
-  for t, n, h in ((4400, 5, 64), (4600, 5, 64), (4700, 7, 128), (4608, 6, 128)):
+  # The 192-row kernel at head dim 64 with its backward (ragged rows and keys).
+  q = jax.random.normal(key, (1, 700, 2, 64), jnp.bfloat16)
+  k = jax.random.normal(key, (1, 1000, 2, 64), jnp.bfloat16)
+  y, vjp = jax.vjp(jax.jit(jax_dnn.dot_product_attention), q, k, k)
+  jax.block_until_ready((y, vjp(jnp.ones_like(y))))
+  # The split tail (FwdSchedule), pieces merged by the combine kernel; 6000
+  # keys, a ragged last key tile. At head dim 64 below 512 queries the
+  # 128-row kernel's 176-key tiles: 135 work tiles (3 a head, single CTAs;
+  # ragged rows), then 192 (4 a head: clusters of two CTAs sharing K and V,
+  # 96 units on 66 clusters). The 192-row kernel: at head dim 64, 161 work
+  # tiles (23 a head: single CTAs), then 144 (24 a head: 72 units on 66
+  # clusters); at head dim 128 175 (25 a head; the last tile's third
+  # consumer has no rows), then 144.
+  for t, n, h in ((380, 45, 64), (500, 48, 64), (4400, 7, 64), (4608, 6, 64), (4700, 7, 128),
+                  (4608, 6, 128)):
     q = jax.random.normal(key, (1, t, n, h), jnp.bfloat16)
     k = jax.random.normal(key, (1, 6000, n, h), jnp.bfloat16)
     jax.block_until_ready(jax.jit(jax_dnn.dot_product_attention)(q, k, k))

@@ -94,10 +94,10 @@ PERSISTENT_CASES = {
     # at least 32 key tiles). 133 tiles: one split tile, in 32 pieces of one
     # key tile (most CTAs' ranges empty).
     "split_one_tile": ((1, 2432, 4096, 7, 7, 128, 128), {}),
-    # 176-key tiles, rows and keys not multiples of the tiles (6000).
-    "split_176_ragged": ((1, 6000, 6000, 4, 2, 64, 64), {}),
-    # 12 split tiles of 32 key tiles over 132 CTAs, GQA.
-    "split_d64_gqa": ((1, 1024, 4096, 18, 9, 64, 64), {}),
+    # 176-key tiles (head dim 64 below 512 queries, else the 192-row
+    # kernel), rows and keys not multiples of the tiles; 3 query tiles a
+    # head (odd: single CTAs), 144 work tiles.
+    "split_176_ragged": ((1, 380, 6000, 48, 24, 64, 64), {}),
     "split_f16_d192_128": ((1, 1024, 2048, 18, 6, 192, 128), dict(dtype=jnp.float16)),
     # Clusters of two CTAs sharing K/V loads (176-key tiles, no mask, an even
     # number of query tiles; at head dim 128 only up to 4096 queries, past
@@ -105,7 +105,7 @@ PERSISTENT_CASES = {
     # the second CTA's half of it (rows 88..175) lies wholly past the keys.
     "cluster_oob_half": ((1, 2048, 5000, 12, 4, 128, 128), {}),
     # With the split tail: 72 units of two tiles on 66 clusters.
-    "cluster_split_d64": ((1, 2304, 6000, 8, 8, 64, 64), {}),
+    "cluster_split_d64": ((1, 500, 6000, 36, 36, 64, 64), {}),
     "cluster_split_f16": ((1, 2304, 6000, 8, 2, 128, 128), dict(dtype=jnp.float16)),
     # The 192-row kernel (head dims 128, more than 4096 keys and queries, no
     # mask). Clusters and the split tail (B = 2, GQA: 288 tiles, 144 units
@@ -121,6 +121,15 @@ PERSISTENT_CASES = {
     # Clusters without a split (264 tiles: 2 rounds of 66 clusters), value
     # head dim 80 (padded to 128) under a query head dim of 128.
     "wide_cluster_hv80": ((1, 4608, 4608, 11, 11, 128, 80), {}),
+    # The 192-row kernel at head dim 64 (from 512 keys and queries): 5
+    # query tiles a head (odd: single CTAs; the last one's 132 rows leave
+    # the third consumer 4), 135 tiles: the split tail, GQA.
+    "wide_d64_split_gqa": ((1, 900, 4096, 27, 9, 64, 64), {}),
+    # Clusters and the split (192 tiles, 96 units on 66 clusters); the last
+    # key tile holds 20 keys.
+    "wide_d64_cluster_split": ((2, 2304, 4500, 8, 4, 64, 64), {}),
+    # fp16, head dim 48 (padded to 64), 128 tiles: one round, no split.
+    "wide_d64_f16_d48": ((1, 1536, 1536, 16, 16, 48, 48), dict(dtype=jnp.float16)),
     # Head dim 128 past 4096 keys and queries with key lengths: 176-key
     # tiles in persistent pairs (the 192-row kernel takes no lengths).
     "lengths_176": ((2, 4224, 4500, 3, 1, 128, 128), dict(kv_lens=[4100, 4321])),

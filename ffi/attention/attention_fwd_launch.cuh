@@ -200,13 +200,24 @@ cudaError_t LaunchFwdWide(const AttentionFwdParams& p, cudaStream_t stream) {
                : LaunchFwdWideKernel<T, kD, kDv, false, 1>(p, sched, grid, stream);
 }
 
+// Where the 192-row kernel runs (head dims kD = Dv = 128 or 64; no mask).
+// A/B against the 128-row kernel, time a call (fwd_ab.sh, T = S, B = 16384 /
+// S, 16 heads; RESULTS.md): at 128, session 40 (H200): 0.72-0.91 at S =
+// 4608-7000, 0.94-1.03 at 8192, 0.98-0.99 at 16384; at 64, session 42
+// (H100): 0.89 / 0.98 / 0.93 / 0.95 at S = 512 / 1024 / 2048 / 4096,
+// 0.81-0.89 at 4608-6000, 0.965-0.974 at 8192-16384 (why: the kernel's
+// notes). (_fwd_ws_shape in jax_dnn/_src/attention.py mirrors this test.)
+inline bool FwdWideTakes(int d, int64_t s, int64_t t) {
+  return d == 64 ? s >= 512 && t >= 512 : s > 4096 && t > 4096;
+}
+
 template <typename T, int kD, int kDv>
 cudaError_t LaunchFwdDims(const AttentionFwdParams& p, cudaStream_t stream) {
   if constexpr (kD <= 128 && kDv <= 128) {
     if (FwdNeedsGeneral(p.mask, p.softcap, p.scale)) return LaunchFwdTiles<T, kD, kDv, 128, true>(p, stream);
     // 176-key tiles (FwdTiles) only where rows see every key of a long
-    // sequence (at head dims 128 past 4096 queries too without lengths, the
-    // 192-row kernel below); 128 keys otherwise. With a causal mask or a window, 128 keys
+    // sequence (where FwdWideTakes without lengths, the 192-row kernel
+    // below); 128 keys otherwise. With a causal mask or a window, 128 keys
     // match the 128-row tiles and waste less at the diagonal. Without one,
     // an A/B on H200 (2026-11-22, B*S = 16384, non-causal, ratio to cuDNN,
     // 128 -> 176 keys) favoured 128 up to S = 4096 (D = 128: 0.99 -> 0.78 at
@@ -214,13 +225,13 @@ cudaError_t LaunchFwdDims(const AttentionFwdParams& p, cudaStream_t stream) {
     // 0.64 at 512) and 176 beyond (D = 128: 0.95 -> 0.97 at 8192, 0.98 ->
     // 1.00 at 16384; D = 64: 0.92 -> 0.95, 0.95 -> 0.97).
     const bool banded = p.mask.causal || p.mask.window_left >= 0 || p.mask.window_right >= 0;
-    // Head dims 128 past 4096 keys and queries without a mask: 192-row
-    // tiles (attention_fwd_wide.cuh). Measured with T = S only; with few
-    // queries a 192-row tile wastes more rows than a 128-row one, so
-    // shorter T keeps the 128-row kernel until an A/B says otherwise.
-    // (_fwd_ws_shape in jax_dnn/_src/attention.py mirrors this test.)
-    if constexpr (kD == 128 && kDv == 128)
-      if (FwdUniformKeys(p.mask) && p.shape.s > 4096 && p.shape.t > 4096)
+    // Without a mask, 192-row tiles (attention_fwd_wide.cuh) at head dims
+    // 128 past 4096 keys and queries, and at head dims 64 from 512 keys and
+    // queries (FwdWideTakes). Measured with T = S only; with few queries a
+    // 192-row tile wastes more rows than a 128-row one, so shorter T keeps
+    // the 128-row kernel until an A/B says otherwise.
+    if constexpr ((kD == 128 && kDv == 128) || (kD == 64 && kDv == 64))
+      if (FwdUniformKeys(p.mask) && FwdWideTakes(kD, p.shape.s, p.shape.t))
         return LaunchFwdWide<T, kD, kDv>(p, stream);
     return banded || p.shape.s <= 4096 ? LaunchFwdTiles<T, kD, kDv, 128, false>(p, stream)
                                        : LaunchFwdTiles<T, kD, kDv, 176, false>(p, stream);

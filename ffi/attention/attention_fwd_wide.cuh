@@ -1,10 +1,11 @@
 // Flash attention forward for Hopper with 192-row work tiles: three
 // consumer warpgroups of 64 rows share each K and V tile. The launcher
-// takes it for head dims 128 on the lean path where every query tile sees
-// every key (FwdUniformKeys, not FwdNeedsGeneral) past 4096 keys and
-// queries; all else goes to AttentionFwdKernel (attention_fwd.cuh), whose
-// schedule (FwdSchedule: persistent grid, split tail, clusters of two CTAs
-// sharing K/V loads) and tile indices (FwdTileInfo) it shares.
+// takes it on the lean path where every query tile sees every key
+// (FwdUniformKeys, not FwdNeedsGeneral) at head dims 128 past 4096 keys and
+// queries, and at head dims 64 from 512 (FwdWideTakes); all else goes to
+// AttentionFwdKernel (attention_fwd.cuh), whose schedule (FwdSchedule:
+// persistent grid, split tail, clusters of two CTAs sharing K/V loads) and
+// tile indices (FwdTileInfo) it shares.
 //
 // Why: AttentionFwdKernel's 128-row tiles at 176 keys and this kernel's
 // 192 x 128 both keep the tensor cores ~83% busy (fwd_trace, H200: ~3420
@@ -15,15 +16,20 @@
 // against AttentionFwdKernel (fwd_ab.sh, T = S, B = 16384 / S rounded down,
 // 16 heads): S = 8192 0.94-1.03 (clocks move +-5% between runs there),
 // 16384 0.98-0.99, and 0.72-0.91 at S = 4608, 5000, 6000, 7000
-// (RESULTS.md, session 40).
+// (RESULTS.md, session 40). At head dim 64 a tile's softmax takes longer
+// than one consumer's two GEMMs (its exponentials alone as long: the SFU's
+// 16 a clock an SM against 2048 FMAs, a score costing D + Dv = 128 FMAs),
+// so the GEMMs of one other consumer cannot hide it, two can: session 42
+// (H100) measured 0.89-0.98 of the 128-row kernel's time at S = 512-4096,
+// 0.81-0.89 at 4608-6000 and 0.965-0.974 at 8192-16384.
 //
 // Registers: 512 threads leave 160 a consumer thread, which hold O (64
-// floats) and S (64) of a 128-key tile but not also the previous tile's P
-// fragments (32), so a consumer does not overlap its own two GEMMs
-// (AttentionFwdKernel's in-warpgroup overlap); the third consumer fills the
-// tensor cores instead: while one runs its softmax, the other two's GEMMs
-// run. (A form with P in shared memory and the overlap took the same
-// cycles and 1-2% more time: session 40.)
+// floats at head dim 128) and S (64) of a 128-key tile but not also the
+// previous tile's P fragments (32), so a consumer does not overlap its own
+// two GEMMs (AttentionFwdKernel's in-warpgroup overlap); the third consumer
+// fills the tensor cores instead: while one runs its softmax, the other
+// two's GEMMs run. (A form with P in shared memory and the overlap took the
+// same cycles and 1-2% more time: session 40.)
 //
 // Roles: warpgroup 0 (producer) -- one thread issues the TMA loads of each
 // consumer's 64 rows of Q (a slot each, loaded for the next tile once its
