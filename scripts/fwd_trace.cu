@@ -4,7 +4,8 @@
 //   nvcc -std=c++17 -O3 -gencode arch=compute_90a,code=sm_90a --expt-relaxed-constexpr \
 //     -I. scripts/fwd_trace.cu ffi/attention/attention_tma.cu -o build/fwd_trace
 //   build/fwd_trace [S=8192] [causal|x] [D=128] [dump]
-// FWD_B / FWD_N set the batch and head count; FWD_ONCE=1 launches once and
+// FWD_B / FWD_N set the batch and head count, FWD_T the queries (T <= S,
+// default S; the TFLOP/s printed assume T = S); FWD_ONCE=1 launches once and
 // stops (for compute-sanitizer).
 // With a fourth argument the output and logsumexp go to that file (raw), to
 // compare two builds of the kernel byte for byte.
@@ -78,6 +79,8 @@ int main(int argc, char** argv) {
   const char* env_b = std::getenv("FWD_B");
   const char* env_n = std::getenv("FWD_N");
   const long long b = env_b ? std::atoll(env_b) : 16384 / s, n = env_n ? std::atoll(env_n) : 2048 / d;
+  const char* env_t = std::getenv("FWD_T");  // queries (<= S; default S)
+  const long long t = env_t ? std::min(std::atoll(env_t), s) : s;
   const long long elems = b * s * n * d;
   __nv_bfloat16 *q, *k, *v, *o;
   float* lse;
@@ -91,7 +94,7 @@ int main(int argc, char** argv) {
   Fill<<<1024, 256>>>(v, elems, 3);
   AttentionFwdParams p{};
   p.dtype = DType::kBF16;
-  p.shape = AttentionShape{b, s, s, n, n, d, d};
+  p.shape = AttentionShape{b, t, s, n, n, d, d};
   p.mask.causal = causal;
   p.scale = 1.f / std::sqrt(float(d));
   p.softcap = 0.f;
@@ -208,6 +211,16 @@ int main(int argc, char** argv) {
               "epilogue %.0f, gap %.0f; whole %.0f\n",
               Median(qwait), Median(pro), Median(loop), Median(lastpv), Median(epi), Median(gap),
               Median(whole));
+  {  // A spread of CTA ends: more tiles on some CTAs, or slow tiles?
+    std::vector<int> per(tiles_of);
+    std::sort(per.begin(), per.end());
+    std::vector<double> w(whole);
+    std::sort(w.begin(), w.end());
+    if (!w.empty())
+      std::printf("work tiles a CTA: min %d, median %d, max %d; whole (cycles): 90%% %.0f, 99%% %.0f, "
+                  "max %.0f\n", per.front(), per[per.size() / 2], per.back(), w[w.size() * 9 / 10],
+                  w[w.size() * 99 / 100], w.back());
+  }
   std::vector<double> nt, qw, rest;  // the last P V phase, split where probes 6 and 7 are
   for (int c = 0; c < ctas; ++c)
     for (int r = 1; r <= 2; ++r)
