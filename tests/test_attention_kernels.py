@@ -104,7 +104,8 @@ PERSISTENT_CASES = {
     # them the 192-row kernel). 5000 keys: the last key tile holds 72, so
     # the second CTA's half of it (rows 88..175) lies wholly past the keys.
     "cluster_oob_half": ((1, 2048, 5000, 12, 4, 128, 128), {}),
-    # With the split tail: 72 units of two tiles on 66 clusters.
+    # With the split tail: 72 units of two tiles on 66 clusters (head dim 64
+    # below 512 queries: the 128-row kernel).
     "cluster_split_d64": ((1, 500, 6000, 36, 36, 64, 64), {}),
     "cluster_split_f16": ((1, 2304, 6000, 8, 2, 128, 128), dict(dtype=jnp.float16)),
     # The 192-row kernel (head dims 128, more than 4096 keys and queries, no

@@ -1,6 +1,7 @@
 // Flash attention forward for Hopper: o = softmax(logits) v and lse.
-// (At head dims 128 past 4096 keys without a mask the launcher takes
-// AttentionFwdWideKernel instead: 192-row tiles, attention_fwd_wide.cuh.)
+// (Without a mask, at head dims 128 past 4096 keys and queries and at head
+// dims 64 from 512, the launcher takes AttentionFwdWideKernel instead:
+// 192-row tiles, attention_fwd_wide.cuh; FwdWideTakes.)
 //
 // One CTA computes 128 query rows of one (batch, head) in three warpgroups:
 //   warpgroup 0 (producer): one thread issues TMA loads -- each consumer's

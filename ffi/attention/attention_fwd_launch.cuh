@@ -94,7 +94,7 @@ inline FwdSchedule FwdPlan(const AttentionFwdParams& p, long long m_tiles, long 
 // kCluster): for the lean path without a mask at 176-key tiles (S > 4096).
 // Those are where the forward is long enough for the power cap to set the
 // clock; elsewhere the extra instantiations would not pay for their build.
-// (At head dims 128 the 192-row kernel takes T > 4096 too.)
+// (The 192-row kernel takes most of those: FwdWideTakes.)
 template <int kBN, bool kGeneral>
 constexpr bool kFwdClusterBuilt = !kGeneral && kBN == 176;
 
