@@ -284,6 +284,26 @@ def test_cuda_lowering_backward_path(h, kwargs, fused):
   assert acc in hlo
 
 
+# The forward's split-tail workspace follows the launcher's choice of kernel
+# (FwdWideTakes in ffi/attention/attention_fwd_launch.cuh): 192 rows a work
+# tile at head dims 64 from 512 keys and queries and at 128 past 4096, else
+# 128; none under a causal mask. More work tiles than 132 SMs in each case.
+@pytest.mark.parametrize("t, s, n, h, rows", [
+    (900, 4096, 27, 64, 192),   # 135 work tiles of 192 rows
+    (380, 6000, 48, 64, 128),   # below 512 queries: 144 of 128 rows (176 keys)
+    (4097, 4097, 7, 128, 192),  # 154 of 192 rows
+    (4096, 8192, 5, 128, 128),  # 4096 queries: 160 of 128 rows (176 keys)
+])
+def test_cuda_lowering_forward_workspace(t, s, n, h, rows):
+  q = jax.ShapeDtypeStruct((1, t, n, h), jnp.bfloat16)
+  kv = jax.ShapeDtypeStruct((1, s, n, h), jnp.bfloat16)
+  ws = f"tensor<{2 * 132 * rows * (h + 1)}xf32>"
+  assert ws in cuda_hlo(jax_dnn.dot_product_attention, q, kv, kv)
+  causal = functools.partial(jax_dnn.dot_product_attention, is_causal=True)
+  hlo = cuda_hlo(causal, q, kv, kv)
+  assert "jax_dnn_attention_fwd" in hlo and ws not in hlo
+
+
 def test_flax_multi_head_attention(device):
   x = randn(9, (2, 3, 5, 32), jnp.float32)
   mask = nnx.make_causal_mask(jnp.ones((2, 3, 5)))
