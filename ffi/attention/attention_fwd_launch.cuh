@@ -200,13 +200,10 @@ cudaError_t LaunchFwdWide(const AttentionFwdParams& p, cudaStream_t stream) {
                : LaunchFwdWideKernel<T, kD, kDv, false, 1>(p, sched, grid, stream);
 }
 
-// Where the 192-row kernel runs (head dims kD = Dv = 128 or 64; no mask).
-// A/B against the 128-row kernel, time a call (fwd_ab.sh, T = S, B = 16384 /
-// S, 16 heads; RESULTS.md): at 128, session 40 (H200): 0.72-0.91 at S =
-// 4608-7000, 0.94-1.03 at 8192, 0.98-0.99 at 16384; at 64, session 42
-// (H100): 0.89 / 0.98 / 0.93 / 0.95 at S = 512 / 1024 / 2048 / 4096,
-// 0.81-0.89 at 4608-6000, 0.965-0.974 at 8192-16384 (why: the kernel's
-// notes). (_fwd_ws_shape in jax_dnn/_src/attention.py mirrors this test.)
+// Where the 192-row kernel runs (head dims kD = Dv = 128 or 64; no mask):
+// the lengths its A/B against the 128-row kernel covered (the numbers and
+// why: attention_fwd_wide.cuh's notes). (_fwd_ws_shape in
+// jax_dnn/_src/attention.py mirrors this test.)
 inline bool FwdWideTakes(int d, int64_t s, int64_t t) {
   return d == 64 ? s >= 512 && t >= 512 : s > 4096 && t > 4096;
 }
