@@ -382,10 +382,12 @@ def main(argv=None):
   configs = []
   for d in args.head_dims:
     for s in args.seqlens:
-      if args.hidden % d or args.tokens % s:
-        print(f"  skipping D={d} S={s}: N*D={args.hidden} and B*S={args.tokens} must divide",
+      if args.hidden % d or s > args.tokens:
+        print(f"  skipping D={d} S={s}: N*D={args.hidden} must divide and S <= B*S={args.tokens}",
               flush=True)
         continue
+      if args.tokens % s:  # a ragged length (S % 128 != 0, say): B = floor(tokens / S)
+        print(f"  D={d} S={s}: B={args.tokens // s}, B*S={args.tokens // s * s}", flush=True)
       configs.extend((d, s, c) for c in args.causal)
 
   t_start = time.perf_counter()

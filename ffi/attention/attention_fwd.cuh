@@ -323,6 +323,12 @@ __global__ void __launch_bounds__(384, 1)
   // instantiation 4% slower with it (2.31 -> 2.41 ms, S = 8192), so that one
   // keeps the per-tile test.
   constexpr bool kRangeTest = !(kD <= 64 && kBN > 128);
+  // The last row of the 64 from r0 that the mask must see. Rows past T are
+  // never stored, so they may take the unmasked path: without the clamp, the
+  // consumer of a ragged last query tile (T % 128 != 0) sent every key tile
+  // through the mask. Rows past a shorter query length (q_lens) stay masked:
+  // q_limit is below T there.
+  auto last_row = [&](int64_t r0) { return min(r0 + 63, sh.t - 1); };
 
   const int tid = threadIdx.x;
   // A K/V stage is released by every consumer thread; in a cluster, by each
@@ -382,7 +388,7 @@ __global__ void __launch_bounds__(384, 1)
         for (int h = 0; h < 2; ++h) {
           f->mask_lo[h] = f->mask_hi[h] = 0;
           if constexpr (kRangeTest)
-            UnmaskedKeyTiles(c, w.m0 + 64 * h, w.m0 + 64 * h + 63, kBN, &f->mask_lo[h], &f->mask_hi[h]);
+            UnmaskedKeyTiles(c, w.m0 + 64 * h, last_row(w.m0 + 64 * h), kBN, &f->mask_lo[h], &f->mask_hi[h]);
         }
       };
       // Q half u (FwdQSlot) of tile t (u / 2), once the slot's last use is
@@ -552,7 +558,7 @@ __global__ void __launch_bounds__(384, 1)
     const int64_t j0 = int64_t(j) * kBN;
     const int64_t wg_r0 = tl.w.m0 + 64 * wg;
     const bool need_mask = kRangeTest ? j < tl.mask_lo || j >= tl.mask_hi
-                                      : TileNeedsMask(tl.c, wg_r0, wg_r0 + 63, j0, j0 + kBN - 1);
+                                      : TileNeedsMask(tl.c, wg_r0, last_row(wg_r0), j0, j0 + kBN - 1);
     // The lean path leaves the scale to SoftmaxStep's FFMA (the launcher
     // sends scale <= 0 to the general path).
     Logits<kBN, false, kGeneral, false>(sc, tl.c, tl.row0, j0 + 2 * (lane % 4), need_mask);
