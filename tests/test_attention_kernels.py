@@ -323,6 +323,30 @@ def test_single_pass_d64(gpu, dtype, h, hv):
   check_fwd_bwd(gpu, ours, naive, (q, k, v), dtype, what=f"attention single pass {h}/{hv}")
 
 
+# Keys not a multiple of the key tile, and every logit of some rows far
+# below 0 (lse < -88: exp(-lse) overflows fp32), by a bias (the general path)
+# or by queries and keys of opposite means (the lean path). The backward
+# leaves the last key tile's keys past S out of the mask and zeroes their
+# probabilities instead; left at exp(0 - lse) they were inf there, and inf
+# times K's zero rows put NaN into dQ.
+@pytest.mark.parametrize("deterministic", [False, True], ids=["single_pass", "split"])
+@pytest.mark.parametrize("how", ["bias", "lean"])
+@pytest.mark.parametrize("h", [64, 128])
+def test_backward_far_negative_logits_ragged_keys(gpu, h, how, deterministic):
+  b, t, s, n, kh = 1, 200, 300, 2, 1
+  q, k, v = qkv(19, b, t, s, n, kh, h, jnp.bfloat16)
+  if how == "lean":
+    q, k = q + 5, k * 0.3 - 3  # q.k / sqrt(h) near -15 sqrt(h)
+    kwargs, bias = {}, None
+  else:
+    bias = jnp.zeros((b, n, t, s), jnp.float32).at[:, :, :100, :].set(-200.0)
+    kwargs = dict(bias=bias)
+  ours = functools.partial(jax_dnn.dot_product_attention, deterministic_backward=deterministic,
+                           **kwargs)
+  naive = lambda q, k, v: naive_attention(q, k, v, bias)
+  check_fwd_bwd(gpu, ours, naive, (q, k, v), jnp.bfloat16, what=f"attention far negative {how}")
+
+
 def test_deterministic_backward(gpu):
   q, k, v = qkv(15, 1, 777, 777, 4, 1, 128, jnp.bfloat16)
   g = jax.jit(jax.grad(lambda *a: jnp.sum(jax_dnn.dot_product_attention(
