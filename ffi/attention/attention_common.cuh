@@ -160,6 +160,38 @@ __device__ __forceinline__ void QueryTiles(const ScoreCtx& c, int64_t c0, int64_
   *end = static_cast<int>(hi / tile + 1);
 }
 
+// The lean path's mask (no segments, mask array or bias) on one m64nN
+// accumulator fragment of rows row0, row0 + 8 (not transposed): -inf outside
+// each row's allowed keys, which under lengths, a causal mask and a window
+// are one interval [lo, hi). Found once per row, relative to the thread's
+// first column col0, so that a score costs an add, an unsigned compare
+// against the interval's width and a select; Logits' per-score test of
+// every condition is several times that, on the tiles (causal diagonals,
+// ragged ends) that take it.
+template <int kN>
+__device__ __forceinline__ void MaskRowIntervals(float (&s)[kN / 2], const ScoreCtx& c, int64_t row0,
+                                                 int64_t col0) {
+  int lo[2], width[2];
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    const int64_t i = row0 + 8 * h;
+    int64_t a = 0, b = c.kv_limit;  // allowed columns [a, b)
+    if (c.causal) b = min(b, i + 1);
+    if (c.wr >= 0) b = min(b, i + c.wr + 1);
+    if (c.wl >= 0) a = max(a, i - c.wl);
+    if (i >= c.q_limit) b = a;
+    // Relative to col0 and clamped to the fragment's kN columns: 32 bits.
+    const int64_t ra = min(max(a - col0, int64_t(0)), int64_t(kN));
+    const int64_t rb = min(max(b - col0, ra), int64_t(kN));
+    lo[h] = static_cast<int>(ra), width[h] = static_cast<int>(rb - ra);
+  }
+#pragma unroll
+  for (int e = 0; e < kN / 2; ++e) {
+    const int h = (e >> 1) & 1, off = 8 * (e >> 2) + (e & 1);
+    if (static_cast<unsigned>(off - lo[h]) >= static_cast<unsigned>(width[h])) s[e] = -INFINITY;
+  }
+}
+
 // Turns one m64nN wgmma accumulator fragment of raw scores q.k into logits in
 // log2 units (-inf where masked). Element e of the fragment sits at fragment
 // row row0 + 8 * ((e / 2) % 2) and column col0 + 8 * (e / 4) + e % 2 (the

@@ -561,7 +561,10 @@ __global__ void __launch_bounds__(384, 1)
                                       : TileNeedsMask(tl.c, wg_r0, last_row(wg_r0), j0, j0 + kBN - 1);
     // The lean path leaves the scale to SoftmaxStep's FFMA (the launcher
     // sends scale <= 0 to the general path).
-    Logits<kBN, false, kGeneral, false>(sc, tl.c, tl.row0, j0 + 2 * (lane % 4), need_mask);
+    if constexpr (kGeneral)
+      Logits<kBN, false, true>(sc, tl.c, tl.row0, j0 + 2 * (lane % 4), need_mask);
+    else if (need_mask)
+      MaskRowIntervals<kBN>(sc, tl.c, tl.row0, j0 + 2 * (lane % 4));
     SoftmaxStep<kBN>(sc, kGeneral ? 1.f : tl.c.scale_log2, m_run, l_run, corr);
   };
   auto pack = [&] {
