@@ -10,10 +10,11 @@
 # and each variant's median cycles a work tile. A variant whose attention.h
 # has the split tail's workspace gets one (-DJAX_DNN_FWD_HAS_WS).
 #   VARIANTS="base new" SHAPES="8192_x_128 2048_causal_128" bash scripts/fwd_ab.sh
+# (FWD_T=2000 for ragged queries; FWD_AB_BUILT=1 skips the build in a second run.)
 VARIANTS=${VARIANTS:-base new}
 cd "$(dirname "$0")/.."
 mkdir -p build; F="-std=c++17 -O3 -gencode arch=compute_90a,code=sm_90a --expt-relaxed-constexpr -I. scripts/fwd_trace.cu ffi/attention/attention_tma.cu"
-[ -n "$FWD_AB_BUILT" ] || for v in $VARIANTS; do  # FWD_AB_BUILT=1: reuse build/ from the last call
+[ -n "$FWD_AB_BUILT" ] || for v in $VARIANTS; do  # FWD_AB_BUILT=1: reuse the builds of an earlier run in this call
   W=$(grep -q ws_elems ab_$v/ffi/attention/attention.h && echo -DJAX_DNN_FWD_HAS_WS)  # the split tail's workspace
   (cd ab_$v && nvcc $F $W -DFWD_TRACE_OFF -o ../build/$v 2>&1 | grep -i error) &
   (cd ab_$v && nvcc $F $W -o ../build/${v}_tr 2>&1 | grep -i error) &
