@@ -154,8 +154,8 @@ def _fwd_ws_shape(q, k, v, *, present, is_causal, window, **params):
   # LaunchFwdDims (FwdWideTakes): the 192-row kernel (128-key tiles) past
   # 4096 keys and queries at head dims 128, from 512 at head dims 64; a
   # symbolic T is sized for it (larger).
-  def at_least(n):
-    return t >= n if isinstance(t, int) else True
+  def at_least(rows):  # (not `n`: the heads above)
+    return t >= rows if isinstance(t, int) else True
 
   wide = ((d == dv == 128 and s > 4096 and at_least(4097))
           or (d == dv == 64 and s >= 512 and at_least(512)))
