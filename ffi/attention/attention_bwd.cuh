@@ -79,7 +79,7 @@ __device__ __forceinline__ float Log2Lse(float lse) {
 // e's row lse in log2 units. The lean path forms logit - lse2 in one FFMA
 // (s * scale_log2 - lse2) and only then masks (-inf, which exp2 takes to 0,
 // whatever the scale's sign); the general path goes through Logits.
-template <int kN, bool kTransposed, bool kGeneral, typename Lse2>
+template <int kN, bool kTransposed, bool kGeneral, bool kIntervals = true, typename Lse2>
 __device__ __forceinline__ void Probabilities(float (&s)[kN / 2], const ScoreCtx& c, int64_t row0,
                                               int64_t col0, bool need_mask, Lse2 lse2) {
   if constexpr (kGeneral) {
@@ -89,7 +89,11 @@ __device__ __forceinline__ void Probabilities(float (&s)[kN / 2], const ScoreCtx
   } else {
 #pragma unroll
     for (int e = 0; e < kN / 2; ++e) s[e] = fmaf(s[e], c.scale_log2, -lse2(e));
-    if (need_mask) Logits<kN, kTransposed, false, false>(s, c, row0, col0, true);
+    if constexpr (kIntervals) {
+      if (need_mask) MaskRowIntervals<kN, kTransposed>(s, c, row0, col0);
+    } else {
+      if (need_mask) Logits<kN, kTransposed, false, false>(s, c, row0, col0, true);
+    }
 #pragma unroll
     for (int e = 0; e < kN / 2; ++e) s[e] = hopper::Exp2(s[e]);
   }
@@ -685,8 +689,8 @@ __global__ void __launch_bounds__(384, 1)
       hopper::WgmmaWait<1>();
       hopper::FenceRegisters(st);
       const bool need_mask = TileNeedsMask(c, q0, q0 + kBQ - 1, wg_r0, wg_r1);
-      Probabilities<kBQ, true, kGeneral>(st, c, row0, col0, need_mask,
-                                         [&](int e) { return RowPair(lse_s, e); });  // P^T
+      Probabilities<kBQ, true, kGeneral, false>(st, c, row0, col0, need_mask,
+                                                [&](int e) { return RowPair(lse_s, e); });  // P^T
 #pragma unroll
       for (int kk = 0; kk < kBQ / 16; ++kk)
 #pragma unroll

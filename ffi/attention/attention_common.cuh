@@ -161,25 +161,35 @@ __device__ __forceinline__ void QueryTiles(const ScoreCtx& c, int64_t c0, int64_
 }
 
 // The lean path's mask (no segments, mask array or bias) on one m64nN
-// accumulator fragment of rows row0, row0 + 8 (not transposed): -inf outside
-// each row's allowed keys, which under lengths, a causal mask and a window
-// are one interval [lo, hi). Found once per row, relative to the thread's
-// first column col0, so that a score costs an add, an unsigned compare
-// against the interval's width and a select; Logits' per-score test of
-// every condition is several times that, on the tiles (causal diagonals,
-// ragged ends) that take it.
-template <int kN>
+// accumulator fragment of rows row0, row0 + 8: -inf outside each row's
+// allowed columns, which under lengths, a causal mask and a window are one
+// interval [lo, hi). Found once per row, relative to the thread's first
+// column col0, so that a score costs an add, an unsigned compare against
+// the interval's width and a select; Logits' per-score test of every
+// condition is several times that, on the tiles (causal diagonals, ragged
+// ends) that take it. With kTransposed the fragment is S^T: a row is a key
+// j, its columns queries i (allowed: i >= j causal, j - wr <= i <= j + wl).
+template <int kN, bool kTransposed = false>
 __device__ __forceinline__ void MaskRowIntervals(float (&s)[kN / 2], const ScoreCtx& c, int64_t row0,
                                                  int64_t col0) {
   int lo[2], width[2];
 #pragma unroll
   for (int h = 0; h < 2; ++h) {
-    const int64_t i = row0 + 8 * h;
-    int64_t a = 0, b = c.kv_limit;  // allowed columns [a, b)
-    if (c.causal) b = min(b, i + 1);
-    if (c.wr >= 0) b = min(b, i + c.wr + 1);
-    if (c.wl >= 0) a = max(a, i - c.wl);
-    if (i >= c.q_limit) b = a;
+    const int64_t r = row0 + 8 * h;
+    int64_t a = 0, b;  // allowed columns [a, b)
+    if constexpr (!kTransposed) {  // r: query i; columns: keys j
+      b = c.kv_limit;
+      if (c.causal) b = min(b, r + 1);
+      if (c.wr >= 0) b = min(b, r + c.wr + 1);
+      if (c.wl >= 0) a = max(a, r - c.wl);
+      if (r >= c.q_limit) b = a;
+    } else {  // r: key j; columns: queries i
+      b = c.q_limit;
+      if (c.causal) a = max(a, r);
+      if (c.wr >= 0) a = max(a, r - c.wr);
+      if (c.wl >= 0) b = min(b, r + c.wl + 1);
+      if (r >= c.kv_limit) b = a;
+    }
     // Relative to col0 and clamped to the fragment's kN columns: 32 bits.
     const int64_t ra = min(max(a - col0, int64_t(0)), int64_t(kN));
     const int64_t rb = min(max(b - col0, ra), int64_t(kN));

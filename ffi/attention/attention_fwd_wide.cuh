@@ -294,8 +294,13 @@ __global__ void __launch_bounds__(512, 1)
           for (int x = 0; x < 4; ++x)
             if (c0 + 8 * e + (x & 1) >= kv_limit) sc[4 * e + x] = -INFINITY;
       }
-      SoftmaxStep<kBN>(sc, scale_log2, m_run, l_run, corr);
-      if (it > 0) {
+      // The lazy rescale at head dims above 64 (SoftmaxStepLazy says why).
+      bool rescale = true;
+      if constexpr (kD > 64)
+        rescale = SoftmaxStepLazy<kBN, 8>(sc, scale_log2, m_run, l_run, corr);
+      else
+        SoftmaxStep<kBN>(sc, scale_log2, m_run, l_run, corr);
+      if (it > 0 && rescale) {
 #pragma unroll
         for (int e = 0; e < kDv / 2; ++e) o[e] *= corr[(e >> 1) & 1];
       }
