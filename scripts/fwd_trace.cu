@@ -3,7 +3,7 @@
 // (the persistent grid's tail). Build and run on the GPU machine:
 //   nvcc -std=c++17 -O3 -gencode arch=compute_90a,code=sm_90a --expt-relaxed-constexpr \
 //     -I. scripts/fwd_trace.cu ffi/attention/attention_tma.cu -o build/fwd_trace
-//   build/fwd_trace [S=8192] [causal|x] [D=128] [dump]
+//   build/fwd_trace [S=8192] [causal|x] [D=128: 64, 128, 192 or 256] [dump]
 // FWD_B / FWD_N set the batch and head count, FWD_T the queries (T <= S,
 // default S; the TFLOP/s printed assume T = S); FWD_ONCE=1 launches once and
 // stops (for compute-sanitizer).
@@ -109,6 +109,7 @@ int main(int argc, char** argv) {
   CHECK(cudaStreamCreate(&stream));
   auto launch = [&] {
     if (d == 64) return attention::LaunchFwdDims<__nv_bfloat16, 64, 64>(p, stream);
+    if (d == 192) return attention::LaunchFwdDims<__nv_bfloat16, 192, 192>(p, stream);
     if (d == 256) return attention::LaunchFwdDims<__nv_bfloat16, 256, 256>(p, stream);
     return attention::LaunchFwdDims<__nv_bfloat16, 128, 128>(p, stream);
   };

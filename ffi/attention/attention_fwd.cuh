@@ -104,9 +104,12 @@ __device__ __forceinline__ void SoftmaxStep(float (&s)[kBN / 2], float scale, fl
 // a new max that large is rare, so nearly every step skips. Measured
 // (fwd_trace, H100, session 44) in AttentionFwdWideKernel at head dim 128:
 // 3.3-3.7% fewer cycles a work tile, 0.92-0.96 of the time a call. Not in
-// AttentionFwdKernel (its output rescale waits for the previous P V there,
-// and the same change measured 1.00-1.08 of the time) nor at head dim 64
-// (6% fewer cycles but 1.02 of the time: the clocks fell).
+// AttentionFwdKernel: at head dims up to 128 it measured 1.00-1.08 of the
+// time; at value head dims 192 and 256 0.90-0.95, but on logits that rise
+// along the keys (test_forward_rising_logits) it doubled the output's error
+// there and put dQ (through delta = rowsum(dO * O)) over the tolerance
+// rule's bound, which the exact max keeps. Not at head dim 64 (6% fewer
+// cycles but 1.02 of the time: the clocks fell).
 template <int kBN, int kSlack>
 __device__ __forceinline__ bool SoftmaxStepLazy(float (&s)[kBN / 2], float scale, float (&m_run)[2],
                                                 float (&l_run)[2], float (&corr)[2]) {
