@@ -98,18 +98,26 @@ __device__ __forceinline__ void SoftmaxStep(float (&s)[kBN / 2], float scale, fl
 // max a row subtracts is raised only when some row of the warp sees a new
 // max more than kSlack (log2 units) above it; otherwise the stale max stays,
 // probabilities reach at most 2^kSlack (fp32 sums, bf16/fp16 P: no
-// overflow, the same relative precision) and the step returns false: the
-// output needs no rescale, and the caller skips its Dv / 2 FMULs a thread.
-// The vote keeps the skip warp-uniform. After a sequence's first key tiles
-// a new max that large is rare, so nearly every step skips. Measured
-// (fwd_trace, H100, session 44) in AttentionFwdWideKernel at head dim 128:
-// 3.3-3.7% fewer cycles a work tile, 0.92-0.96 of the time a call. Not in
-// AttentionFwdKernel: at head dims up to 128 it measured 1.00-1.08 of the
-// time; at value head dims 192 and 256 0.90-0.95, but on logits that rise
-// along the keys (test_forward_rising_logits) it doubled the output's error
-// there and put dQ (through delta = rowsum(dO * O)) over the tolerance
-// rule's bound, which the exact max keeps. Not at head dim 64 (6% fewer
-// cycles but 1.02 of the time: the clocks fell).
+// overflow) and the step returns false: the output needs no rescale, and
+// the caller skips its Dv / 2 FMULs a thread. The vote keeps the skip
+// warp-uniform. After a sequence's first key tiles a new max that large is
+// rare, so nearly every step skips. Measured (fwd_trace, H100, session 44)
+// in AttentionFwdWideKernel at head dim 128: 3.3-3.7% fewer cycles a work
+// tile, 0.92-0.96 of the time a call.
+// The cost is accuracy where a few keys dominate a row: under the exact max
+// the largest probability is 1, exact in bf16; under a stale one it is
+// 2^f, rounded to 8 bits. scripts/lazy_rescale_model.py (the kernel's
+// arithmetic on the host: bf16 P, fp32 sums) on test_forward_rising_logits'
+// data, whose output errors the GPU kernels matched (0.00402 at head dim
+// 128, 0.00802 at 256), heads 0 / 1 at head dim 128: mean error +15% / +15%,
+// max 2.5x / 2.0x before the output's bf16 rounding, +16% / +70% after it;
+// at kSlack 3 the errors after the rounding stay the exact max's (speed at
+// that slack not measured). So not in AttentionFwdKernel: at value head dims 192
+// and 256 it ran 0.90-0.95 of the time, but on that data the output's error
+// doubled and dQ (through delta = rowsum(dO * O)) went over the tolerance
+// rule's bound (0.232 > 0.222; 0.156 with the exact max); at head dims up
+// to 128 it ran 1.00-1.08. Not at head dim 64 either (6% fewer cycles but
+// 1.02 of the time: the clocks fell).
 template <int kBN, int kSlack>
 __device__ __forceinline__ bool SoftmaxStepLazy(float (&s)[kBN / 2], float scale, float (&m_run)[2],
                                                 float (&l_run)[2], float (&corr)[2]) {
