@@ -78,7 +78,8 @@ __device__ __forceinline__ float Log2Lse(float lse) {
 // P = exp2(logit - lse2) over one fragment, in place; lse2(e) gives element
 // e's row lse in log2 units. The lean path forms logit - lse2 in one FFMA
 // (s * scale_log2 - lse2) and only then masks (-inf, which exp2 takes to 0,
-// whatever the scale's sign); the general path goes through Logits.
+// whatever the scale's sign); the general path goes through Logits. The
+// lean mask is MaskRowIntervals' (kIntervals) or Logits' per-score test.
 template <int kN, bool kTransposed, bool kGeneral, bool kIntervals = true, typename Lse2>
 __device__ __forceinline__ void Probabilities(float (&s)[kN / 2], const ScoreCtx& c, int64_t row0,
                                               int64_t col0, bool need_mask, Lse2 lse2) {
@@ -689,6 +690,8 @@ __global__ void __launch_bounds__(384, 1)
       hopper::WgmmaWait<1>();
       hopper::FenceRegisters(st);
       const bool need_mask = TileNeedsMask(c, q0, q0 + kBQ - 1, wg_r0, wg_r1);
+      // Logits' mask here: with MaskRowIntervals this pass measured 2-3%
+      // slower fwd+bwd at D = 64 causal, S = 4096 / 8192 (session 44).
       Probabilities<kBQ, true, kGeneral, false>(st, c, row0, col0, need_mask,
                                                 [&](int e) { return RowPair(lse_s, e); });  // P^T
 #pragma unroll
