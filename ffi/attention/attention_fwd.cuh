@@ -60,6 +60,29 @@ struct FwdTiles {
 // Named barriers of the consumers' ping-pong: consumer w waits on kPingPong + w.
 constexpr int kPingPong = 1;
 
+// Row h's (h = 0, 1) raw score max over the quad that holds it, and the
+// exponentials exp2(s * scale - m_safe) in place with their per-thread sum:
+// the two halves of a softmax step, shared by SoftmaxStep and SoftmaxStepLazy.
+template <int kBN>
+__device__ __forceinline__ float RowMax(const float (&s)[kBN / 2], int h) {
+  float mx = -INFINITY;
+#pragma unroll
+  for (int e = 0; e < kBN / 8; ++e) mx = fmaxf(mx, fmaxf(s[4 * e + 2 * h], s[4 * e + 2 * h + 1]));
+  mx = fmaxf(mx, __shfl_xor_sync(0xffffffff, mx, 1));
+  return fmaxf(mx, __shfl_xor_sync(0xffffffff, mx, 2));
+}
+template <int kBN>
+__device__ __forceinline__ float RowExp2(float (&s)[kBN / 2], int h, float scale, float m_safe) {
+  float sum = 0.f;
+#pragma unroll
+  for (int e = 0; e < kBN / 8; ++e) {
+    s[4 * e + 2 * h] = hopper::Exp2(fmaf(s[4 * e + 2 * h], scale, -m_safe));
+    s[4 * e + 2 * h + 1] = hopper::Exp2(fmaf(s[4 * e + 2 * h + 1], scale, -m_safe));
+    sum += s[4 * e + 2 * h] + s[4 * e + 2 * h + 1];
+  }
+  return sum;
+}
+
 // One key tile's online-softmax step for the two rows (h = 0, 1) a thread
 // holds: s holds scores that become logits (log2 units) when multiplied by
 // `scale` (> 0; 1 when they already are logits). Updates the running max
@@ -73,23 +96,12 @@ __device__ __forceinline__ void SoftmaxStep(float (&s)[kBN / 2], float scale, fl
                                             float (&l_run)[2], float (&corr)[2]) {
 #pragma unroll
   for (int h = 0; h < 2; ++h) {
-    float mx = -INFINITY;
-#pragma unroll
-    for (int e = 0; e < kBN / 8; ++e) mx = fmaxf(mx, fmaxf(s[4 * e + 2 * h], s[4 * e + 2 * h + 1]));
-    mx = fmaxf(mx, __shfl_xor_sync(0xffffffff, mx, 1));
-    mx = fmaxf(mx, __shfl_xor_sync(0xffffffff, mx, 2));
-    mx = fmaxf(m_run[h], mx * scale);
+    const float mx = fmaxf(m_run[h], RowMax<kBN>(s, h) * scale);
     // A row with nothing allowed yet keeps max -inf: subtract 0 instead (p = 0).
     const float m_safe = mx == -INFINITY ? 0.f : mx;
     corr[h] = hopper::Exp2(m_run[h] - m_safe);
     m_run[h] = mx;
-    float sum = 0.f;
-#pragma unroll
-    for (int e = 0; e < kBN / 8; ++e) {
-      s[4 * e + 2 * h] = hopper::Exp2(fmaf(s[4 * e + 2 * h], scale, -m_safe));
-      s[4 * e + 2 * h + 1] = hopper::Exp2(fmaf(s[4 * e + 2 * h + 1], scale, -m_safe));
-      sum += s[4 * e + 2 * h] + s[4 * e + 2 * h + 1];
-    }
+    const float sum = RowExp2<kBN>(s, h, scale, m_safe);
     l_run[h] = l_run[h] * corr[h] + sum;  // per-thread partial; reduced over the quad at the end
   }
 }
@@ -123,14 +135,7 @@ __device__ __forceinline__ bool SoftmaxStepLazy(float (&s)[kBN / 2], float scale
                                                 float (&l_run)[2], float (&corr)[2]) {
   float mx[2];
 #pragma unroll
-  for (int h = 0; h < 2; ++h) {
-    float m = -INFINITY;
-#pragma unroll
-    for (int e = 0; e < kBN / 8; ++e) m = fmaxf(m, fmaxf(s[4 * e + 2 * h], s[4 * e + 2 * h + 1]));
-    m = fmaxf(m, __shfl_xor_sync(0xffffffff, m, 1));
-    m = fmaxf(m, __shfl_xor_sync(0xffffffff, m, 2));
-    mx[h] = fmaxf(m_run[h], m * scale);
-  }
+  for (int h = 0; h < 2; ++h) mx[h] = fmaxf(m_run[h], RowMax<kBN>(s, h) * scale);
   // -inf + kSlack is -inf: a row's first allowed scores always raise its max.
   const bool rescale =
       __any_sync(0xffffffffu, mx[0] > m_run[0] + float(kSlack) || mx[1] > m_run[1] + float(kSlack));
@@ -140,13 +145,7 @@ __device__ __forceinline__ bool SoftmaxStepLazy(float (&s)[kBN / 2], float scale
     const float m_safe = m_use == -INFINITY ? 0.f : m_use;  // nothing allowed yet: p = 0
     corr[h] = rescale ? hopper::Exp2(m_run[h] - m_safe) : 1.f;
     m_run[h] = m_use;
-    float sum = 0.f;
-#pragma unroll
-    for (int e = 0; e < kBN / 8; ++e) {
-      s[4 * e + 2 * h] = hopper::Exp2(fmaf(s[4 * e + 2 * h], scale, -m_safe));
-      s[4 * e + 2 * h + 1] = hopper::Exp2(fmaf(s[4 * e + 2 * h + 1], scale, -m_safe));
-      sum += s[4 * e + 2 * h] + s[4 * e + 2 * h + 1];
-    }
+    const float sum = RowExp2<kBN>(s, h, scale, m_safe);
     l_run[h] = l_run[h] * corr[h] + sum;
   }
   return rescale;
