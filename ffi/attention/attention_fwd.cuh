@@ -113,23 +113,27 @@ __device__ __forceinline__ void SoftmaxStep(float (&s)[kBN / 2], float scale, fl
 // overflow) and the step returns false: the output needs no rescale, and
 // the caller skips its Dv / 2 FMULs a thread. The vote keeps the skip
 // warp-uniform. After a sequence's first key tiles a new max that large is
-// rare, so nearly every step skips. Measured (fwd_trace, H100, session 44)
-// in AttentionFwdWideKernel at head dim 128: 3.3-3.7% fewer cycles a work
-// tile, 0.92-0.96 of the time a call.
+// rare, so nearly every step skips.
 // The cost is accuracy where a few keys dominate a row: under the exact max
 // the largest probability is 1, exact in bf16; under a stale one it is
-// 2^f, rounded to 8 bits. scripts/lazy_rescale_model.py (the kernel's
-// arithmetic on the host: bf16 P, fp32 sums) on test_forward_rising_logits'
-// data, whose output errors the GPU kernels matched (0.00402 at head dim
-// 128, 0.00802 at 256), heads 0 / 1 at head dim 128: mean error +15% / +15%,
-// max 2.5x / 2.0x before the output's bf16 rounding, +16% / +70% after it;
-// at kSlack 3 the errors after the rounding stay the exact max's (speed at
-// that slack not measured). So not in AttentionFwdKernel: at value head dims 192
-// and 256 it ran 0.90-0.95 of the time, but on that data the output's error
-// doubled and dQ (through delta = rowsum(dO * O)) went over the tolerance
-// rule's bound (0.232 > 0.222; 0.156 with the exact max); at head dims up
-// to 128 it ran 1.00-1.08. Not at head dim 64 either (6% fewer cycles but
-// 1.02 of the time: the clocks fell).
+// 2^f, rounded to 8 bits. A small slack keeps that rare. At slack 8, on
+// test_forward_rising_logits' data (logits that rise along the keys), the
+// output's error grew 16% at head dim 128 (0.00402 against 0.00347) and
+// doubled at 256, and dQ (through delta = rowsum(dO * O)) went over the
+// tolerance rule's bound (0.232 > 0.222; 0.156 with the exact max);
+// scripts/lazy_rescale_model.py, the kernel's arithmetic on the host,
+// reproduces those errors. At kLazySlack = 3 (H100, session 45) the output
+// errors there are the exact max's (0.00347 / 0.00349) and dQ's 0.178, and
+// the speed is slack 8's (cycles a work tile within 0.1%).
+// Where it runs, measured with fwd_trace on an H100 against the exact max:
+// - AttentionFwdWideKernel, head dims above 64: 3.3-3.7% fewer cycles a
+//   work tile at head dim 128, 0.92-0.96 of the time a call (session 44);
+// - AttentionFwdKernel, value head dims 192 and 256: 3-8% fewer cycles,
+//   0.91-0.96 of the time (session 45).
+// Not elsewhere: the 128-row kernel at head dims up to 128 ran 1.00-1.08 of
+// the time, the wide one at head dim 64 had 6% fewer cycles but took 1.02
+// of the time (the clocks fell).
+constexpr int kLazySlack = 3;
 template <int kBN, int kSlack>
 __device__ __forceinline__ bool SoftmaxStepLazy(float (&s)[kBN / 2], float scale, float (&m_run)[2],
                                                 float (&l_run)[2], float (&corr)[2]) {
@@ -575,6 +579,7 @@ __global__ void __launch_bounds__(384, 1)
   float o[kDv / 2];
   float m_run[2], l_run[2];
   float sc[kBN / 2], corr[2];
+  bool rescale = true;  // the last softmax step moved the max (always, without the lazy rescale)
   uint32_t pa[kBN / 16][4];
   auto reset = [&] {
 #pragma unroll
@@ -622,7 +627,11 @@ __global__ void __launch_bounds__(384, 1)
       Logits<kBN, false, true>(sc, tl.c, tl.row0, j0 + 2 * (lane % 4), need_mask);
     else if (need_mask)
       MaskRowIntervals<kBN>(sc, tl.c, tl.row0, j0 + 2 * (lane % 4));
-    SoftmaxStep<kBN>(sc, kGeneral ? 1.f : tl.c.scale_log2, m_run, l_run, corr);
+    // The lazy rescale at value head dims 192 and 256 (SoftmaxStepLazy says why).
+    if constexpr (kDv >= 192)
+      rescale = SoftmaxStepLazy<kBN, kLazySlack>(sc, kGeneral ? 1.f : tl.c.scale_log2, m_run, l_run, corr);
+    else
+      SoftmaxStep<kBN>(sc, kGeneral ? 1.f : tl.c.scale_log2, m_run, l_run, corr);
   };
   auto pack = [&] {
 #pragma unroll
@@ -699,8 +708,10 @@ __global__ void __launch_bounds__(384, 1)
       scores_done(cur, g0 + it, it);
       hopper::FenceRegisters(sc);  // the exponentials before the wait (in the PTX)
       pv_done(g0 + it - 1);
+      if (rescale) {
 #pragma unroll
-      for (int e = 0; e < kDv / 2; ++e) o[e] *= corr[(e >> 1) & 1];
+        for (int e = 0; e < kDv / 2; ++e) o[e] *= corr[(e >> 1) & 1];
+      }
       pack();
     }
     JAX_DNN_FWD_PROBE(1 + wg, tile, 3);
