@@ -389,10 +389,12 @@ __global__ void __launch_bounds__(384, 1)
                        sh.n * sh.h, sh.h, lane);
 }
 
-template <int kD, int kDv, int kBQ, bool kDq = false>
+// kV: V is loaded (the launches that compute dP^T, i.e. dK; a dV-only launch
+// needs only P^T, and the room V would take holds a wider query tile).
+template <int kD, int kDv, int kBQ, bool kDq = false, bool kV = true>
 struct DkvTiles {
   static constexpr int kBN = 128;
-  static constexpr int kKBytes = kBN * kD * 2, kVBytes = kBN * kDv * 2;
+  static constexpr int kKBytes = kBN * kD * 2, kVBytes = kV ? kBN * kDv * 2 : 0;
   static constexpr int kQBytes = kBQ * kD * 2, kOBytes = kBQ * kDv * 2;
   static constexpr int kRowBytes = 2 * kBQ * 4;  // per stage: the tile's lse (log2) and delta
   // With the fused dQ: dS of two query tiles, and each warpgroup's fp32
@@ -474,9 +476,9 @@ __global__ void __launch_bounds__(384, 1)
     AttentionDkvKernel(const __grid_constant__ CUtensorMap tq, const __grid_constant__ CUtensorMap tdo,
                        const __grid_constant__ CUtensorMap tk, const __grid_constant__ CUtensorMap tv,
                        const AttentionBwdParams p) {
-  using Tiles = DkvTiles<kD, kDv, kBQ, kDq>;
+  constexpr bool kNeedDp = kDoDK;  // dV needs only P: V is loaded for dK only
+  using Tiles = DkvTiles<kD, kDv, kBQ, kDq, kNeedDp>;
   constexpr int kBN = Tiles::kBN, kStages = Tiles::kStages;
-  constexpr bool kNeedDp = kDoDK;  // dV needs only P
   static_assert(!kDq || (kDoDK && kDoDV && kBQ == kDqTileRows && (kD == 64 || kD == 128)),
                 "the fused dQ takes 64-query tiles and head dims 64 or 128");
   extern __shared__ uint8_t smem_raw[];
@@ -547,8 +549,9 @@ __global__ void __launch_bounds__(384, 1)
       hopper::BarrierExpectTx(kv_full, Tiles::kKBytes + Tiles::kVBytes);
       for (int d = 0; d < kD / 64; ++d)
         hopper::TmaLoad4d(sk + d * kBN * 128, &tk, kv_full, d * 64, kvh, n0, b);
-      for (int d = 0; d < kDv / 64; ++d)
-        hopper::TmaLoad4d(sv + d * kBN * 128, &tv, kv_full, d * 64, kvh, n0, b);
+      if constexpr (kNeedDp)
+        for (int d = 0; d < kDv / 64; ++d)
+          hopper::TmaLoad4d(sv + d * kBN * 128, &tv, kv_full, d * 64, kvh, n0, b);
       for (int it = 0; it < group * per_head; ++it) {
         const int64_t n = kvh * group + it / per_head;
         const int i = query_tile(it);

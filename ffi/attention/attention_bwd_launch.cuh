@@ -52,16 +52,21 @@ cudaError_t LaunchDkv(const AttentionBwdParams& p, cudaStream_t stream) {
   CUtensorMap tq, tdo, tk, tv;
   if (!MakeDkvMaps(p, kBQ, &tq, &tdo, &tk, &tv)) return cudaErrorInvalidValue;
   const dim3 kv_grid = DkvGrid(p.shape);
-  constexpr int kSmem = DkvTiles<kD, kDv, kBQ>::kSmem;
   if constexpr (kD + kDv <= 256) {  // both accumulators fit in registers
-    return Launch(AttentionDkvKernel<T, kD, kDv, kBQ, true, true, kGeneral>, kv_grid, kSmem, stream,
-                  tq, tdo, tk, tv, p);
+    return Launch(AttentionDkvKernel<T, kD, kDv, kBQ, true, true, kGeneral>, kv_grid,
+                  DkvTiles<kD, kDv, kBQ>::kSmem, stream, tq, tdo, tk, tv, p);
   } else {
-    cudaError_t e = Launch(AttentionDkvKernel<T, kD, kDv, kBQ, true, false, kGeneral>, kv_grid, kSmem,
-                           stream, tq, tdo, tk, tv, p);
+    cudaError_t e = Launch(AttentionDkvKernel<T, kD, kDv, kBQ, true, false, kGeneral>, kv_grid,
+                           DkvTiles<kD, kDv, kBQ>::kSmem, stream, tq, tdo, tk, tv, p);
     if (e != cudaSuccess) return e;
-    return Launch(AttentionDkvKernel<T, kD, kDv, kBQ, false, true, kGeneral>, kv_grid, kSmem, stream,
-                  tq, tdo, tk, tv, p);
+    // The dV launch loads no V (it needs only P^T), and in that room takes
+    // kBQv queries a step: its S^T wgmmas are then twice as wide (the K
+    // operand, re-read from shared memory every step, serves twice the
+    // work), beside registers for dV, S^T and P^T only.
+    constexpr int kBQv = 64;
+    if (!MakeDkvMaps(p, kBQv, &tq, &tdo, &tk, &tv)) return cudaErrorInvalidValue;
+    return Launch(AttentionDkvKernel<T, kD, kDv, kBQv, false, true, kGeneral>, kv_grid,
+                  DkvTiles<kD, kDv, kBQv, false, false>::kSmem, stream, tq, tdo, tk, tv, p);
   }
 }
 
