@@ -759,7 +759,8 @@ __global__ void __launch_bounds__(384, 1)
     }
   } else {
     // The 64-query instantiations (lean head dims 96 and 128 -- at 128 the
-    // deterministic option -- and general 64) keep the earlier forms of the
+    // deterministic option -- general 64, and the dV launches past head dim
+    // 128, lean and general) keep the earlier forms of the
     // warpgroup offsets, wgmma descriptors and row loads: with the forms
     // above, ptxas schedules the head-dim-128 loop into a kernel 10% slower
     // (S = 8192, ncu, H200, 2026-11-22: 3.23 -> 3.57 ms), while they make the
