@@ -9,8 +9,10 @@ root:
   python3 scripts/lazy_rescale_model.py --s 4608 --d 128 --bn 128 --slacks 0,2,3,4,8
 
 (Session 44: the GPU kernels' output errors on that data, 0.00402 at head
-dim 128 in the 192-row kernel and 0.00802 at 256 with the lazy rescale,
-0.00349 at 256 without, are this model's numbers.)
+dim 128 in the 192-row kernel and 0.00802 at 256 with the lazy rescale at
+slack 8, 0.00349 at 256 without, are this model's numbers. Session 45 took
+the kernels to slack 3, `kLazySlack`, which the model said keeps the exact
+max's errors; the GPU then measured 0.00347 / 0.00349.)
 """
 
 import argparse
@@ -66,7 +68,7 @@ def main():
   ap.add_argument("--s", type=int, default=4608)
   ap.add_argument("--d", type=int, default=128)
   ap.add_argument("--bn", type=int, default=128, help="key tile (192-row kernel 128; D = 256 64)")
-  ap.add_argument("--slacks", default="8", help="comma list of lazy slacks (the exact max always runs)")
+  ap.add_argument("--slacks", default="3,8", help="comma list of lazy slacks (the exact max always runs)")
   args = ap.parse_args()
   q, k, v = rising_data(args.s, args.d)
   for head in range(q.shape[1]):
