@@ -140,6 +140,18 @@ PERSISTENT_CASES = {
 }
 
 
+def _check_lse(lse, q, k, valid, softcap):
+  """The logsumexp the forward returns ([B, T, N]) against fp32 logits of
+  the same inputs (K/V heads repeated for their query heads)."""
+  k = jnp.repeat(k, q.shape[2] // k.shape[2], axis=2)
+  x = jnp.einsum("btnh,bsnh->bnts", q.astype(jnp.float32), k.astype(jnp.float32),
+                 precision="highest") / np.sqrt(q.shape[-1])
+  if softcap:
+    x = softcap * jnp.tanh(x / softcap)
+  ref = jax.nn.logsumexp(jnp.where(valid, x, -jnp.inf), axis=-1).transpose(0, 2, 1)
+  np.testing.assert_allclose(np.asarray(lse), np.asarray(ref), atol=2e-3, rtol=0)
+
+
 @pytest.mark.parametrize("case", list(PERSISTENT_CASES))
 def test_persistent_forward_and_lse(gpu, case):
   (b, t, s, n, kh, h, hv), kw = PERSISTENT_CASES[case]
@@ -160,17 +172,7 @@ def test_persistent_forward_and_lse(gpu, case):
   # same bf16 inputs.
   _, lse = jax.jit(functools.partial(ours, return_residual=True))(q, k, v)
   assert lse.shape == (b, t, n), lse.shape
-
-  @jax.jit
-  def ref_lse(q, k):
-    k = jnp.repeat(k, n // kh, axis=2)
-    x = jnp.einsum("btnh,bsnh->bnts", q.astype(jnp.float32), k.astype(jnp.float32),
-                   precision="highest") / np.sqrt(h)
-    if kw.get("logits_soft_cap"):
-      x = kw["logits_soft_cap"] * jnp.tanh(x / kw["logits_soft_cap"])
-    return jax.nn.logsumexp(jnp.where(valid, x, -jnp.inf), axis=-1).transpose(0, 2, 1)
-
-  np.testing.assert_allclose(np.asarray(lse), np.asarray(ref_lse(q, k)), atol=2e-3, rtol=0)
+  _check_lse(lse, q, k, valid, kw.get("logits_soft_cap"))
 
 
 # Logits that rise along the keys: head 0's ~3 (log2) every 128 keys, head
@@ -205,12 +207,7 @@ def test_forward_rising_logits(gpu, case):
   naive = functools.partial(naive_attention, valid=valid, softcap=cap)
   check_fwd_bwd(gpu, ours, naive, (q, k, v), jnp.bfloat16, what=f"attention rising logits {case}")
   _, lse = jax.jit(functools.partial(ours, return_residual=True))(q, k, v)
-  x = jnp.einsum("btnh,bsnh->bnts", q.astype(jnp.float32), k.astype(jnp.float32),
-                 precision="highest") / np.sqrt(h)
-  if cap:
-    x = cap * jnp.tanh(x / cap)
-  ref = jax.nn.logsumexp(jnp.where(valid, x, -jnp.inf), axis=-1).transpose(0, 2, 1)
-  np.testing.assert_allclose(np.asarray(lse), np.asarray(ref), atol=2e-3, rtol=0)
+  _check_lse(lse, q, k, valid, cap)
 
 
 @pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
@@ -306,6 +303,10 @@ def test_kernel_is_used_and_vmap(gpu):
 # The two backward paths: the single pass (dQ reduce-added in fp32; the
 # default at head dims padding to 128, and to 64 under a causal mask,
 # without bias, soft-cap, mask or segments) and the deterministic split.
+# Query and key lengths for T = 513, S = 400 (options, valid kwargs).
+_LENGTHS_513_400 = (dict(query_seq_lengths=jnp.array([513, 200]),
+                         key_value_seq_lengths=jnp.array([150, 400])),
+                    dict(q_lens=[513, 200], kv_lens=[150, 400]))
 BWD_CASES = {  # shape (B, T, S, N, K, H), options, valid kwargs
     "d128_gqa_causal": ((1, 1000, 1000, 4, 2, 128), dict(is_causal=True), dict(causal=True)),
     "d128_mqa": ((2, 130, 77, 4, 1, 128), {}, {}),
@@ -326,19 +327,13 @@ BWD_CASES = {  # shape (B, T, S, N, K, H), options, valid kwargs
     "d256_causal_tail": ((4, 700, 700, 12, 12, 256), dict(is_causal=True), dict(causal=True)),
     "d128_window": ((1, 777, 700, 2, 1, 128), dict(local_window_size=(100, 20)),
                     dict(window=(100, 20))),
-    "d128_lengths": ((2, 513, 400, 2, 2, 128),
-                     dict(query_seq_lengths=jnp.array([513, 200]),
-                          key_value_seq_lengths=jnp.array([150, 400])),
-                     dict(q_lens=[513, 200], kv_lens=[150, 400])),
+    "d128_lengths": ((2, 513, 400, 2, 2, 128), *_LENGTHS_513_400),
     "d128_softcap": ((1, 300, 333, 2, 2, 128), dict(logits_soft_cap=2.5), {}),  # always split
     # Head dims past 128 (always split; the dV launch takes 64-query steps
     # and loads no V): masks other than causal, ragged lengths, GQA.
     "d256_window": ((1, 777, 700, 2, 1, 256), dict(local_window_size=(100, 20)),
                     dict(window=(100, 20))),
-    "d192_lengths": ((2, 513, 400, 4, 2, 192),
-                     dict(query_seq_lengths=jnp.array([513, 200]),
-                          key_value_seq_lengths=jnp.array([150, 400])),
-                     dict(q_lens=[513, 200], kv_lens=[150, 400])),
+    "d192_lengths": ((2, 513, 400, 4, 2, 192), *_LENGTHS_513_400),
     # 288 forward work tiles (several a CTA), some of them without a key to
     # attend to (rows past the query length) between ones with keys.
     "d128_lengths_many_tiles": ((4, 1100, 1100, 8, 2, 128),

@@ -108,8 +108,8 @@ __device__ __forceinline__ void SoftmaxStep(float (&s)[kBN / 2], float scale, fl
 
 // SoftmaxStep with a lazy output rescale (FlashAttention-4's): the running
 // max a row subtracts is raised only when some row of the warp sees a new
-// max more than kSlack (log2 units) above it; otherwise the stale max stays,
-// probabilities reach at most 2^kSlack (fp32 sums, bf16/fp16 P: no
+// max more than kLazySlack (log2 units) above it; otherwise the stale max stays,
+// probabilities reach at most 2^kLazySlack (fp32 sums, bf16/fp16 P: no
 // overflow) and the step returns false: the output needs no rescale, and
 // the caller skips its Dv / 2 FMULs a thread. The vote keeps the skip
 // warp-uniform. After a sequence's first key tiles a new max that large is
@@ -134,15 +134,15 @@ __device__ __forceinline__ void SoftmaxStep(float (&s)[kBN / 2], float scale, fl
 // the time, the wide one at head dim 64 had 6% fewer cycles but took 1.02
 // of the time (the clocks fell).
 constexpr int kLazySlack = 3;
-template <int kBN, int kSlack>
+template <int kBN>
 __device__ __forceinline__ bool SoftmaxStepLazy(float (&s)[kBN / 2], float scale, float (&m_run)[2],
                                                 float (&l_run)[2], float (&corr)[2]) {
   float mx[2];
 #pragma unroll
   for (int h = 0; h < 2; ++h) mx[h] = fmaxf(m_run[h], RowMax<kBN>(s, h) * scale);
-  // -inf + kSlack is -inf: a row's first allowed scores always raise its max.
-  const bool rescale =
-      __any_sync(0xffffffffu, mx[0] > m_run[0] + float(kSlack) || mx[1] > m_run[1] + float(kSlack));
+  // -inf + kLazySlack is -inf: a row's first allowed scores always raise its max.
+  const bool rescale = __any_sync(0xffffffffu, mx[0] > m_run[0] + float(kLazySlack) ||
+                                                   mx[1] > m_run[1] + float(kLazySlack));
 #pragma unroll
   for (int h = 0; h < 2; ++h) {
     const float m_use = rescale ? mx[h] : m_run[h];
@@ -629,7 +629,7 @@ __global__ void __launch_bounds__(384, 1)
       MaskRowIntervals<kBN>(sc, tl.c, tl.row0, j0 + 2 * (lane % 4));
     // The lazy rescale at value head dims 192 and 256 (SoftmaxStepLazy says why).
     if constexpr (kDv >= 192)
-      rescale = SoftmaxStepLazy<kBN, kLazySlack>(sc, kGeneral ? 1.f : tl.c.scale_log2, m_run, l_run, corr);
+      rescale = SoftmaxStepLazy<kBN>(sc, kGeneral ? 1.f : tl.c.scale_log2, m_run, l_run, corr);
     else
       SoftmaxStep<kBN>(sc, kGeneral ? 1.f : tl.c.scale_log2, m_run, l_run, corr);
   };

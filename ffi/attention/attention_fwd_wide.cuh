@@ -297,7 +297,7 @@ __global__ void __launch_bounds__(512, 1)
       // The lazy rescale at head dims above 64 (SoftmaxStepLazy says why).
       bool rescale = true;
       if constexpr (kD > 64)
-        rescale = SoftmaxStepLazy<kBN, kLazySlack>(sc, scale_log2, m_run, l_run, corr);
+        rescale = SoftmaxStepLazy<kBN>(sc, scale_log2, m_run, l_run, corr);
       else
         SoftmaxStep<kBN>(sc, scale_log2, m_run, l_run, corr);
       if (it > 0 && rescale) {
