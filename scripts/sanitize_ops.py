@@ -30,8 +30,7 @@ def run(fn, x, *params):
 
 def attention(key):
   """Each head-dim pair, ragged lengths, masks that skip tiles, bias (dbias);
-  at head dims padding to 64 and 128 both backward paths (single pass, split;
-  at 64 the single pass is taken under a causal mask)."""
+  at head dims padding to 64 and 128 both backward paths (single pass, split)."""
   dims = [(64, 64), (128, 128), (96, 96), (192, 192), (256, 256), (192, 128)]
   for dtype in (jnp.bfloat16, jnp.float16):
     for h, hv in dims:

@@ -301,8 +301,9 @@ def test_kernel_is_used_and_vmap(gpu):
 
 
 # The two backward paths: the single pass (dQ reduce-added in fp32; the
-# default at head dims padding to 128, and to 64 under a causal mask,
-# without bias, soft-cap, mask or segments) and the deterministic split.
+# default at head dims padding to 64 or 128 without bias, soft-cap, mask or
+# segments: 128-query tiles at 64, 64-query tiles at 128) and the
+# deterministic split.
 # Query and key lengths for T = 513, S = 400 (options, valid kwargs).
 _LENGTHS_513_400 = (dict(query_seq_lengths=jnp.array([513, 200]),
                          key_value_seq_lengths=jnp.array([150, 400])),
@@ -312,9 +313,14 @@ BWD_CASES = {  # shape (B, T, S, N, K, H), options, valid kwargs
     "d128_mqa": ((2, 130, 77, 4, 1, 128), {}, {}),
     "d128_ragged": ((2, 113, 255, 4, 4, 128), {}, {}),
     "d96_causal": ((1, 300, 300, 2, 1, 96), dict(is_causal=True), dict(causal=True)),
-    # Causal head dims padding to 64 take the single pass too (32 dQ
-    # columns a warpgroup); several query heads a key/value head; lengths.
+    # Head dims padding to 64 (128-query tiles: a warpgroup's dQ is 64 of
+    # the queries x all 64 columns): several query heads a key/value head,
+    # a ragged last query tile, masks, lengths.
     "d64_gqa_causal": ((2, 1000, 1000, 4, 2, 64), dict(is_causal=True), dict(causal=True)),
+    "d64_gqa_ragged": ((2, 300, 255, 4, 2, 64), {}, {}),
+    "d64_window": ((1, 777, 700, 2, 1, 64), dict(local_window_size=(100, 20)),
+                   dict(window=(100, 20))),
+    "d64_lengths": ((2, 513, 400, 2, 2, 64), *_LENGTHS_513_400),
     "d32_causal_lengths": ((2, 333, 300, 4, 1, 32),
                            dict(is_causal=True, query_seq_lengths=jnp.array([333, 100]),
                                 key_value_seq_lengths=jnp.array([250, 300])),
@@ -356,16 +362,18 @@ def test_backward_paths(gpu, case, deterministic):
 
 
 # The single pass at head dims padding to 64 in fp16, and with a value head
-# dim that pads the same way (64 / 40).
-@pytest.mark.parametrize("dtype, h, hv", [(jnp.float16, 64, 64), (jnp.bfloat16, 64, 40)],
-                         ids=["f16", "hv40"])
-def test_single_pass_d64(gpu, dtype, h, hv):
+# dim that pads the same way (64 / 40); causal and not.
+@pytest.mark.parametrize("dtype, h, hv, causal", [(jnp.float16, 64, 64, True),
+                                                  (jnp.float16, 64, 64, False),
+                                                  (jnp.bfloat16, 64, 40, True)],
+                         ids=["f16_causal", "f16", "hv40_causal"])
+def test_single_pass_d64(gpu, dtype, h, hv, causal):
   b, t, s, n, kh = 2, 300, 280, 4, 2
   q, k, v = qkv(18, b, t, s, n, kh, h, dtype, hv=hv)
-  ours = functools.partial(jax_dnn.dot_product_attention, is_causal=True)
+  ours = functools.partial(jax_dnn.dot_product_attention, is_causal=causal)
   loss = lambda q, k, v: jnp.sum(ours(q, k, v).astype(jnp.float32))
   assert "fused_dq = true" in cuda_hlo(jax.grad(loss, (0, 1, 2)), q, k, v)
-  naive = functools.partial(naive_attention, valid=_valid(b, n, t, s, causal=True))
+  naive = functools.partial(naive_attention, valid=_valid(b, n, t, s, causal=causal))
   check_fwd_bwd(gpu, ours, naive, (q, k, v), dtype, what=f"attention single pass {h}/{hv}")
 
 

@@ -73,8 +73,7 @@ struct AttentionBwdParams {
 // Whether the single-pass backward (dQ added from the dK/dV kernel) takes
 // these parameters: head dims padding to 64/64 or 128/128, without bias,
 // soft-cap, mask or segments (the general logits path). _src/attention.py
-// (_fused_dq) asks for it where it is the faster path: at 64 only under a
-// causal mask.
+// (_fused_dq) asks for it wherever it takes them (the faster path there).
 bool AttentionFusedDqSupported(const AttentionBwdParams& p);
 int64_t AttentionDqAccElements(const AttentionShape& s);
 

@@ -10,8 +10,8 @@
 //       operands of the next wgmmas), dP^T = V dO^T, dV += P^T dO,
 //       dK += dS^T Q. A producer warp stages each query tile's lse and delta
 //       in shared memory beside its Q and dO.
-// The single pass (head dims padding to 128, and to 64 under a causal mask,
-// on the lean logits path, no bias; the default unless
+// The single pass (head dims padding to 64 or 128, on the lean logits path,
+// no bias; the default unless
 // deterministic_backward): AttentionDkvKernel with kDq also adds dQ = dS K
 // into an fp32 accumulator with TMA bulk reduce-adds, and
 // AttentionDqConvertKernel writes dq from it: 5 GEMMs per tile pair where
@@ -397,16 +397,19 @@ struct DkvTiles {
   static constexpr int kKBytes = kBN * kD * 2, kVBytes = kV ? kBN * kDv * 2 : 0;
   static constexpr int kQBytes = kBQ * kD * 2, kOBytes = kBQ * kDv * 2;
   static constexpr int kRowBytes = 2 * kBQ * 4;  // per stage: the tile's lse (log2) and delta
-  // With the fused dQ: dS of two query tiles, and each warpgroup's fp32
-  // half of the dQ tile for two tiles (both double-buffered, see the kernel).
+  // With the fused dQ: dS of two query tiles (double-buffered, see the
+  // kernel), and each warpgroup's fp32 half of the dQ tile, for two tiles at
+  // 64 queries; at 128 (head dim 64) for one: two would leave 40 bytes too
+  // few for two Q/dO stages.
   static constexpr int kDsBytes = kDq ? kBN * kBQ * 2 : 0;
   static constexpr int kDqHalfBytes = kDq ? kBQ * kD / 2 * 4 : 0;
+  static constexpr int kDqBufs = kBQ == 64 ? 2 : 1;
   static constexpr int SmemFor(int stages) {
     return 1024 + kKBytes + kVBytes + stages * (kQBytes + kOBytes + kRowBytes) + 2 * kDsBytes +
-           4 * kDqHalfBytes + 8 * (1 + 2 * stages);
+           2 * kDqBufs * kDqHalfBytes + 8 * (1 + 2 * stages);
   }
   // Q/dO ring depth: as many stages (up to 4) as shared memory holds (2 with
-  // the fused dQ's buffers at head dim 128, 4 at 64). Against the earlier 2
+  // the fused dQ's buffers). Against the earlier 2
   // stages, ncu, H200, S = 8192, 2026-11-22: D = 64 (4 stages) 4.98 -> 4.91
   // ms, D = 128 split (4) 3.47 -> 3.46 ms; D = 256 (3) backward 0 to 3%
   // faster in the benchmark (within its noise).
@@ -415,44 +418,52 @@ struct DkvTiles {
   static constexpr int kSmem = SmemFor(kStages);
 };
 
-// The fused dQ's fp32 accumulator p.dq_acc: per (batch, head, 64-query tile),
-// kBQ x kD floats, as two column halves (one per consumer warpgroup), each in
-// the warpgroup's wgmma fragment order: float4 number q * 128 + t holds
-// thread t's accumulators 4q .. 4q + 3 (rows R, R, R + 8, R + 8 with
-// R = 16 (t / 32) + (t % 32) / 4; columns 8q + 2 (t % 4) + 0, 1, 0, 1). Every
-// reduce-add is then one contiguous 16-byte-aligned block, and the smem
-// stores that stage it are conflict-free.
-constexpr int kDqTileRows = 64;
-
-// dq = dq_acc in T, from the fragment order above: one block of 256 threads
-// per 64-row tile (grid: query tiles, N, B); thread t of half w reads its own
-// fragment (coalesced float4s), and the tile goes out through shared memory
-// as whole rows (16-byte stores).
-template <typename T, int kD>
+// The fused dQ's query tile (DqTileRows, attention_common.cuh): 128 queries
+// at head dim 64, 64 at 128 (where a 128-query tile's S^T and dP^T fragments
+// would not fit in registers beside dK's and dV's). At head dim 64 the
+// 128-query tile makes the S^T and dP^T wgmmas twice as wide as 64 queries
+// would (m64n128), as in the split's dK/dV kernel there, and halves the
+// number of dQ reduce-adds.
+// The fused dQ's fp32 accumulator p.dq_acc: per (batch, head, query tile of
+// kRows = DqTileRows(kD)), kRows x kD floats as two halves, one per consumer
+// warpgroup: column halves (64 rows x kD / 2) at 64 rows, row halves (64 rows
+// x kD) at 128. Each half is in the warpgroup's wgmma fragment order: float4
+// number q * 128 + t holds thread t's accumulators 4q .. 4q + 3 (rows R, R,
+// R + 8, R + 8 of the half with R = 16 (t / 32) + (t % 32) / 4; its columns
+// 8q + 2 (t % 4) + 0, 1, 0, 1). Every reduce-add is then one contiguous
+// 16-byte-aligned block, and the smem stores that stage it are conflict-free.
+//
+// dq = dq_acc in T, from that order: one block of 256 threads per tile
+// (grid: query tiles, N, B); thread t of half w reads its own fragment
+// (coalesced float4s), and the tile goes out through shared memory as whole
+// rows (16-byte stores).
+template <typename T, int kD, int kRows>
 __global__ void __launch_bounds__(256)
     AttentionDqConvertKernel(const float* __restrict__ acc, T* __restrict__ dq, int64_t t_len,
                              int64_t n_heads, int64_t h) {
-  constexpr int kHalf = kD / 2, kLd = kD + 8;  // +8: rows start on different banks
-  __shared__ __align__(16) uint16_t tile[kDqTileRows * kLd];  // T bits
-  const int64_t tiles = (t_len + kDqTileRows - 1) / kDqTileRows;
+  constexpr bool kRowHalves = kRows == 128;
+  constexpr int kW = kRowHalves ? kD : kD / 2;  // a half's columns
+  constexpr int kLd = kD + 8;                   // +8: rows start on different banks
+  __shared__ __align__(16) uint16_t tile[kRows * kLd];  // T bits
+  const int64_t tiles = (t_len + kRows - 1) / kRows;
   const int64_t i = blockIdx.x, n = blockIdx.y, b = blockIdx.z;
   const int w = threadIdx.x / 128, t = threadIdx.x % 128;
   const float4* src = reinterpret_cast<const float4*>(
-      acc + ((b * n_heads + n) * tiles + i) * kDqTileRows * kD + w * kDqTileRows * kHalf);
-  const int row = 16 * (t / 32) + (t % 32) / 4;
+      acc + ((b * n_heads + n) * tiles + i) * kRows * kD + w * 64 * kW);
+  const int row = (kRowHalves ? 64 * w : 0) + 16 * (t / 32) + (t % 32) / 4;
 #pragma unroll
-  for (int q = 0; q < kHalf / 8; ++q) {
+  for (int q = 0; q < kW / 8; ++q) {
     const float4 v = src[q * 128 + t];
-    const int col = w * kHalf + 8 * q + 2 * (t % 4);
+    const int col = (kRowHalves ? 0 : w * kW) + 8 * q + 2 * (t % 4);
     *reinterpret_cast<uint32_t*>(&tile[row * kLd + col]) = hopper::PackPair<T>(v.x, v.y);
     *reinterpret_cast<uint32_t*>(&tile[(row + 8) * kLd + col]) = hopper::PackPair<T>(v.z, v.w);
   }
   __syncthreads();
   T* out = dq + (b * t_len * n_heads + n) * h;
   constexpr int kChunks = kD / 8;  // 16-byte pieces per row
-  for (int c = threadIdx.x; c < kDqTileRows * kChunks; c += 256) {
+  for (int c = threadIdx.x; c < kRows * kChunks; c += 256) {
     const int r = c / kChunks, col = 8 * (c % kChunks);
-    const int64_t grow = i * kDqTileRows + r;
+    const int64_t grow = i * kRows + r;
     if (grow < t_len && col < h)
       *reinterpret_cast<uint4*>(out + grow * n_heads * h + col) =
           *reinterpret_cast<const uint4*>(&tile[r * kLd + col]);
@@ -462,13 +473,15 @@ __global__ void __launch_bounds__(256)
 // kDoDK / kDoDV: which gradients this launch computes (large head dims split
 // them over two launches to keep both accumulators within the register file).
 // kDq (the single pass; head dim 64 or 128, lean logits path): also dQ,
-// added into the fp32 p.dq_acc. Per query tile, each consumer stores its dS^T fragment to shared
-// memory as dS with queries contiguous (an MN-major wgmma operand); once the
-// other consumer's half is there too, warpgroup w computes its half of the dQ
-// columns, dS (64 queries x 128 keys) times K (128 keys x kD / 2), stages it
-// in shared memory and adds it to global memory with one TMA bulk reduce-add
-// (so the adds are done in L2, one instruction per 16 KB at head dim 128,
-// 8 KB at 64, not per element).
+// added into the fp32 p.dq_acc. Per query tile, each consumer stores its dS^T
+// fragment to shared memory as dS with queries contiguous (an MN-major wgmma
+// operand); once the other consumer's half is there too, warpgroup w
+// computes its half of the dQ tile -- at head dim 128 (64 queries) its half
+// of the columns, dS (64 queries x 128 keys) times K (128 keys x 64 of the
+// columns); at 64 (128 queries) its half of the queries, dS (64 of the
+// queries x 128 keys) times K (128 keys x 64) -- stages it in shared memory
+// and adds it to global memory with one TMA bulk reduce-add (so the adds are
+// done in L2, one instruction per 16 KB, not per element).
 // Five GEMMs per tile instead of the split's seven; not deterministic (the
 // order of the adds varies), so the split stays for the deterministic option.
 template <typename T, int kD, int kDv, int kBQ, bool kDoDK, bool kDoDV, bool kGeneral, bool kDq = false>
@@ -479,17 +492,19 @@ __global__ void __launch_bounds__(384, 1)
   constexpr bool kNeedDp = kDoDK;  // dV needs only P: V is loaded for dK only
   using Tiles = DkvTiles<kD, kDv, kBQ, kDq, kNeedDp>;
   constexpr int kBN = Tiles::kBN, kStages = Tiles::kStages;
-  static_assert(!kDq || (kDoDK && kDoDV && kBQ == kDqTileRows && (kD == 64 || kD == 128)),
-                "the fused dQ takes 64-query tiles and head dims 64 or 128");
+  static_assert(!kDq || (kDoDK && kDoDV && kBQ == DqTileRows(kD) && (kD == 64 || kD == 128)),
+                "the fused dQ takes head dims 64 or 128 and DqTileRows queries");
   extern __shared__ uint8_t smem_raw[];
   uint8_t* base = hopper::AlignSmem1024(smem_raw);
   uint8_t* sk = base;
   uint8_t* sv = sk + Tiles::kKBytes;
   uint8_t* sq = sv + Tiles::kVBytes;
   uint8_t* sdo = sq + kStages * Tiles::kQBytes;
-  uint8_t* sds = sdo + kStages * Tiles::kOBytes;  // [2][kBN keys][kBQ queries], 128B-swizzled
-  float* sdq = reinterpret_cast<float*>(sds + 2 * Tiles::kDsBytes);  // [2][2 warpgroups][kBQ x kD / 2]
-  float* srows = reinterpret_cast<float*>(reinterpret_cast<uint8_t*>(sdq) + 4 * Tiles::kDqHalfBytes);  // [stage][lse2 | delta][kBQ]
+  // dS: [2 tiles][kBQ / 64 query blocks][kBN keys][64 queries], 128B-swizzled
+  uint8_t* sds = sdo + kStages * Tiles::kOBytes;
+  float* sdq = reinterpret_cast<float*>(sds + 2 * Tiles::kDsBytes);  // [kDqBufs][2 warpgroups][kBQ x kD / 2]
+  float* srows = reinterpret_cast<float*>(reinterpret_cast<uint8_t*>(sdq) +
+                                          2 * Tiles::kDqBufs * Tiles::kDqHalfBytes);  // [stage][lse2 | delta][kBQ]
   uint64_t* kv_full = reinterpret_cast<uint64_t*>(srows + kStages * 2 * kBQ);
   uint64_t* full = kv_full + 1;
   uint64_t* empty = full + kStages;
@@ -605,41 +620,52 @@ __global__ void __launch_bounds__(384, 1)
     // the other warpgroup's work meanwhile. dP^T is issued after the staging
     // so that dQ's accumulators (32 at D = 128) and dP^T's are never live
     // together (with dQ, S^T and dP^T all in flight it spilled 212 bytes).
-    constexpr int kHalf = kD / 2;
+    // A warpgroup's dQ: 64 queries x kDqCols columns, from its query block
+    // of dS (kRowHalves) or with its half of K's columns.
+    constexpr bool kRowHalves = kBQ == 128;
+    constexpr int kDqCols = kRowHalves ? kD : kD / 2;
     const int64_t q_tiles = (sh.t + kBQ - 1) / kBQ;
     const uint32_t ds_base = hopper::SmemAddr(sds);
     // This thread's first dS row (key0 = its fragment row) and column pair,
     // chunk 0 swizzled (key0 % 8 = lane / 4); see the stores in step().
     const uint32_t ds_thread = (64 * wg + 16 * warp + lane / 4) * 128 + (lane / 4) * 16 + 4 * (lane % 4);
-    const uint32_t kcol_addr = hopper::SmemAddr(sk) + (wg * kHalf / 64) * kBN * 128 + (wg * kHalf % 64) * 2;
+    const int col_off = kRowHalves ? 0 : wg * kDqCols;
+    const uint32_t kcol_addr = hopper::SmemAddr(sk) + (col_off / 64) * kBN * 128 + (col_off % 64) * 2;
     const int n_iters = group * per_head;
     // dQ's accumulator is declared where it is used, from its wgmmas to its
     // staging: a kernel-wide array stays live through S^T / dP^T (the
-    // wgmma's "+f" operands read it), kD / 4 registers the exponentials need.
-    using DqFrag = float[kD / 4];
+    // wgmma's "+f" operands read it), 32 registers the exponentials need.
+    using DqFrag = float[kDqCols / 2];
 
-    auto issue_dq = [&](DqFrag& dq, int it) {  // dQ(it) = dS(it) K[:, this warpgroup's columns]
+    auto issue_dq = [&](DqFrag& dq, int it) {  // dQ(it): this warpgroup's part, dS(it) K
       hopper::NamedBarrierSync(4 + 2 * (1 - wg) + (it & 1), 256);
-      const uint32_t ds_addr = ds_base + (it & 1) * Tiles::kDsBytes;
+      const uint32_t ds_addr = ds_base + (it & 1) * Tiles::kDsBytes + (kRowHalves ? wg * kBN * 128 : 0);
       hopper::WgmmaFence();
 #pragma unroll
       for (int kk = 0; kk < kBN / 16; ++kk)
-        WgmmaSSmn<T, kHalf>(dq, hopper::Descriptor(ds_addr, 0, kk * 2048),
-                            hopper::Descriptor(kcol_addr, 0, kk * 2048), kk > 0);
+        WgmmaSSmn<T, kDqCols>(dq, hopper::Descriptor(ds_addr, 0, kk * 2048),
+                              hopper::Descriptor(kcol_addr, 0, kk * 2048), kk > 0);
       hopper::WgmmaCommit();
     };
-    // dQ(it) (done) -> shared memory in fragment order (double-buffered) ->
-    // one bulk reduce-add into p.dq_acc. Before the warpgroup barrier, the
-    // issuing thread waits until the previous reduce-add has read its
-    // buffer, which the next tile's stores reuse.
+    // dQ(it) (done) -> shared memory in fragment order -> one bulk reduce-add
+    // into p.dq_acc. Double-buffered (kDqBufs = 2): before the warpgroup
+    // barrier, the issuing thread waits until the previous reduce-add has
+    // read its buffer, which the next tile's stores reuse. One buffer: the
+    // wait and a barrier come before the stores (the previous reduce-add was
+    // issued a tile earlier, so it has long been read).
     auto reduce_dq = [&](DqFrag& dq, int it) {
       hopper::FenceRegisters(dq);
-      float4* half = reinterpret_cast<float4*>(sdq) + ((it & 1) * 2 + wg) * (kBQ * kD / 8);
+      const int buf = Tiles::kDqBufs == 2 ? (it & 1) : 0;
+      float4* half = reinterpret_cast<float4*>(sdq) + (buf * 2 + wg) * (kBQ * kD / 8);
+      if constexpr (Tiles::kDqBufs == 1) {
+        if (t == 0) hopper::BulkWaitRead<0>();
+        hopper::NamedBarrierSync(2 + wg, 128);
+      }
 #pragma unroll
-      for (int q = 0; q < kD / 16; ++q)
+      for (int q = 0; q < kDqCols / 8; ++q)
         half[q * 128 + t] = make_float4(dq[4 * q], dq[4 * q + 1], dq[4 * q + 2], dq[4 * q + 3]);
       hopper::FenceProxyAsync();
-      if (t == 0) hopper::BulkWaitRead<0>();
+      if (Tiles::kDqBufs == 2 && t == 0) hopper::BulkWaitRead<0>();
       hopper::NamedBarrierSync(2 + wg, 128);
       if (t == 0) {
         const int64_t n = kvh * group + it / per_head;
@@ -719,19 +745,28 @@ __global__ void __launch_bounds__(384, 1)
       for (int kk = 0; kk < kBQ / 16; ++kk)
 #pragma unroll
         for (int r = 0; r < 4; ++r) da[kk][r] = hopper::PackPair<T>(dpt[8 * kk + 2 * r], dpt[8 * kk + 2 * r + 1]);
-      // dS^T fragment -> rows of 64 queries (128 bytes) per key, with the
-      // 128-byte swizzle TMA would apply (16-byte chunk c of row r at
-      // c ^ (r % 8)): conflict-free stores, and dS read MN-major by issue_dq.
-      // The thread's rows (key0, key0 + 8) share r % 8, and the buffer is
-      // 1024-aligned, so chunk c is at ds_row ^ (c << 4): one XOR a chunk.
+      // dS^T fragment -> rows of 64 queries (128 bytes) per key, one block of
+      // kBN rows per 64 queries, with the 128-byte swizzle TMA would apply
+      // (16-byte chunk c of row r at c ^ (r % 8)): conflict-free stores, and
+      // dS read MN-major by issue_dq. The thread's rows (key0, key0 + 8)
+      // share r % 8, and the buffer is 1024-aligned, so chunk c (8 queries)
+      // is at (ds_row ^ ((c % 8) << 4)) + its query block's offset: one XOR
+      // a chunk, the offset an immediate.
       const uint32_t ds_row = ds_base + (it & 1) * Tiles::kDsBytes + ds_thread;
 #pragma unroll
       for (int kk = 0; kk < kBQ / 16; ++kk)
 #pragma unroll
         for (int h = 0; h < 2; ++h) {  // fragment registers r = 2 h (key0) and 2 h + 1 (key0 + 8)
-          const uint32_t chunk = ds_row ^ ((2 * kk + h) << 4);
-          hopper::StoreShared32<0>(chunk, da[kk][2 * h]);
-          hopper::StoreShared32<8 * 128>(chunk, da[kk][2 * h + 1]);
+          constexpr int kBlock = kBN * 128;  // one query block's bytes
+          const int c = 2 * kk + h;
+          const uint32_t chunk = ds_row ^ ((c % 8) << 4);
+          if (c / 8 == 0) {
+            hopper::StoreShared32<0>(chunk, da[kk][2 * h]);
+            hopper::StoreShared32<8 * 128>(chunk, da[kk][2 * h + 1]);
+          } else {
+            hopper::StoreShared32<kBlock>(chunk, da[kk][2 * h]);
+            hopper::StoreShared32<kBlock + 8 * 128>(chunk, da[kk][2 * h + 1]);
+          }
         }
       hopper::FenceProxyAsync();
       hopper::NamedBarrierArrive(4 + 2 * wg + (it & 1), 256);

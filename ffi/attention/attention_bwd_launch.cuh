@@ -113,15 +113,15 @@ cudaError_t LaunchBwdGeneral(const AttentionBwdParams& p, cudaStream_t stream) {
 
   if (p.dq_acc != nullptr) {  // the single pass (see AttentionDkvKernel's kDq)
     if constexpr ((kD == 64 || kD == 128) && kDv == kD && !kGeneral) {
-      constexpr int kBQf = kDqTileRows;  // the fused dQ's query tile
+      constexpr int kBQf = DqTileRows(kD);  // the fused dQ's query tile
       cudaError_t e = cudaMemsetAsync(p.dq_acc, 0, sizeof(float) * AttentionDqAccElements(s), stream);
       if (e != cudaSuccess) return e;
       if (!MakeDkvMaps(p, kBQf, &tq, &tdo, &tk, &tv)) return cudaErrorInvalidValue;
       e = Launch(AttentionDkvKernel<T, kD, kDv, kBQf, true, true, kGeneral, true>, DkvGrid(s),
                  DkvTiles<kD, kDv, kBQf, true>::kSmem, stream, tq, tdo, tk, tv, p);
       if (e != cudaSuccess) return e;
-      const unsigned tiles = static_cast<unsigned>((s.t + kDqTileRows - 1) / kDqTileRows);
-      AttentionDqConvertKernel<T, kD><<<dim3(tiles, s.n, s.b), 256, 0, stream>>>(
+      const unsigned tiles = static_cast<unsigned>((s.t + kBQf - 1) / kBQf);
+      AttentionDqConvertKernel<T, kD, kBQf><<<dim3(tiles, s.n, s.b), 256, 0, stream>>>(
           p.dq_acc, static_cast<T*>(p.dq), s.t, s.n, s.h);
       return cudaGetLastError();
     } else {

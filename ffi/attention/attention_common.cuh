@@ -13,6 +13,11 @@ namespace attention {
 constexpr float kLog2e = 1.4426950408889634f;
 constexpr float kLn2 = 0.6931471805599453f;
 
+// The single-pass backward's query tile at padded head dim d (host and
+// device: AttentionDqAccElements sizes its accumulator by it): 128 queries
+// at 64, 64 at 128 (see AttentionDkvKernel's kDq in attention_bwd.cuh).
+__host__ __device__ constexpr int DqTileRows(int64_t d) { return d <= 64 ? 128 : 64; }
+
 // What decides the logits of query row i and key column j for one (batch, head).
 struct ScoreCtx {
   float scale, scale_log2, softcap, inv_softcap;

@@ -176,7 +176,8 @@ ffi::Error AttentionBwdImpl(cudaStream_t stream, ffi::AnyBuffer d_o, ffi::AnyBuf
       return Err(kBwd, "fused_dq needs head dims padding to 64/64, or 128/128 without soft-cap, "
                        "mask or segments, and no bias");
     if (dq_acc->element_count() != AttentionDqAccElements(s))
-      return Err(kBwd, "dq_acc must hold B * N * ceil(T / 64) * 64 * pad64(H) floats");
+      return Err(kBwd, "dq_acc must hold B * N * ceil(T / R) * R * pad64(H) floats "
+                      "(R = 128 at head dim 64, else 64)");
     p.dq_acc = dq_acc->typed_data();
   }
   return LaunchStatus(LaunchAttentionBwd(p, stream), kBwd);

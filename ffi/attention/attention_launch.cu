@@ -31,7 +31,8 @@ bool AttentionFusedDqSupported(const AttentionBwdParams& p) {
 }
 
 int64_t AttentionDqAccElements(const AttentionShape& s) {
-  return s.b * s.n * ((s.t + 63) / 64) * 64 * attention::PadDim(s.h);
+  const int64_t d = attention::PadDim(s.h), rows = attention::DqTileRows(d);
+  return s.b * s.n * ((s.t + rows - 1) / rows) * rows * d;
 }
 
 }  // namespace jax_dnn

@@ -194,9 +194,12 @@ def _pad64(d):
 
 
 def _dq_acc_shape(q, fused_dq):
-  """AttentionDqAccElements in ffi/attention/attention_launch.cu, as [B, N, -1]."""
+  """AttentionDqAccElements in ffi/attention/attention_launch.cu, as [B, N, -1]:
+  query tiles of 128 rows at head dims padding to 64, else 64 (DqTileRows)."""
   b, t, n, h = q.shape
-  return (b, n, -(-t // 64) * 64 * _pad64(h)) if fused_dq else (b, 0)
+  d = _pad64(h)
+  rows = 128 if d == 64 else 64
+  return (b, n, -(-t // rows) * rows * d) if fused_dq else (b, 0)
 
 
 def _fused_dq(q, k, v, params):
@@ -212,13 +215,14 @@ def _fused_dq(q, k, v, params):
   general = p["softcap"] != 0.0 or "mask" in p["present"] or "q_seg" in p["present"]
   if general:
     return False
-  # At head dims padding to 64 only under a causal mask. The single pass
-  # takes 64-query tiles there, and its GEMMs are half as wide as the
-  # split's dK/dV kernel's (128 queries) while the dS hand-over costs the
-  # same. H200 A/B of the backward alone, B*S = 16384, 32 heads
-  # (2026-11-25, 3 rounds): causal S = 4096 / 8192 0.885 / 0.890 of the
-  # split's time, but without a mask 1.011-1.028 at S = 1024-16384.
-  return d == 128 or (d == 64 and p["is_causal"])
+  # At head dims padding to 64 the single pass takes 128-query tiles (since
+  # session 46; with 64-query tiles it was 1.01-1.03x the split's time
+  # without a mask). H100 A/B of the backward alone, B*S = 16384, 32 heads
+  # (2026-11-26, 2 rounds), against the split without a mask: 0.867 / 0.864
+  # / 0.833 / 0.819 / 0.810 of the time at S = 1024 ... 16384; against the
+  # 64-query single pass under a causal mask: 0.912 / 0.887 / 0.872 / 0.869
+  # at S = 2048 ... 16384.
+  return d in (64, 128)
 
 
 # Padded (H, Hv) pairs with a kernel: mirrors DispatchHeadDims in
@@ -484,8 +488,8 @@ def dot_product_attention(query, key, value, bias=None, mask=None, *, scale=None
     deterministic_backward: gradients bitwise reproducible from run to run.
       By default the kernels' backward adds dQ in fp32 from every key tile
       (one pass, five GEMMs per tile instead of seven) where it can (head
-      dims padding to 128, and to 64 under a causal mask; without bias,
-      soft-cap, mask or segments), and
+      dims padding to 64 or 128; without bias, soft-cap, mask or
+      segments), and
       the order of those adds varies; True takes the split backward, which
       writes every gradient exactly once (the only path elsewhere).
   `implementation` is accepted for compatibility: None or "jax_dnn".
