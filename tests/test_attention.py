@@ -288,13 +288,14 @@ def test_cuda_lowering_backward_path(h, kwargs, fused):
 
 # The forward's split-tail workspace follows the launcher's choice of kernel
 # (FwdWideTakes in ffi/attention/attention_fwd_launch.cuh): 192 rows a work
-# tile at head dims 64 from 512 keys and queries and at 128 past 4096, else
+# tile at head dims 64 from 512 keys and queries and at 128 from 2048, else
 # 128; none under a causal mask. More work tiles than 132 SMs in each case.
 @pytest.mark.parametrize("t, s, n, h, rows", [
     (900, 4096, 27, 64, 192),   # 135 work tiles of 192 rows
     (380, 6000, 48, 64, 128),   # below 512 queries: 144 of 128 rows (176 keys)
     (4097, 4097, 7, 128, 192),  # 154 of 192 rows
-    (4096, 8192, 5, 128, 128),  # 4096 queries: 160 of 128 rows (176 keys)
+    (4096, 4096, 7, 128, 192),  # 154 of 192 rows (128 keys: 32 key tiles)
+    (2000, 8192, 11, 128, 128),  # below 2048 queries: 176 of 128 rows (176 keys)
 ])
 def test_cuda_lowering_forward_workspace(t, s, n, h, rows):
   q = jax.ShapeDtypeStruct((1, t, n, h), jnp.bfloat16)

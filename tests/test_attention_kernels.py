@@ -95,23 +95,25 @@ PERSISTENT_CASES = {
     "mask_rows_d256": ((1, 1024, 1024, 4, 2, 256, 256), dict(mask=_rows_mask()[:, :4])),
     # The split tail (FwdSchedule: lean path, every tile sees the same keys,
     # at least 32 key tiles). 133 tiles: one split tile, in 32 pieces of one
-    # key tile (most CTAs' ranges empty).
-    "split_one_tile": ((1, 2432, 4096, 7, 7, 128, 128), {}),
+    # key tile (most CTAs' ranges empty); in the 192-row kernel (19 query
+    # tiles a head) and the 128-row one (head dim 64 below 512 queries).
+    "split_one_tile": ((1, 3648, 4096, 7, 7, 128, 128), {}),
+    "split_one_tile_rows128": ((1, 100, 4096, 133, 7, 64, 64), {}),
     # 176-key tiles (head dim 64 below 512 queries, else the 192-row
     # kernel), rows and keys not multiples of the tiles; 3 query tiles a
     # head (odd: single CTAs), 144 work tiles.
     "split_176_ragged": ((1, 380, 6000, 48, 24, 64, 64), {}),
     "split_f16_d192_128": ((1, 1024, 2048, 18, 6, 192, 128), dict(dtype=jnp.float16)),
     # Clusters of two CTAs sharing K/V loads (176-key tiles, no mask, an even
-    # number of query tiles; at head dim 128 only up to 4096 queries, past
+    # number of query tiles; at head dim 128 only below 2048 queries, from
     # them the 192-row kernel). 5000 keys: the last key tile holds 72, so
     # the second CTA's half of it (rows 88..175) lies wholly past the keys.
-    "cluster_oob_half": ((1, 2048, 5000, 12, 4, 128, 128), {}),
+    "cluster_oob_half": ((1, 1792, 5000, 12, 4, 128, 128), {}),
     # With the split tail: 72 units of two tiles on 66 clusters (head dim 64
     # below 512 queries: the 128-row kernel).
     "cluster_split_d64": ((1, 500, 6000, 36, 36, 64, 64), {}),
-    "cluster_split_f16": ((1, 2304, 6000, 8, 2, 128, 128), dict(dtype=jnp.float16)),
-    # The 192-row kernel (head dims 128, more than 4096 keys and queries, no
+    "cluster_split_f16": ((1, 1792, 6000, 10, 2, 128, 128), dict(dtype=jnp.float16)),
+    # The 192-row kernel (head dims 128, from 2048 keys and queries, no
     # mask). Clusters and the split tail (B = 2, GQA: 288 tiles, 144 units
     # on 66 clusters); the last key tile holds 20 keys, so the second CTA's
     # half (rows 64..127) lies wholly past them.

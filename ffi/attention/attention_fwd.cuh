@@ -1,5 +1,5 @@
 // Flash attention forward for Hopper: o = softmax(logits) v and lse.
-// (Without a mask, at head dims 128 past 4096 keys and queries and at head
+// (Without a mask, at head dims 128 from 2048 keys and queries and at head
 // dims 64 from 512, the launcher takes AttentionFwdWideKernel instead:
 // 192-row tiles, attention_fwd_wide.cuh; FwdWideTakes.)
 //

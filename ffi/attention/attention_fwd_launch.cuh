@@ -202,10 +202,15 @@ cudaError_t LaunchFwdWide(const AttentionFwdParams& p, cudaStream_t stream) {
 
 // Where the 192-row kernel runs (head dims kD = Dv = 128 or 64; no mask):
 // the lengths its A/B against the 128-row kernel covered (the numbers and
-// why: attention_fwd_wide.cuh's notes). (_fwd_ws_shape in
-// jax_dnn/_src/attention.py mirrors this test.)
+// why: attention_fwd_wide.cuh's notes). At head dim 128: past 4096 keys
+// and queries since session 40, from 2048 since session 46, the 192-row kernel
+// having the lazy rescale since session 44: fwd_trace A/B on an H200
+// (2026-11-26, B * S = 16384, 16 heads, T = S, time against the 128-row
+// kernel) 0.996 at S = 1024 (not taken), 0.945 at 2048, 0.878 at 3072,
+// 0.972 at 4096. (_fwd_ws_shape in jax_dnn/_src/attention.py mirrors this
+// test.)
 inline bool FwdWideTakes(int d, int64_t s, int64_t t) {
-  return d == 64 ? s >= 512 && t >= 512 : s > 4096 && t > 4096;
+  return d == 64 ? s >= 512 && t >= 512 : s >= 2048 && t >= 2048;
 }
 
 template <typename T, int kD, int kDv>
@@ -223,7 +228,7 @@ cudaError_t LaunchFwdDims(const AttentionFwdParams& p, cudaStream_t stream) {
     // 1.00 at 16384; D = 64: 0.92 -> 0.95, 0.95 -> 0.97).
     const bool banded = p.mask.causal || p.mask.window_left >= 0 || p.mask.window_right >= 0;
     // Without a mask, 192-row tiles (attention_fwd_wide.cuh) at head dims
-    // 128 past 4096 keys and queries, and at head dims 64 from 512 keys and
+    // 128 from 2048 keys and queries, and at head dims 64 from 512 keys and
     // queries (FwdWideTakes). Measured with T = S only; with few queries a
     // 192-row tile wastes more rows than a 128-row one, so shorter T keeps
     // the 128-row kernel until an A/B says otherwise.

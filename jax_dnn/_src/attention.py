@@ -139,8 +139,8 @@ def _fwd_abstract(q, k, v, *operands, present, **params):
 # on the lean logits path where every query tile sees the same keys, a
 # persistent grid's last round is shared out over the SMs by key tiles and
 # the pieces merged from this workspace: 2 slots of a work tile's rows x
-# (Hv padded + 1) floats for each of up to 132 SMs (26 MB at Hv = 128 past
-# 4096 keys, whose tiles have 192 rows, as at Hv = 64 from 512 keys; else 128
+# (Hv padded + 1) floats for each of up to 132 SMs (26 MB at Hv = 128 from
+# 2048 keys, whose tiles have 192 rows, as at Hv = 64 from 512 keys; else 128
 # rows), only when there are more work tiles than that. The launcher checks
 # the size; a workspace it does not take costs only memory.
 _FWD_SPLIT_CTAS = 132
@@ -151,13 +151,13 @@ def _fwd_ws_shape(q, k, v, *, present, is_causal, window, **params):
   Not per batch element: the batching rule passes it on unbatched."""
   b, t, n, _ = q.shape
   d, dv, s = _pad64(q.shape[-1]), _pad64(v.shape[-1]), k.shape[1]
-  # LaunchFwdDims (FwdWideTakes): the 192-row kernel (128-key tiles) past
-  # 4096 keys and queries at head dims 128, from 512 at head dims 64; a
+  # LaunchFwdDims (FwdWideTakes): the 192-row kernel (128-key tiles) from
+  # 2048 keys and queries at head dims 128, from 512 at head dims 64; a
   # symbolic T is sized for it (larger).
   def at_least(rows):  # (not `n`: the heads above)
     return t >= rows if isinstance(t, int) else True
 
-  wide = ((d == dv == 128 and s > 4096 and at_least(4097))
+  wide = ((d == dv == 128 and s >= 2048 and at_least(2048))
           or (d == dv == 64 and s >= 512 and at_least(512)))
   key_tile = 64 if max(d, dv) > 128 else 128 if s <= 4096 or wide else 176
   # LaunchFwdTiles / LaunchFwdWide: FwdUniformKeys, not FwdNeedsGeneral, 32
