@@ -652,7 +652,7 @@ __global__ void __launch_bounds__(384, 1)
     // barrier, the issuing thread waits until the previous reduce-add has
     // read its buffer, which the next tile's stores reuse. One buffer: the
     // wait and a barrier come before the stores (the previous reduce-add was
-    // issued a tile earlier, so it has long been read).
+    // issued a tile earlier, so the wait seldom stalls).
     auto reduce_dq = [&](DqFrag& dq, int it) {
       hopper::FenceRegisters(dq);
       const int buf = Tiles::kDqBufs == 2 ? (it & 1) : 0;
