@@ -391,7 +391,8 @@ __global__ void __launch_bounds__(384, 1)
 
 // kV: V is loaded (the launches that compute dP^T, i.e. dK; a dV-only launch
 // needs only P^T, and the room V would take holds a wider query tile).
-template <int kD, int kDv, int kBQ, bool kDq = false, bool kV = true>
+// kDkOnly: the dK launch past head dim 128, whose dO serves dP^T alone.
+template <int kD, int kDv, int kBQ, bool kDq = false, bool kV = true, bool kDkOnly = false>
 struct DkvTiles {
   static constexpr int kBN = 128;
   static constexpr int kKBytes = kBN * kD * 2, kVBytes = kV ? kBN * kDv * 2 : 0;
@@ -404,10 +405,12 @@ struct DkvTiles {
   static constexpr int kDsBytes = kDq ? kBN * kBQ * 2 : 0;
   static constexpr int kDqHalfBytes = kDq ? kBQ * kD / 2 * 4 : 0;
   static constexpr int kDqBufs = kBQ == 64 ? 2 : 1;
-  static constexpr int SmemFor(int stages) {
-    return 1024 + kKBytes + kVBytes + stages * (kQBytes + kOBytes + kRowBytes) + 2 * kDsBytes +
-           2 * kDqBufs * kDqHalfBytes + 8 * (1 + 2 * stages);
+  static constexpr int SmemFor(int stages, int o_stages) {
+    return 1024 + kKBytes + kVBytes + stages * (kQBytes + kRowBytes) + o_stages * kOBytes +
+           2 * kDsBytes + 2 * kDqBufs * kDqHalfBytes + 8 * (1 + 2 * stages) +
+           (o_stages != stages ? 16 : 0);  // the lone dO buffer's full / empty barriers
   }
+  static constexpr int SmemFor(int stages) { return SmemFor(stages, stages); }
   // Q/dO ring depth: as many stages (up to 4) as shared memory holds (2 with
   // the fused dQ's buffers). Against the earlier 2
   // stages, ncu, H200, S = 8192, 2026-11-22: D = 64 (4 stages) 4.98 -> 4.91
@@ -415,7 +418,15 @@ struct DkvTiles {
   // faster in the benchmark (within its noise).
   static constexpr int kMaxSmem = 227 * 1024;
   static constexpr int kStages = SmemFor(4) <= kMaxSmem ? 4 : SmemFor(3) <= kMaxSmem ? 3 : 2;
-  static constexpr int kSmem = SmemFor(kStages);
+  // Where two Q/dO stages do not fit (the dK launch at head dims 256 / 256
+  // with 64-query tiles: K and V take 128 KB), a dK launch keeps two Q
+  // stages and one dO buffer: dO is read by dP^T only, the step's second
+  // wgmma, so the next tile's dO loads while this one's P^T, dS^T and dK
+  // wgmmas run (Q, read again by dK at the step's end, keeps its ring).
+  static constexpr bool kOneDo = kDkOnly && SmemFor(2) > kMaxSmem;
+  static constexpr int kOStages = kOneDo ? 1 : kStages;
+  static constexpr int kSmem = SmemFor(kStages, kOStages);
+  static_assert(kSmem <= kMaxSmem, "the dK/dV kernel's tiles fit in shared memory");
 };
 
 // The fused dQ's query tile (DqTileRows, attention_common.cuh): 128 queries
@@ -490,8 +501,9 @@ __global__ void __launch_bounds__(384, 1)
                        const __grid_constant__ CUtensorMap tk, const __grid_constant__ CUtensorMap tv,
                        const AttentionBwdParams p) {
   constexpr bool kNeedDp = kDoDK;  // dV needs only P: V is loaded for dK only
-  using Tiles = DkvTiles<kD, kDv, kBQ, kDq, kNeedDp>;
+  using Tiles = DkvTiles<kD, kDv, kBQ, kDq, kNeedDp, kDoDK && !kDoDV>;
   constexpr int kBN = Tiles::kBN, kStages = Tiles::kStages;
+  constexpr bool kOneDo = Tiles::kOneDo;  // one dO buffer (see DkvTiles), with its own barriers
   static_assert(!kDq || (kDoDK && kDoDV && kBQ == DqTileRows(kD) && (kD == 64 || kD == 128)),
                 "the fused dQ takes head dims 64 or 128 and DqTileRows queries");
   extern __shared__ uint8_t smem_raw[];
@@ -501,13 +513,15 @@ __global__ void __launch_bounds__(384, 1)
   uint8_t* sq = sv + Tiles::kVBytes;
   uint8_t* sdo = sq + kStages * Tiles::kQBytes;
   // dS: [2 tiles][kBQ / 64 query blocks][kBN keys][64 queries], 128B-swizzled
-  uint8_t* sds = sdo + kStages * Tiles::kOBytes;
+  uint8_t* sds = sdo + Tiles::kOStages * Tiles::kOBytes;
   float* sdq = reinterpret_cast<float*>(sds + 2 * Tiles::kDsBytes);  // [kDqBufs][2 warpgroups][kBQ x kD / 2]
   float* srows = reinterpret_cast<float*>(reinterpret_cast<uint8_t*>(sdq) +
                                           2 * Tiles::kDqBufs * Tiles::kDqHalfBytes);  // [stage][lse2 | delta][kBQ]
   uint64_t* kv_full = reinterpret_cast<uint64_t*>(srows + kStages * 2 * kBQ);
   uint64_t* full = kv_full + 1;
   uint64_t* empty = full + kStages;
+  uint64_t* do_full = empty + kStages;  // kOneDo only
+  uint64_t* do_empty = do_full + 1;
 
   const AttentionShape& sh = p.shape;
   const uint3 g = BwdGridTile(p.tail_slices);
@@ -530,6 +544,10 @@ __global__ void __launch_bounds__(384, 1)
     for (int s = 0; s < kStages; ++s) {
       hopper::BarrierInit(&full[s], 1 + 32);  // the TMA thread and the row warp
       hopper::BarrierInit(&empty[s], 256);
+    }
+    if constexpr (kOneDo) {
+      hopper::BarrierInit(do_full, 1);
+      hopper::BarrierInit(do_empty, 256);
     }
     hopper::FenceBarrierInit();
   }
@@ -572,13 +590,20 @@ __global__ void __launch_bounds__(384, 1)
         const int i = query_tile(it);
         const int s = it % kStages;
         if (it >= kStages) hopper::BarrierWait(&empty[s], ((it / kStages) - 1) & 1);
-        hopper::BarrierExpectTx(&full[s], Tiles::kQBytes + Tiles::kOBytes);
+        hopper::BarrierExpectTx(&full[s], Tiles::kQBytes + (kOneDo ? 0 : Tiles::kOBytes));
         for (int d = 0; d < kD / 64; ++d)
           hopper::TmaLoad4d(sq + s * Tiles::kQBytes + d * kBQ * 128, &tq, &full[s], d * 64, n,
                             i * kBQ, b);
-        for (int d = 0; d < kDv / 64; ++d)
-          hopper::TmaLoad4d(sdo + s * Tiles::kOBytes + d * kBQ * 128, &tdo, &full[s], d * 64, n,
-                            i * kBQ, b);
+        if constexpr (kOneDo) {  // dO(it) once every consumer's dP^T(it - 1) is done
+          if (it >= 1) hopper::BarrierWait(do_empty, (it - 1) & 1);
+          hopper::BarrierExpectTx(do_full, Tiles::kOBytes);
+          for (int d = 0; d < kDv / 64; ++d)
+            hopper::TmaLoad4d(sdo + d * kBQ * 128, &tdo, do_full, d * 64, n, i * kBQ, b);
+        } else {
+          for (int d = 0; d < kDv / 64; ++d)
+            hopper::TmaLoad4d(sdo + s * Tiles::kOBytes + d * kBQ * 128, &tdo, &full[s], d * 64, n,
+                              i * kBQ, b);
+        }
       }
     }
     return;
@@ -817,7 +842,7 @@ __global__ void __launch_bounds__(384, 1)
       const int s = it % kStages;
       const uint32_t phase = (it / kStages) & 1;
       const uint32_t q_addr = hopper::SmemAddr(sq + s * Tiles::kQBytes);
-      const uint32_t do_addr = hopper::SmemAddr(sdo + s * Tiles::kOBytes);
+      const uint32_t do_addr = hopper::SmemAddr(sdo + (kOneDo ? 0 : s) * Tiles::kOBytes);
       // Columns are query rows q0 + ...; their lse and delta come from the row warp.
       const int64_t q0 = int64_t(i) * kBQ;
       const int64_t col0 = q0 + 2 * (lane % 4);
@@ -833,6 +858,7 @@ __global__ void __launch_bounds__(384, 1)
                         desc(q_addr, 0, (kk / 4) * kBQ * 128 + (kk % 4) * 32), kk > 0);
       hopper::WgmmaCommit();
       if constexpr (kNeedDp) {
+        if constexpr (kOneDo) hopper::BarrierWait(do_full, it & 1);
   #pragma unroll
         for (int kk = 0; kk < kDv / 16; ++kk)
           WgmmaSS<T, kBQ>(dpt, desc(v_base, 0, (kk / 4) * kBN * 128 + (kk % 4) * 32),
@@ -860,6 +886,7 @@ __global__ void __launch_bounds__(384, 1)
       if constexpr (kDoDK) {
         hopper::WgmmaWait<0>();  // dP^T
         hopper::FenceRegisters(dpt);
+        if constexpr (kOneDo) hopper::BarrierArrive(do_empty);  // dO is read by dP^T only
   #pragma unroll
         for (int e = 0; e < kBQ / 2; ++e) {
           const int off = 8 * (e >> 2) + (e & 1);

@@ -57,7 +57,7 @@ cudaError_t LaunchDkv(const AttentionBwdParams& p, cudaStream_t stream) {
                   DkvTiles<kD, kDv, kBQ>::kSmem, stream, tq, tdo, tk, tv, p);
   } else {
     cudaError_t e = Launch(AttentionDkvKernel<T, kD, kDv, kBQ, true, false, kGeneral>, kv_grid,
-                           DkvTiles<kD, kDv, kBQ>::kSmem, stream, tq, tdo, tk, tv, p);
+                           DkvTiles<kD, kDv, kBQ, false, true, true>::kSmem, stream, tq, tdo, tk, tv, p);
     if (e != cudaSuccess) return e;
     // The dV launch loads no V (it needs only P^T), and in that room takes
     // kBQv queries a step: its S^T wgmmas are then twice as wide (the K
@@ -107,9 +107,14 @@ cudaError_t LaunchBwdGeneral(const AttentionBwdParams& p, cudaStream_t stream) {
   // B*S = 16384, D = 64, backward time 64 -> 128 queries: S = 8192 4.48 ->
   // 4.23 ms causal, 8.38 -> 8.18 non-causal; S = 16384 8.25 -> 7.77, 16.25 ->
   // 15.28; S <= 2048 within +-4% (causal S = 512: 0.85 -> 0.89 ms).
-  constexpr int kBQ = kD + kDv <= 128 && !kGeneral                     ? 128
-                      : kD + kDv <= 128 || (kD + kDv <= 256 && !kGeneral) ? 64
-                                                                          : 32;
+  // Past head dims 128 + 128 the lean dK launch (dK alone: 128 accumulator
+  // registers at head dim 256) also takes 64 queries, so that its S^T and
+  // dP^T wgmmas are m64n64 (each read of K and V from shared memory serves
+  // twice the queries it did at 32); at 256 / 256 it then keeps one dO
+  // buffer (DkvTiles).
+  constexpr int kBQ = kD + kDv <= 128 && !kGeneral ? 128
+                      : kD + kDv <= 128 || !kGeneral ? 64
+                                                     : 32;
 
   if (p.dq_acc != nullptr) {  // the single pass (see AttentionDkvKernel's kDq)
     if constexpr ((kD == 64 || kD == 128) && kDv == kD && !kGeneral) {
