@@ -504,6 +504,7 @@ __global__ void __launch_bounds__(384, 1)
   using Tiles = DkvTiles<kD, kDv, kBQ, kDq, kNeedDp, kDoDK && !kDoDV>;
   constexpr int kBN = Tiles::kBN, kStages = Tiles::kStages;
   constexpr bool kOneDo = Tiles::kOneDo;  // one dO buffer (see DkvTiles), with its own barriers
+  static_assert(!kOneDo || (!kDoDV && !kDq), "the lone dO buffer is read by dP^T only");
   static_assert(!kDq || (kDoDK && kDoDV && kBQ == DqTileRows(kD) && (kD == 64 || kD == 128)),
                 "the fused dQ takes head dims 64 or 128 and DqTileRows queries");
   extern __shared__ uint8_t smem_raw[];
@@ -819,8 +820,8 @@ __global__ void __launch_bounds__(384, 1)
     }
   } else {
     // The 64-query instantiations (lean head dims 96 and 128 -- at 128 the
-    // deterministic option -- general 64, and the dV launches past head dim
-    // 128, lean and general) keep the earlier forms of the
+    // deterministic option -- general 64, and past head dim 128 the dV
+    // launches, lean and general, and the lean dK launches) keep the earlier forms of the
     // warpgroup offsets, wgmma descriptors and row loads: with the forms
     // above, ptxas schedules the head-dim-128 loop into a kernel 10% slower
     // (S = 8192, ncu, H200, 2026-11-22: 3.23 -> 3.57 ms), while they make the
