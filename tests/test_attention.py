@@ -329,3 +329,70 @@ def test_vjp_of_jitted_function(device):
   y, vjp = jax.vjp(jax.jit(jax_dnn.dot_product_attention), q, k, v)
   grads = vjp(jnp.ones_like(y))
   assert [g.shape for g in grads] == [q.shape, k.shape, v.shape]
+
+
+# The reference's query-row blocks (the path of float32 inputs and of head
+# dims without a kernel on CUDA, of every input elsewhere): past a size it
+# runs over blocks of _REF_BLOCK_ROWS query rows, so that its memory is linear
+# in S. Here the blocks are forced (16 rows, from any size) and the result
+# compared with the dense form's; the value head dim 12 has no kernel, so the
+# GPU variant runs the reference there too. T = 70: 5 blocks, the last one
+# ragged.
+def _block_options(b, t, s, n):
+  rng = np.random.default_rng(3)
+  return {
+      "bias_mask_lengths_causal": dict(
+          bias=randn(7, (b, n, t, s), jnp.float32), mask=jnp.asarray(rng.random((b, 1, t, s)) < 0.8),
+          query_seq_lengths=jnp.array([t, 33]), key_value_seq_lengths=jnp.array([s, 20]),
+          is_causal=True),
+      "segments_window_softcap": dict(
+          q_segment_ids=jnp.asarray(rng.integers(0, 2, (b, t)), jnp.int32),
+          kv_segment_ids=jnp.asarray(rng.integers(0, 2, (b, s)), jnp.int32),
+          local_window_size=(10, 3), logits_soft_cap=2.0),
+      "bias_broadcast_heads": dict(bias=randn(8, (b, 1, t, s), jnp.float32)),
+  }
+
+
+@pytest.mark.parametrize("dtype", [jnp.float32, jnp.bfloat16], ids=lambda d: jnp.dtype(d).name)
+@pytest.mark.parametrize("option", list(_block_options(2, 70, 50, 4)))
+def test_reference_blocks_match_dense(device, monkeypatch, option, dtype):
+  from jax_dnn._src import attention as attention_src
+  b, t, s, n = 2, 70, 50, 4
+  q, k, v = qkv(30, b, t, s, n, 2, 16, dtype, hv=12)
+  kwargs = _block_options(b, t, s, n)[option]
+  bias = kwargs.pop("bias", None)
+
+  def f(q, k, v, bias):
+    o, lse = jax_dnn.dot_product_attention(q, k, v, bias, return_residual=True, **kwargs)
+    w = jnp.cos(jnp.arange(o.size, dtype=jnp.float32)).reshape(o.shape)  # a varied cotangent
+    return jnp.sum(o.astype(jnp.float32) * w), (o, lse)
+
+  def run():  # a fresh jit each time: the reference is traced anew
+    fn = jax.jit(jax.grad(f, (0, 1, 2, 3) if bias is not None else (0, 1, 2), has_aux=True))
+    return fn.lower(q, k, v, bias).as_text(), fn(q, k, v, bias)
+
+  hlo_dense, (g_dense, (o_dense, lse_dense)) = run()
+  monkeypatch.setattr(attention_src, "_REF_BLOCK_ROWS", 16)
+  monkeypatch.setattr(attention_src, "_REF_DENSE_SCORES", 0)
+  hlo_blocked, (g_blocked, (o_blocked, lse_blocked)) = run()
+  assert "while" not in hlo_dense and "while" in hlo_blocked  # the blocks ran (lax.map / scan)
+  tol = dict(rtol=1e-5, atol=1e-5) if dtype == jnp.float32 else dict(rtol=2e-2, atol=2e-2)
+  for name, x, y in [("o", o_blocked, o_dense), ("lse", lse_blocked, lse_dense)] + [
+      (f"grad {i}", x, y) for i, (x, y) in enumerate(zip(g_blocked, g_dense))]:
+    x, y = np.asarray(x, np.float32), np.asarray(y, np.float32)
+    assert not np.isnan(x).any(), name
+    np.testing.assert_allclose(x, y, err_msg=name, **tol)
+
+
+def test_reference_memory_is_linear_in_s():
+  """fwd+bwd through the reference (float32) at S = 32k and 64k: the compiled
+  program's scratch doubles with S (the blocks), where one dense fp32 score
+  matrix alone would be 4 GiB and 16 GiB."""
+  temp = {}
+  for s in (32768, 65536):
+    x = jax.ShapeDtypeStruct((1, s, 1, 64), jnp.float32)
+    loss = lambda q, k, v: jnp.sum(jax_dnn.dot_product_attention(q, k, v, is_causal=True))
+    compiled = jax.jit(jax.grad(loss, (0, 1, 2))).lower(x, x, x).compile()
+    temp[s] = compiled.memory_analysis().temp_size_in_bytes
+  assert temp[32768] < 2**29, temp
+  assert temp[65536] < 2.2 * temp[32768], temp

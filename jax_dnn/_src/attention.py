@@ -19,8 +19,10 @@ On CUDA the primitives lower to the fused Hopper kernels (ffi/attention/)
 for bfloat16/float16 with head dims that are multiples of 8 up to 256 (key and
 value head dims padded to the same 64-multiple, or 192/128 as in MLA); memory
 is O(T + S) per head. Every other case (float32, other head dims, empty
-shapes, other platforms) lowers to the pure-JAX reference below, which
-materializes the [T, S] scores. A bias is passed to the kernels as float32.
+shapes, other platforms) lowers to the pure-JAX reference below, in fp32:
+it materializes the [T, S] scores of a call up to 2^28 of them, and past that
+runs over blocks of 256 query rows, so that its memory too is linear in S
+(_REF_BLOCK_ROWS). A bias is passed to the kernels as float32.
 """
 
 from __future__ import annotations
@@ -51,8 +53,10 @@ def _grouped(op, s, x):
   return op(s.reshape((g, -1) + s.shape[1:]), x[:, None]).reshape(s.shape)
 
 
-def _logits_and_valid(q, k, ops, *, scale, softcap, is_causal, window):
-  """fp32 scores [B, N, T, S] and the boolean mask of allowed positions."""
+def _logits_and_valid(q, k, ops, *, scale, softcap, is_causal, window, q0=0):
+  """fp32 scores [B, N, T, S] and the boolean mask of allowed positions, for
+  query rows q0 .. q0 + T - 1 (a block of them: the row operands in `ops`,
+  bias, mask and q_seg, hold those rows only)."""
   b, t, n, _ = q.shape
   s_len, kh = k.shape[1], k.shape[2]
   g = n // kh
@@ -63,7 +67,7 @@ def _logits_and_valid(q, k, ops, *, scale, softcap, is_causal, window):
   if ops.get("bias") is not None:
     s = _grouped(lambda a, c: a + c, s, ops["bias"].astype(jnp.float32))
   valid = jnp.ones((1, 1, t, s_len), bool)
-  qi = jnp.arange(t)[:, None]
+  qi = q0 + jnp.arange(t)[:, None]
   kj = jnp.arange(s_len)[None, :]
   if is_causal:
     valid = valid & (kj <= qi)[None, None]
@@ -74,7 +78,7 @@ def _logits_and_valid(q, k, ops, *, scale, softcap, is_causal, window):
   if ops.get("mask") is not None:
     valid = _grouped(jnp.logical_and, valid, ops["mask"])
   if ops.get("q_lens") is not None:
-    valid = valid & (jnp.arange(t)[None, :] < ops["q_lens"][:, None])[:, None, :, None]
+    valid = valid & (q0 + jnp.arange(t)[None, :] < ops["q_lens"][:, None])[:, None, :, None]
   if ops.get("kv_lens") is not None:
     valid = valid & (jnp.arange(s_len)[None, :] < ops["kv_lens"][:, None])[:, None, None, :]
   if ops.get("q_seg") is not None:
@@ -83,10 +87,87 @@ def _logits_and_valid(q, k, ops, *, scale, softcap, is_causal, window):
   return s, jnp.broadcast_to(valid, (b, n, t, s_len))
 
 
+# Query-row blocks of the reference: where a call's fp32 scores [B, N, T, S]
+# would pass _REF_DENSE_SCORES (1 GiB), the reference runs over blocks of
+# _REF_BLOCK_ROWS query rows (lax.map / lax.scan), so that its memory is
+# O(B N _REF_BLOCK_ROWS S) -- linear in S -- not O(T S): the path of float32
+# inputs and of head dims without a kernel on CUDA, and of every input on
+# other platforms. (The bias gradient, [B, N, T, S] itself, stays whole.)
+_REF_BLOCK_ROWS = 256
+_REF_DENSE_SCORES = 1 << 28
+
+
+def _ref_blocks(q, k):
+  """The number of query-row blocks the reference takes (1: dense)."""
+  b, t, n, _ = q.shape
+  dims = (b, t, n, k.shape[1])
+  if not all(isinstance(d, int) for d in dims) or t <= _REF_BLOCK_ROWS:
+    return 1  # (a symbolic shape: dense, as before)
+  if math.prod(dims) <= _REF_DENSE_SCORES:
+    return 1
+  return -(-t // _REF_BLOCK_ROWS)
+
+
+# The operands indexed by query row, and the axis of their rows.
+_ROW_AXIS = {"bias": 2, "mask": 2, "q_seg": 1}
+
+
+def _pad_rows(x, axis, rows):
+  pad = [(0, 0)] * x.ndim
+  pad[axis] = (0, rows - x.shape[axis])
+  return jnp.pad(x, pad)
+
+
+def _row_block(x, axis, i, rows):
+  return jax.lax.dynamic_slice_in_dim(x, i * rows, rows, axis=axis)
+
+
+def _blocked_rows(q, ops, blocks):
+  """q and the row operands padded to `blocks` whole blocks of query rows
+  (padded rows: zero queries and bias, mask False -- fully masked rows,
+  which give zeros, never NaN; their outputs are cut off, and with a zero
+  output cotangent they add nothing to dK / dV), and a
+  function of the block index giving that block's (q, ops, q0)."""
+  rows = _REF_BLOCK_ROWS
+  tp = blocks * rows
+  qp = _pad_rows(q, 1, tp)
+  opsp = {name: (_pad_rows(x, _ROW_AXIS[name], tp) if name in _ROW_AXIS and x.shape[_ROW_AXIS[name]] > 1
+                 else x)
+          for name, x in ops.items()}
+
+  def block(i):
+    ops_i = {name: (_row_block(x, _ROW_AXIS[name], i, rows)
+                    if name in _ROW_AXIS and x.shape[_ROW_AXIS[name]] > 1 else x)
+             for name, x in opsp.items()}
+    return _row_block(qp, 1, i, rows), ops_i, i * rows
+
+  return block
+
+
 def _fwd_reference(q, k, v, *operands, present, deterministic=False, **params):
   del deterministic  # a backward option
   ops = dict(zip(present, operands))
-  s, valid = _logits_and_valid(q, k, ops, **params)
+  ws = jnp.zeros(_fwd_ws_shape(q, k, v, present=present, **params), jnp.float32)
+  blocks = _ref_blocks(q, k)
+  if blocks == 1:
+    o, lse = _fwd_dense(q, k, v, ops, **params)
+    return o, lse, ws
+  block = _blocked_rows(q, ops, blocks)
+
+  def one(i):
+    q_i, ops_i, q0 = block(i)
+    return _fwd_dense(q_i, k, v, ops_i, q0=q0, **params)
+
+  o, lse = jax.lax.map(one, jnp.arange(blocks))  # [C, B, rows, N, Hv], [C, B, N, rows]
+  b, t, n, _ = q.shape
+  o = jnp.moveaxis(o, 0, 1).reshape((b, -1) + o.shape[3:])[:, :t]
+  lse = jnp.moveaxis(lse, 0, 2).reshape(b, n, -1)[:, :, :t]
+  return o, lse, ws
+
+
+def _fwd_dense(q, k, v, ops, *, q0=0, **params):
+  """o [B, T, N, Hv] in q's dtype and lse [B, N, T] for query rows q0 + ..."""
+  s, valid = _logits_and_valid(q, k, ops, q0=q0, **params)
   s = jnp.where(valid, s, -jnp.inf)
   m = jnp.max(s, axis=-1, keepdims=True)
   m_safe = jnp.where(jnp.isfinite(m), m, 0.0)  # fully masked rows: no -inf - -inf
@@ -98,8 +179,7 @@ def _fwd_reference(q, k, v, *operands, present, deterministic=False, **params):
   o = jnp.einsum("bnts,bsnh->btnh", p / jnp.where(l > 0, l, 1.0), vf)
   lse = jnp.where(l[..., 0] > 0, m_safe[..., 0] + jnp.log(jnp.where(l > 0, l, 1.0))[..., 0],
                   -jnp.inf)
-  ws = jnp.zeros(_fwd_ws_shape(q, k, v, present=present, **params), jnp.float32)
-  return o.astype(q.dtype), lse, ws
+  return o.astype(q.dtype), lse
 
 
 def _bwd_reference(do, q, k, v, o, lse, *operands, present, fused_dq, **params):
@@ -115,14 +195,51 @@ def _bwd_reference(do, q, k, v, o, lse, *operands, present, fused_dq, **params):
     diff.append(jnp.broadcast_to(_grouped(lambda a, c: a + c, jnp.zeros((b, n, t, s_len)),
                                           operands[0].astype(jnp.float32)), (b, n, t, s_len)))
 
-  def f(*d):
-    ops = (d[3],) + tuple(rest) if has_bias else tuple(rest)
-    return _fwd_reference(d[0], d[1], d[2], *ops, present=present, **params)[0]
-
-  grads = jax.vjp(f, *diff)[1](do.astype(q.dtype))
-  ds = grads[3] if has_bias else jnp.zeros((b, 0), jnp.float32)
   delta = jnp.einsum("btnh,btnh->bnt", do.astype(jnp.float32), o.astype(jnp.float32))
-  return (*grads[:3], ds, delta, jnp.zeros(_dq_acc_shape(q, fused_dq), jnp.float32))
+  dq_acc = jnp.zeros(_dq_acc_shape(q, fused_dq), jnp.float32)
+  params.pop("deterministic", None)  # a kernel option
+  blocks = _ref_blocks(q, k)
+  if blocks == 1:
+    def f(*d):
+      ops = dict(zip(present, (d[3],) + tuple(rest) if has_bias else tuple(rest)))
+      return _fwd_dense(d[0], d[1], d[2], ops, **params)[0]
+
+    grads = jax.vjp(f, *diff)[1](do.astype(q.dtype))
+    ds = grads[3] if has_bias else jnp.zeros((b, 0), jnp.float32)
+    return (*grads[:3], ds, delta, dq_acc)
+
+  # Blocks of query rows: each block's vjp gives its dQ rows and dlogits
+  # rows, and adds to dK and dV, accumulated in fp32 over the blocks (the
+  # block's math is fp32 whatever the input dtype, as in the dense form).
+  ops = dict(zip(present, operands))
+  if has_bias:  # the full-shaped bias of the dense form, [B, N, T, S]
+    ops["bias"] = diff[3]
+  block = _blocked_rows(q, ops, blocks)
+  dop = _pad_rows(do.astype(q.dtype).astype(jnp.float32), 1, blocks * _REF_BLOCK_ROWS)
+  kf, vf = k.astype(jnp.float32), v.astype(jnp.float32)
+
+  def one(carry, i):
+    q_i, ops_i, q0 = block(i)
+    bias_i = ops_i.pop("bias", None)
+
+    def f(qb, kb, vb, *bias):
+      return _fwd_dense(qb, kb, vb, dict(ops_i, **({"bias": bias[0]} if bias else {})),
+                        q0=q0, **params)[0]
+
+    primals = (q_i.astype(jnp.float32), kf, vf) + ((bias_i,) if has_bias else ())
+    g = jax.vjp(f, *primals)[1](_row_block(dop, 1, i, _REF_BLOCK_ROWS))
+    dk, dv = carry
+    return (dk + g[1], dv + g[2]), (g[0], g[3] if has_bias else jnp.zeros((0,), jnp.float32))
+
+  (dk, dv), (dq, ds) = jax.lax.scan(one, (jnp.zeros_like(kf), jnp.zeros_like(vf)),
+                                    jnp.arange(blocks))
+  t = q.shape[1]
+  dq = jnp.moveaxis(dq, 0, 1).reshape((b, -1) + q.shape[2:])[:, :t].astype(q.dtype)
+  if has_bias:  # [C, B, N, rows, S] -> [B, N, T, S]
+    ds = jnp.moveaxis(ds, 0, 2).reshape(b, n, -1, s_len)[:, :, :t]
+  else:
+    ds = jnp.zeros((b, 0), jnp.float32)
+  return dq, dk.astype(k.dtype), dv.astype(v.dtype), ds, delta, dq_acc
 
 
 # --- primitives ---------------------------------------------------------------
