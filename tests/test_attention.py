@@ -350,6 +350,7 @@ def _block_options(b, t, s, n):
           kv_segment_ids=jnp.asarray(rng.integers(0, 2, (b, s)), jnp.int32),
           local_window_size=(10, 3), logits_soft_cap=2.0),
       "bias_broadcast_heads": dict(bias=randn(8, (b, 1, t, s), jnp.float32)),
+      "bias_broadcast_batch": dict(bias=randn(9, (1, n, t, s), jnp.float32), is_causal=True),
   }
 
 

@@ -21,7 +21,7 @@ value head dims padded to the same 64-multiple, or 192/128 as in MLA); memory
 is O(T + S) per head. Every other case (float32, other head dims, empty
 shapes, other platforms) lowers to the pure-JAX reference below, in fp32:
 it materializes the [T, S] scores of a call up to 2^28 of them, and past that
-runs over blocks of 256 query rows, so that its memory too is linear in S
+runs over blocks of up to 256 query rows, so that its memory too is linear in S
 (_REF_BLOCK_ROWS). A bias is passed to the kernels as float32.
 """
 
@@ -88,24 +88,31 @@ def _logits_and_valid(q, k, ops, *, scale, softcap, is_causal, window, q0=0):
 
 
 # Query-row blocks of the reference: where a call's fp32 scores [B, N, T, S]
-# would pass _REF_DENSE_SCORES (1 GiB), the reference runs over blocks of
-# _REF_BLOCK_ROWS query rows (lax.map / lax.scan), so that its memory is
-# O(B N _REF_BLOCK_ROWS S) -- linear in S -- not O(T S): the path of float32
-# inputs and of head dims without a kernel on CUDA, and of every input on
-# other platforms. (The bias gradient, [B, N, T, S] itself, stays whole.)
+# would pass _REF_DENSE_SCORES (1 GiB a score matrix; the dense fwd+bwd holds
+# about five), the reference runs over blocks of at most _REF_BLOCK_ROWS
+# query rows (lax.map / lax.scan), fewer where B N S is large (a block's
+# scores up to _REF_BLOCK_SCORES, from 8 rows), so that its memory is
+# O(B N rows S) -- linear in S -- not O(T S): the path of float32 inputs and
+# of head dims without a kernel on CUDA, and of every input on other
+# platforms. (The bias gradient, [B, N, T, S] itself, stays whole.)
 _REF_BLOCK_ROWS = 256
 _REF_DENSE_SCORES = 1 << 28
+_REF_BLOCK_SCORES = 1 << 24
 
 
 def _ref_blocks(q, k):
-  """The number of query-row blocks the reference takes (1: dense)."""
+  """(blocks, rows a block) of the reference's query rows ((1, T): dense).
+  The rows are spread evenly over the blocks (multiples of 8), so that the
+  last block is not mostly padding."""
   b, t, n, _ = q.shape
   dims = (b, t, n, k.shape[1])
-  if not all(isinstance(d, int) for d in dims) or t <= _REF_BLOCK_ROWS:
-    return 1  # (a symbolic shape: dense, as before)
-  if math.prod(dims) <= _REF_DENSE_SCORES:
-    return 1
-  return -(-t // _REF_BLOCK_ROWS)
+  if not all(isinstance(d, int) for d in dims) or math.prod(dims) <= _REF_DENSE_SCORES:
+    return 1, t  # (a symbolic shape: dense, as before)
+  cap = min(_REF_BLOCK_ROWS, max(8, _REF_BLOCK_SCORES // (b * n * k.shape[1]) // 8 * 8))
+  if t <= cap:
+    return 1, t
+  blocks = -(-t // cap)
+  return blocks, -(-(-(-t // blocks)) // 8) * 8
 
 
 # The operands indexed by query row, and the axis of their rows.
@@ -122,13 +129,12 @@ def _row_block(x, axis, i, rows):
   return jax.lax.dynamic_slice_in_dim(x, i * rows, rows, axis=axis)
 
 
-def _blocked_rows(q, ops, blocks):
-  """q and the row operands padded to `blocks` whole blocks of query rows
-  (padded rows: zero queries and bias, mask False -- fully masked rows,
-  which give zeros, never NaN; their outputs are cut off, and with a zero
-  output cotangent they add nothing to dK / dV), and a
-  function of the block index giving that block's (q, ops, q0)."""
-  rows = _REF_BLOCK_ROWS
+def _blocked_rows(q, ops, blocks, rows):
+  """q and the row operands padded to `blocks` whole blocks of `rows` query
+  rows (padded rows: zero queries, bias and segment ids, mask False; their
+  scores stay finite, their outputs are cut off, and with a zero output
+  cotangent they add nothing to dK / dV), and a function of the block index
+  giving that block's (q, ops, q0)."""
   tp = blocks * rows
   qp = _pad_rows(q, 1, tp)
   opsp = {name: (_pad_rows(x, _ROW_AXIS[name], tp) if name in _ROW_AXIS and x.shape[_ROW_AXIS[name]] > 1
@@ -148,11 +154,11 @@ def _fwd_reference(q, k, v, *operands, present, deterministic=False, **params):
   del deterministic  # a backward option
   ops = dict(zip(present, operands))
   ws = jnp.zeros(_fwd_ws_shape(q, k, v, present=present, **params), jnp.float32)
-  blocks = _ref_blocks(q, k)
+  blocks, rows = _ref_blocks(q, k)
   if blocks == 1:
     o, lse = _fwd_dense(q, k, v, ops, **params)
     return o, lse, ws
-  block = _blocked_rows(q, ops, blocks)
+  block = _blocked_rows(q, ops, blocks, rows)
 
   def one(i):
     q_i, ops_i, q0 = block(i)
@@ -198,7 +204,7 @@ def _bwd_reference(do, q, k, v, o, lse, *operands, present, fused_dq, **params):
   delta = jnp.einsum("btnh,btnh->bnt", do.astype(jnp.float32), o.astype(jnp.float32))
   dq_acc = jnp.zeros(_dq_acc_shape(q, fused_dq), jnp.float32)
   params.pop("deterministic", None)  # a kernel option
-  blocks = _ref_blocks(q, k)
+  blocks, rows = _ref_blocks(q, k)
   if blocks == 1:
     def f(*d):
       ops = dict(zip(present, (d[3],) + tuple(rest) if has_bias else tuple(rest)))
@@ -214,8 +220,8 @@ def _bwd_reference(do, q, k, v, o, lse, *operands, present, fused_dq, **params):
   ops = dict(zip(present, operands))
   if has_bias:  # the full-shaped bias of the dense form, [B, N, T, S]
     ops["bias"] = diff[3]
-  block = _blocked_rows(q, ops, blocks)
-  dop = _pad_rows(do.astype(q.dtype).astype(jnp.float32), 1, blocks * _REF_BLOCK_ROWS)
+  block = _blocked_rows(q, ops, blocks, rows)
+  dop = _pad_rows(do.astype(q.dtype).astype(jnp.float32), 1, blocks * rows)
   kf, vf = k.astype(jnp.float32), v.astype(jnp.float32)
 
   def one(carry, i):
@@ -227,7 +233,7 @@ def _bwd_reference(do, q, k, v, o, lse, *operands, present, fused_dq, **params):
                         q0=q0, **params)[0]
 
     primals = (q_i.astype(jnp.float32), kf, vf) + ((bias_i,) if has_bias else ())
-    g = jax.vjp(f, *primals)[1](_row_block(dop, 1, i, _REF_BLOCK_ROWS))
+    g = jax.vjp(f, *primals)[1](_row_block(dop, 1, i, rows))
     dk, dv = carry
     return (dk + g[1], dv + g[2]), (g[0], g[3] if has_bias else jnp.zeros((0,), jnp.float32))
 
