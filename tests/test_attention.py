@@ -342,7 +342,8 @@ def _block_options(b, t, s, n):
   rng = np.random.default_rng(3)
   return {
       "bias_mask_lengths_causal": dict(
-          bias=randn(7, (b, n, t, s), jnp.float32), mask=jnp.asarray(rng.random((b, 1, t, s)) < 0.8),
+          bias=randn(7, (b, n, t, s), jnp.float32),
+          mask=jnp.asarray(rng.random((b, 1, t, s)) < 0.8),
           query_seq_lengths=jnp.array([t, 33]), key_value_seq_lengths=jnp.array([s, 20]),
           is_causal=True),
       "segments_window_softcap": dict(

@@ -136,14 +136,16 @@ def _blocked_rows(q, ops, blocks, rows):
   cotangent they add nothing to dK / dV), and a function of the block index
   giving that block's (q, ops, q0)."""
   tp = blocks * rows
+
+  def by_row(name, x):  # indexed by query row (not broadcast over the rows)
+    return name in _ROW_AXIS and x.shape[_ROW_AXIS[name]] > 1
+
   qp = _pad_rows(q, 1, tp)
-  opsp = {name: (_pad_rows(x, _ROW_AXIS[name], tp) if name in _ROW_AXIS and x.shape[_ROW_AXIS[name]] > 1
-                 else x)
+  opsp = {name: _pad_rows(x, _ROW_AXIS[name], tp) if by_row(name, x) else x
           for name, x in ops.items()}
 
   def block(i):
-    ops_i = {name: (_row_block(x, _ROW_AXIS[name], i, rows)
-                    if name in _ROW_AXIS and x.shape[_ROW_AXIS[name]] > 1 else x)
+    ops_i = {name: _row_block(x, _ROW_AXIS[name], i, rows) if by_row(name, x) else x
              for name, x in opsp.items()}
     return _row_block(qp, 1, i, rows), ops_i, i * rows
 
