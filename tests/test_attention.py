@@ -15,6 +15,7 @@ import numpy as np
 import pytest
 
 import jax_dnn
+from jax_dnn._src import attention as attention_src
 import jax_dnn.nn
 from helpers import check_fwd_bwd, cuda_hlo, randn
 
@@ -358,7 +359,6 @@ def _block_options(b, t, s, n):
 @pytest.mark.parametrize("dtype", [jnp.float32, jnp.bfloat16], ids=lambda d: jnp.dtype(d).name)
 @pytest.mark.parametrize("option", list(_block_options(2, 70, 50, 4)))
 def test_reference_blocks_match_dense(device, monkeypatch, option, dtype):
-  from jax_dnn._src import attention as attention_src
   b, t, s, n = 2, 70, 50, 4
   q, k, v = qkv(30, b, t, s, n, 2, 16, dtype, hv=12)
   kwargs = _block_options(b, t, s, n)[option]

@@ -598,13 +598,11 @@ __global__ void __launch_bounds__(384, 1)
         if constexpr (kOneDo) {  // dO(it) once every consumer's dP^T(it - 1) is done
           if (it >= 1) hopper::BarrierWait(do_empty, (it - 1) & 1);
           hopper::BarrierExpectTx(do_full, Tiles::kOBytes);
-          for (int d = 0; d < kDv / 64; ++d)
-            hopper::TmaLoad4d(sdo + d * kBQ * 128, &tdo, do_full, d * 64, n, i * kBQ, b);
-        } else {
-          for (int d = 0; d < kDv / 64; ++d)
-            hopper::TmaLoad4d(sdo + s * Tiles::kOBytes + d * kBQ * 128, &tdo, &full[s], d * 64, n,
-                              i * kBQ, b);
         }
+        uint64_t* o_full = kOneDo ? do_full : &full[s];
+        for (int d = 0; d < kDv / 64; ++d)
+          hopper::TmaLoad4d(sdo + (kOneDo ? 0 : s) * Tiles::kOBytes + d * kBQ * 128, &tdo, o_full,
+                            d * 64, n, i * kBQ, b);
       }
     }
     return;
