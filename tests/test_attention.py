@@ -84,6 +84,11 @@ def _options(b, t, s, n):
       "window": dict(local_window_size=(2, 1)),
       "window_causal": dict(local_window_size=3, is_causal=True),
       "scale": dict(scale=0.3),
+      # Shapes that broadcast over T or S, as jax.nn takes them.
+      "mask_key_padding": dict(mask=jnp.asarray(mask[:, :1, :1])),
+      "mask_rank1": dict(mask=jnp.asarray(mask[0, 0, 0])),
+      "bias_bcast_rows": dict(bias=randn(6, (b, 1, 1, s), jnp.float32)),
+      "bias_bcast_cols": dict(bias=randn(6, (1, n, t, 1), jnp.float32)),
   }
 
 
@@ -137,12 +142,46 @@ def test_unbatched_inputs_match_jax_nn(device):
   np.testing.assert_allclose(o, want, rtol=1e-5, atol=1e-5)
 
 
-def test_concrete_array_scale():
+def test_array_scale():
+  """A concrete scalar array is a static scale; a traced one (a learned
+  temperature) is folded into the query, and its gradient matches jax.nn's."""
   q, k, v = qkv(13, 1, 4, 5, 2, 2, 16, jnp.float32)
+  want = jax_dnn.dot_product_attention(q, k, v, scale=0.3)
   np.testing.assert_allclose(jax_dnn.dot_product_attention(q, k, v, scale=jnp.float32(0.3)),
-                             jax_dnn.dot_product_attention(q, k, v, scale=0.3), rtol=1e-6)
-  with pytest.raises(TypeError, match="scale must be a Python float"):
-    jax.jit(lambda s: jax_dnn.dot_product_attention(q, k, v, scale=s))(0.3)
+                             want, rtol=1e-6)
+  traced = jax.jit(lambda s: jax_dnn.dot_product_attention(q, k, v, scale=s))
+  np.testing.assert_allclose(traced(jnp.float32(0.3)), want, rtol=1e-5, atol=1e-6)
+  loss = lambda f: jax.grad(lambda s: jnp.sum(f(q, k, v, scale=s, is_causal=True) ** 2))
+  np.testing.assert_allclose(loss(jax_dnn.dot_product_attention)(0.3),
+                             loss(jax.nn.dot_product_attention)(0.3), rtol=1e-4)
+  with pytest.raises(TypeError, match="scale must be a float scalar"):
+    jax_dnn.dot_product_attention(q, k, v, scale=jnp.ones(2))
+
+
+def test_jax_nn_argument_forms():
+  """What jax.nn.dot_product_attention takes beyond arrays and bools:
+  implementation="xla" (passed to jax.nn), numpy scalars, lists of lengths,
+  and an empty key sequence."""
+  q, k, v = qkv(14, 2, 5, 6, 2, 1, 16, jnp.float32)
+  dpa = jax_dnn.dot_product_attention
+  kw = dict(is_causal=True, key_value_seq_lengths=jnp.array([6, 3], jnp.int32))
+  np.testing.assert_allclose(dpa(q, k, v, implementation="xla", **kw),
+                             jax.nn.dot_product_attention(q, k, v, **kw), rtol=1e-6)
+  with pytest.raises(ValueError, match="does not take logits_soft_cap"):
+    dpa(q, k, v, implementation="xla", logits_soft_cap=2.0)
+  want = dpa(q, k, v, is_causal=True, query_seq_lengths=jnp.array([5, 2]), logits_soft_cap=3.0)
+  got = dpa(q, k, v, is_causal=np.bool_(True), query_seq_lengths=[5, 2],
+            logits_soft_cap=np.float32(3.0))
+  np.testing.assert_array_equal(got, want)
+  with pytest.raises(TypeError, match="logits_soft_cap must be a float"):
+    dpa(q, k, v, logits_soft_cap="3")
+  # S = 0: every row is fully masked, so zeros (and zero gradients).
+  o, lse = dpa(q, k[:, :0], v[:, :0], return_residual=True)
+  assert o.shape == q.shape and lse.shape == (2, 5, 2)
+  np.testing.assert_array_equal(o, 0.0)
+  assert np.all(np.isneginf(lse))
+  dq = jax.jit(jax.grad(lambda a: jnp.sum(dpa(a, k[:, :0], v[:, :0]) ** 2)))(q)
+  np.testing.assert_array_equal(dq, 0.0)
 
 
 def test_segments_softcap_and_value_head_dim(device):
@@ -235,7 +274,9 @@ def test_bad_inputs():
   with pytest.raises(ValueError, match="logits_soft_cap"):
     dpa(q, k, v, logits_soft_cap=-1.0)
   with pytest.raises(ValueError, match="implementation"):
-    dpa(q, k, v, implementation="cudnn")
+    dpa(q, k, v, implementation="flash")
+  with pytest.raises(ValueError, match="bias must broadcast to"):
+    dpa(q, k, v, randn(1, (2, 4, 4), jnp.float32))
   with pytest.raises(TypeError, match="local_window_size"):
     dpa(q, k, v, local_window_size="wide")
   with pytest.raises(TypeError, match="deterministic_backward must be a bool"):

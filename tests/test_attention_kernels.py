@@ -235,6 +235,8 @@ def _option_cases():
   return {
       "mask": (dict(mask=jnp.asarray(mask)), dict(mask=mask)),
       "mask_bcast": (dict(mask=jnp.asarray(mask[:1, :1])), dict(mask=mask[:1, :1])),
+      # A key-padding mask [B, 1, 1, S] (broadcast over the queries).
+      "mask_key_padding": (dict(mask=jnp.asarray(mask[:, :1, :1])), dict(mask=mask[:, :1, :1])),
       "lengths": (lens, dict(q_lens=[T, 150], kv_lens=[77, S])),
       "lengths_causal": ({**lens, "is_causal": True},
                          dict(q_lens=[T, 150], kv_lens=[77, S], causal=True)),
@@ -246,6 +248,7 @@ def _option_cases():
       "bias": (dict(bias=bias), {}),
       "bias_bcast_batch": (dict(bias=bias[:1]), {}),
       "bias_bcast_heads": (dict(bias=bias[:, :1]), {}),
+      "bias_bcast_rows": (dict(bias=bias[:, :1, :1]), {}),  # [B, 1, 1, S]
       "softcap": (dict(logits_soft_cap=2.0), {}),
       "softcap_bias_causal": (dict(logits_soft_cap=3.0, bias=bias, is_causal=True),
                               dict(causal=True)),

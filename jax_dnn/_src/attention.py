@@ -177,7 +177,7 @@ def _fwd_dense(q, k, v, ops, *, q0=0, **params):
   """o [B, T, N, Hv] in q's dtype and lse [B, N, T] for query rows q0 + ..."""
   s, valid = _logits_and_valid(q, k, ops, q0=q0, **params)
   s = jnp.where(valid, s, -jnp.inf)
-  m = jnp.max(s, axis=-1, keepdims=True)
+  m = jnp.max(s, axis=-1, keepdims=True, initial=-jnp.inf)  # initial: S = 0
   m_safe = jnp.where(jnp.isfinite(m), m, 0.0)  # fully masked rows: no -inf - -inf
   p = jnp.where(valid, jnp.exp(s - m_safe), 0.0)
   l = jnp.sum(p, axis=-1, keepdims=True)
@@ -553,20 +553,27 @@ def _check_rank(name, x):
 
 
 def _check_logits_operand(name, x, b, n, t, s_len):
-  """bias / mask: [B|1, N|1, T, S]; also accepts rank 3 [N|1, T, S] and 2 [T, S]."""
+  """bias / mask: any shape that broadcasts to [B, N, T, S] (as jax.nn takes
+  them: rank 1-4, left-padded with ones). Returned as [B|1, N|1, T, S]: the
+  kernels read a batch or head dim of one as broadcast; T and S are
+  broadcast here (a key-padding mask [B, 1, 1, S] becomes [B, 1, T, S]; the
+  bias's gradient is reduced back by broadcast_to's transpose)."""
   checks.check_array(_OP, name, x)
   x = jnp.asarray(x)
-  if x.ndim < 2 or x.ndim > 4:
-    raise ValueError(f"{_OP}: {name} must have shape [B|1, N|1, T, S]; got {tuple(x.shape)}")
+  full = (b, n, t, s_len)
+  if not 1 <= x.ndim <= 4 or any(d not in (1, f) for d, f in zip(
+      (1,) * (4 - x.ndim) + x.shape, full)):
+    raise ValueError(f"{_OP}: {name} must broadcast to [B, N, T, S] = {list(full)}; got shape "
+                     f"{tuple(x.shape)}")
   x = x.reshape((1,) * (4 - x.ndim) + x.shape)
-  ok = (x.shape[0] in (1, b) and x.shape[1] in (1, n) and x.shape[2] == t and x.shape[3] == s_len)
-  if not ok:
-    raise ValueError(f"{_OP}: {name} must broadcast as [B|1, N|1, T, S] = [{b}|1, {n}|1, {t}, "
-                     f"{s_len}]; got {tuple(x.shape)}")
+  if x.shape[2:] != (t, s_len):
+    x = jnp.broadcast_to(x, x.shape[:2] + (t, s_len))
   return x
 
 
 def _check_ids(name, x, shape):
+  if isinstance(x, (list, tuple)):
+    x = np.asarray(x)  # as jax.nn takes them (jnp.asarray)
   checks.check_array(_OP, name, x)
   x = jnp.asarray(x)
   if tuple(x.shape) != shape or not jnp.issubdtype(x.dtype, jnp.integer):
@@ -617,7 +624,13 @@ def dot_product_attention(query, key, value, bias=None, mask=None, *, scale=None
       segments), and
       the order of those adds varies; True takes the split backward, which
       writes every gradient exactly once (the only path elsewhere).
-  `implementation` is accepted for compatibility: None or "jax_dnn".
+    scale may be traced (e.g. a learned temperature): then the query is
+      multiplied by it (in its own dtype) before the kernels, which take a
+      static scale.
+  implementation: None or "jax_dnn" (this library); "xla" or "cudnn" pass
+  the call to jax.nn.dot_product_attention with that implementation (its
+  semantics, e.g. for fully masked rows; the options above that jax.nn
+  lacks are refused there).
   """
   for name, x in (("query", query), ("key", key), ("value", value)):
     _check_rank(name, x)
@@ -646,25 +659,53 @@ def dot_product_attention(query, key, value, bias=None, mask=None, *, scale=None
   if not (query.dtype == key.dtype == value.dtype):
     raise TypeError(f"{_OP}: query, key and value must share one dtype; got {query.dtype}, "
                     f"{key.dtype}, {value.dtype}")
+  if implementation in ("xla", "cudnn"):
+    extra = dict(q_segment_ids=q_segment_ids, kv_segment_ids=kv_segment_ids,
+                 logits_soft_cap=logits_soft_cap, deterministic_backward=deterministic_backward
+                 or None, value_head_dim=None if value.shape[3] == h else value.shape[3])
+    given = [k for k, x in extra.items() if x is not None]
+    if given:
+      raise ValueError(f"{_OP}: implementation={implementation!r} is jax.nn's, which does not "
+                       f"take {', '.join(given)}; use implementation=None (jax_dnn)")
+    args = (query[0], key[0], value[0]) if unbatched else (query, key, value)
+    return jax.nn.dot_product_attention(
+        *args, bias, mask, scale=scale, is_causal=is_causal,
+        query_seq_lengths=query_seq_lengths, key_value_seq_lengths=key_value_seq_lengths,
+        local_window_size=local_window_size, implementation=implementation,
+        return_residual=return_residual)
   if implementation not in (None, "jax_dnn"):
-    raise ValueError(f"{_OP}: implementation must be None or 'jax_dnn'; got {implementation!r}")
+    raise ValueError(f"{_OP}: implementation must be None or 'jax_dnn' (or jax.nn's 'xla' / "
+                     f"'cudnn'); got {implementation!r}")
   if scale is None:
     scale = 1.0 / math.sqrt(h)
   if isinstance(scale, (jax.Array, np.ndarray)) and scale.shape == () and not isinstance(
       scale, jax.core.Tracer):
-    scale = float(scale)  # a concrete scalar array; a traced one is refused below
+    scale = scale.item()  # a concrete scalar array
+  if isinstance(scale, jax.core.Tracer) and scale.shape == () and jnp.issubdtype(
+      scale.dtype, jnp.floating):
+    # The kernels take a static scale: fold a traced one into the query.
+    query = (query.astype(jnp.float32) * scale).astype(query.dtype)
+    scale = 1.0
   if not isinstance(scale, (int, float, np.floating, np.integer)) or isinstance(scale, bool):
-    raise TypeError(f"{_OP}: scale must be a Python float (or a concrete scalar); got {scale!r}")
-  if not isinstance(is_causal, bool):
+    raise TypeError(f"{_OP}: scale must be a float scalar; got {scale!r}")
+  if not isinstance(is_causal, (bool, np.bool_)):
     raise TypeError(f"{_OP}: is_causal must be a bool; got {is_causal!r}")
-  if not isinstance(deterministic_backward, bool):
+  is_causal = bool(is_causal)
+  if not isinstance(deterministic_backward, (bool, np.bool_)):
     raise TypeError(f"{_OP}: deterministic_backward must be a bool; got "
                     f"{deterministic_backward!r}")
+  deterministic_backward = bool(deterministic_backward)
   softcap = 0.0
   if logits_soft_cap is not None:
-    if not isinstance(logits_soft_cap, (int, float)) or not logits_soft_cap > 0:
-      raise ValueError(f"{_OP}: logits_soft_cap must be a positive float; got {logits_soft_cap!r}")
-    softcap = float(logits_soft_cap)
+    cap = logits_soft_cap
+    if isinstance(cap, (jax.Array, np.ndarray)) and cap.shape == () and not isinstance(
+        cap, jax.core.Tracer):
+      cap = cap.item()
+    if not isinstance(cap, (int, float, np.floating, np.integer)) or isinstance(cap, bool):
+      raise TypeError(f"{_OP}: logits_soft_cap must be a float (static); got {logits_soft_cap!r}")
+    if not cap > 0:
+      raise ValueError(f"{_OP}: logits_soft_cap must be positive; got {logits_soft_cap!r}")
+    softcap = float(cap)
 
   ops = {}
   if bias is not None:
