@@ -19,7 +19,9 @@ On CUDA the primitives lower to the fused Hopper kernels (ffi/attention/)
 for bfloat16/float16 with head dims that are multiples of 8 up to 256 (key and
 value head dims padded to the same 64-multiple, or 192/128 as in MLA); memory
 is O(T + S) per head. Every other case (float32, other head dims, empty
-shapes, other platforms) lowers to the pure-JAX reference below, in fp32:
+shapes, other platforms) lowers to the pure-JAX reference below, in fp32
+(its matmuls at jax's default precision: TF32 on Hopper GPUs unless
+jax.default_matmul_precision("highest") asks for full fp32):
 it materializes the [T, S] scores of a call up to 2^28 of them, and past that
 runs over blocks of up to 256 query rows, so that its memory too is linear in S
 (_REF_BLOCK_ROWS). A bias is passed to the kernels as float32.
