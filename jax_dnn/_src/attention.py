@@ -665,7 +665,7 @@ def dot_product_attention(query, key, value, bias=None, mask=None, *, scale=None
     extra = dict(q_segment_ids=q_segment_ids, kv_segment_ids=kv_segment_ids,
                  logits_soft_cap=logits_soft_cap, deterministic_backward=deterministic_backward
                  or None, value_head_dim=None if value.shape[3] == h else value.shape[3])
-    given = [k for k, x in extra.items() if x is not None]
+    given = [name for name, x in extra.items() if x is not None]
     if given:
       raise ValueError(f"{_OP}: implementation={implementation!r} is jax.nn's, which does not "
                        f"take {', '.join(given)}; use implementation=None (jax_dnn)")
