@@ -600,6 +600,25 @@ def _window(local_window_size):
   return w
 
 
+def _concrete(x):
+  """A concrete scalar array as its Python value (as jax.nn takes numpy and
+  jax scalars); anything else (a tracer, a Python number) as it is."""
+  if isinstance(x, (jax.Array, np.ndarray)) and x.shape == () and not isinstance(
+      x, jax.core.Tracer):
+    return x.item()
+  return x
+
+
+def _static_bool(name, x):
+  if not isinstance(x, (bool, np.bool_)):
+    raise TypeError(f"{_OP}: {name} must be a bool; got {x!r}")
+  return bool(x)
+
+
+def _is_static_float(x):
+  return isinstance(x, (int, float, np.floating, np.integer)) and not isinstance(x, bool)
+
+
 def dot_product_attention(query, key, value, bias=None, mask=None, *, scale=None,
                           is_causal=False, query_seq_lengths=None, key_value_seq_lengths=None,
                           local_window_size=None, implementation=None, return_residual=False,
@@ -678,32 +697,20 @@ def dot_product_attention(query, key, value, bias=None, mask=None, *, scale=None
   if implementation not in (None, "jax_dnn"):
     raise ValueError(f"{_OP}: implementation must be None or 'jax_dnn' (or jax.nn's 'xla' / "
                      f"'cudnn'); got {implementation!r}")
-  if scale is None:
-    scale = 1.0 / math.sqrt(h)
-  if isinstance(scale, (jax.Array, np.ndarray)) and scale.shape == () and not isinstance(
-      scale, jax.core.Tracer):
-    scale = scale.item()  # a concrete scalar array
+  scale = 1.0 / math.sqrt(h) if scale is None else _concrete(scale)
   if isinstance(scale, jax.core.Tracer) and scale.shape == () and jnp.issubdtype(
       scale.dtype, jnp.floating):
     # The kernels take a static scale: fold a traced one into the query.
     query = (query.astype(jnp.float32) * scale).astype(query.dtype)
     scale = 1.0
-  if not isinstance(scale, (int, float, np.floating, np.integer)) or isinstance(scale, bool):
+  if not _is_static_float(scale):
     raise TypeError(f"{_OP}: scale must be a float scalar; got {scale!r}")
-  if not isinstance(is_causal, (bool, np.bool_)):
-    raise TypeError(f"{_OP}: is_causal must be a bool; got {is_causal!r}")
-  is_causal = bool(is_causal)
-  if not isinstance(deterministic_backward, (bool, np.bool_)):
-    raise TypeError(f"{_OP}: deterministic_backward must be a bool; got "
-                    f"{deterministic_backward!r}")
-  deterministic_backward = bool(deterministic_backward)
+  is_causal = _static_bool("is_causal", is_causal)
+  deterministic_backward = _static_bool("deterministic_backward", deterministic_backward)
   softcap = 0.0
   if logits_soft_cap is not None:
-    cap = logits_soft_cap
-    if isinstance(cap, (jax.Array, np.ndarray)) and cap.shape == () and not isinstance(
-        cap, jax.core.Tracer):
-      cap = cap.item()
-    if not isinstance(cap, (int, float, np.floating, np.integer)) or isinstance(cap, bool):
+    cap = _concrete(logits_soft_cap)
+    if not _is_static_float(cap):
       raise TypeError(f"{_OP}: logits_soft_cap must be a float (static); got {logits_soft_cap!r}")
     if not cap > 0:
       raise ValueError(f"{_OP}: logits_soft_cap must be positive; got {logits_soft_cap!r}")
