@@ -17,6 +17,19 @@ _extension.registered_targets()  # register the CUDA handlers with JAX on import
 has_cuda_kernels = _extension.has_cuda_kernels
 export_disabled_checks = _extension.export_disabled_checks
 
+
+def __getattr__(name):
+  # `jax_dnn.nn` (the Flax NNX layers) is reachable after `import jax_dnn`, as
+  # `jax.nn` is after `import jax`, but Flax is imported only on first use.
+  if name == "nn":
+    import importlib  # pylint: disable=g-import-not-at-top
+    return importlib.import_module("jax_dnn.nn")
+  raise AttributeError(f"module 'jax_dnn' has no attribute {name!r}")
+
+
+def __dir__():
+  return sorted(list(globals()) + ["nn"])
+
 __all__ = [
     "bias_act",
     "dot_product_attention",
@@ -25,6 +38,7 @@ __all__ = [
     "has_cuda_kernels",
     "layer_norm",
     "log_softmax",
+    "nn",
     "relu",
     "rms_norm",
     "sigmoid",
