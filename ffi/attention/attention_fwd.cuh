@@ -33,12 +33,6 @@
 #include "ffi/common/hopper.cuh"
 #include "ffi/attention/wgmma.cuh"
 
-// Timeline probes: scripts/fwd_trace.cu defines this before including the
-// file, to record when each role reaches each step of each work tile.
-#ifndef JAX_DNN_FWD_PROBE
-#define JAX_DNN_FWD_PROBE(role, tile, event)
-#endif
-
 namespace jax_dnn {
 namespace attention {
 
@@ -499,7 +493,6 @@ __global__ void __launch_bounds__(384, 1)
       load_half(0);
       if (!have) load_half(1);
       for (int tile = 0; have; ++tile) {
-        JAX_DNN_FWD_PROBE(0, tile, 0);
         const bool have_next = publish_next(tile + 1);
         const FwdTileInfo& f = info[tile % 3];
         const FwdTileInfo& fn = info[(tile + 1) % 3];
@@ -520,7 +513,6 @@ __global__ void __launch_bounds__(384, 1)
           for (int d = 0; d < kD / 64; ++d)
             load_kv(k_dst + d * kBN * 128, &tk, &k_full[s], d * 64, kvh, j * kBN, f.b);
           if (j == j_begin) {
-            JAX_DNN_FWD_PROBE(0, tile, 1);
             load_half(2 * tile + 1);
           }
           if (g >= kStages) hopper::BarrierWait(&v_empty[s], parity);
@@ -529,7 +521,6 @@ __global__ void __launch_bounds__(384, 1)
           for (int d = 0; d < kDv / 64; ++d)
             load_kv(v_dst + d * kBN * 128, &tv, &v_full[s], d * 64, kvh, j * kBN, f.b);
         }
-        JAX_DNN_FWD_PROBE(0, tile, 2);
         // Consumer 0's half of the next tile (or its `done`), a tile ahead of
         // its use.
         load_half(2 * tile + 2);
@@ -685,9 +676,7 @@ __global__ void __launch_bounds__(384, 1)
   int g0 = 0;           // K/V ring position of cur's first key tile
   while (have) {
     const int n_tiles = cur.n_tiles;
-    JAX_DNN_FWD_PROBE(1 + wg, tile, 0);
     if (!primed) {
-      JAX_DNN_FWD_PROBE(1 + wg, tile, 1);
       reset();
       if (n_tiles > 0) {
         my_turn();
@@ -698,7 +687,6 @@ __global__ void __launch_bounds__(384, 1)
         pack();
       }
     }
-    JAX_DNN_FWD_PROBE(1 + wg, tile, 2);
     for (int it = 1; it < n_tiles; ++it) {
       my_turn();
       issue_scores(g0 + it, cur.q_slot);
@@ -714,7 +702,6 @@ __global__ void __launch_bounds__(384, 1)
       }
       pack();
     }
-    JAX_DNN_FWD_PROBE(1 + wg, tile, 3);
     if (n_tiles == 0) hopper::BarrierArrive(&q_empty[cur.q_slot]);  // no scores, no Q read
 
     // This tile's output scale and logsumexp (the sums and maxima are final).
@@ -730,7 +717,6 @@ __global__ void __launch_bounds__(384, 1)
     auto store_output = [&] {
       FwdStoreRows<T, kBM, kDv, kSplit>(p, sched, cur.w.slot, o, inv, lse, 64 * wg + 16 * warp + lane / 4,
                                         cur.row0, cur.w.b, cur.w.n, lane);
-      JAX_DNN_FWD_PROBE(1 + wg, tile, 5);
     };
 
     // The next tile's Q half (and info), wanted now by the merged step.
@@ -741,11 +727,9 @@ __global__ void __launch_bounds__(384, 1)
     // output is written while they run. Each path has its own epilogue so
     // that every wgmma wait count is a constant where the paths join.
     const bool merge = n_tiles > 0 && have_next && nxt.n_tiles > 0;
-    JAX_DNN_FWD_PROBE(1 + wg, tile, 6);
     if (merge) {
       // As a key-tile step: the scores first, then P V, the softmax of the
       // scores while P V runs; the output rescale becomes the epilogue.
-      JAX_DNN_FWD_PROBE(1 + wg, tile, 7);
       my_turn();
       issue_scores(g0 + n_tiles, nxt.q_slot);
       issue_pv(g0 + n_tiles - 1);
@@ -756,7 +740,6 @@ __global__ void __launch_bounds__(384, 1)
       scores_done(nxt, g0 + n_tiles, 0);
       hopper::FenceRegisters(sc);
       pv_done(g0 + n_tiles - 1);
-      JAX_DNN_FWD_PROBE(1 + wg, tile, 4);
       store_output();
 #pragma unroll
       for (int e = 0; e < kDv / 2; ++e) o[e] = 0.f;
@@ -769,7 +752,6 @@ __global__ void __launch_bounds__(384, 1)
         pass_turn();
         pv_done(g0 + n_tiles - 1);
       }
-      JAX_DNN_FWD_PROBE(1 + wg, tile, 4);
       store_output();
       g0 += n_tiles;
     }

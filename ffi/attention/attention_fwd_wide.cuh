@@ -43,17 +43,6 @@
 
 #include "ffi/attention/attention_fwd.cuh"
 
-// scripts/fwd_trace.cu's probes (see attention_fwd.cuh) record the first two
-// consumers (roles 1, 2; the third, last in the turns, is not traced, so
-// fwd_trace's CTA ends read a little early): events 0 (tile start), 1 (Q
-// arrived), 3 (key loop done), 5 (output written); 2 and 4 repeat 1 and 3
-// (this kernel has no separate prologue or last P V), so fwd_trace's
-// "prologue" and "last PV" read ~0.
-#define JAX_DNN_FWD_WIDE_PROBE(tile, event)               \
-  do {                                                    \
-    if (wg < 2) JAX_DNN_FWD_PROBE(1 + wg, tile, event);   \
-  } while (0)
-
 namespace jax_dnn {
 namespace attention {
 
@@ -244,12 +233,9 @@ __global__ void __launch_bounds__(512, 1)
 
   int g0 = 0;
   for (int tile = 0;; ++tile) {
-    JAX_DNN_FWD_WIDE_PROBE(tile, 0);
     hopper::BarrierWait(&q_full[wg], tile & 1);
     const FwdTileInfo& f = info[tile % 3];
     if (f.done) break;
-    JAX_DNN_FWD_WIDE_PROBE(tile, 1);
-    JAX_DNN_FWD_WIDE_PROBE(tile, 2);
     const int m0 = f.m0, n = f.n, b = f.b, j_begin = f.j_begin, n_tiles = f.n_tiles;
     const int slot = kSplit ? f.slot : -1;
     const int kv_limit = f.kv_limit, mask_from = kv_limit / kBN;  // key tiles from mask_from on hold keys past S
@@ -325,8 +311,6 @@ __global__ void __launch_bounds__(512, 1)
     }
     if (n_tiles == 0) hopper::BarrierArrive(&q_empty[wg]);
     g0 += n_tiles;
-    JAX_DNN_FWD_WIDE_PROBE(tile, 3);
-    JAX_DNN_FWD_WIDE_PROBE(tile, 4);
 
     float inv[2], lse[2];
 #pragma unroll
@@ -339,7 +323,6 @@ __global__ void __launch_bounds__(512, 1)
     }
     FwdStoreRows<T, kBM, kDv, kSplit>(p, sched, slot, o, inv, lse, 64 * wg + 16 * warp + lane / 4, row0, b, n,
                                       lane);
-    JAX_DNN_FWD_WIDE_PROBE(tile, 5);
   }
   if (wg == 0) my_turn();  // the last consumer's last hand-over
   if constexpr (kCluster > 1) hopper::ClusterSync();
