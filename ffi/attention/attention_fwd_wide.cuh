@@ -8,28 +8,27 @@
 // tile indices (FwdTileInfo) it shares.
 //
 // Why: AttentionFwdKernel's 128-row tiles at 176 keys and this kernel's
-// 192 x 128 both keep the tensor cores ~83% busy (fwd_trace, H200: ~3420
-// cycles a key-tile step for 2816 of tensor work there, ~3690 for 3072
-// here), but here the per-step costs (barrier waits, the max shuffles, the
-// O rescale) spread over more rows and key tiles of 128 waste less at the
-// end of a sequence, and every K/V tile serves 192 rows. Time a call
-// against AttentionFwdKernel (fwd_ab.sh, T = S, B = 16384 / S rounded down,
-// 16 heads): S = 8192 0.94-1.03 (clocks move +-5% between runs there),
-// 16384 0.98-0.99, and 0.72-0.91 at S = 4608, 5000, 6000, 7000
-// (RESULTS.md, session 40). At head dim 64 a tile's softmax takes longer
+// 192 x 128 both keep the tensor cores ~83% busy (H200: ~3420 cycles a
+// key-tile step for 2816 of tensor work there, ~3690 for 3072 here), but
+// here the per-step costs (barrier waits, the max shuffles, the O rescale)
+// spread over more rows, key tiles of 128 waste less at the end of a
+// sequence, and every K/V tile serves 192 rows. At head dim 128, from 2048
+// keys: 0.945 of the 128-row kernel's time at S = 2048, 0.878 at 3072,
+// 0.972 at 4096 (H200, T = S, B = 16384 / S, 16 heads); at 1024, 0.996,
+// left to the 128-row kernel. At head dim 64 a tile's softmax takes longer
 // than one consumer's two GEMMs (its exponentials alone as long: the SFU's
 // 16 a clock an SM against 2048 FMAs, a score costing D + Dv = 128 FMAs),
-// so the GEMMs of one other consumer cannot hide it, two can: session 42
-// (H100) measured 0.89-0.98 of the 128-row kernel's time at S = 512-4096,
-// 0.81-0.89 at 4608-6000 and 0.965-0.974 at 8192-16384.
+// so the GEMMs of one other consumer cannot hide it, two can: 0.89-0.98 of
+// the 128-row kernel's time at S = 512-4096, 0.81-0.89 at 4608-6000 and
+// 0.965-0.974 at 8192-16384 (H100).
 //
 // Registers: 512 threads leave 160 a consumer thread, which hold O (64
 // floats at head dim 128) and S (64) of a 128-key tile but not also the
 // previous tile's P fragments (32), so a consumer does not overlap its own
 // two GEMMs (AttentionFwdKernel's in-warpgroup overlap); the third consumer
 // fills the tensor cores instead: while one runs its softmax, the other
-// two's GEMMs run. (A form with P in shared memory and the overlap took the
-// same cycles and 1-2% more time: session 40.)
+// two's GEMMs run. (P in shared memory with the overlap takes the same
+// cycles and 1-2% more time.)
 //
 // Roles: warpgroup 0 (producer) -- one thread issues the TMA loads of each
 // consumer's 64 rows of Q (a slot each, loaded for the next tile once its
