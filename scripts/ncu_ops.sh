@@ -1,3 +1,8 @@
+#!/usr/bin/env bash
+# Each memory-bound kernel's time, DRAM throughput, registers and occupancy,
+# ours and XLA's fusion of the same math, under ncu (scripts/profile_ops.py on
+# 16384 x WIDTH bf16), written to $OUT and summarized per width.
+#   OUT=gpu_out bash scripts/ncu_ops.sh
 # WIDTHS (default "4096 1024"): the rows' widths; MIN_US (default 20): kernels
 # shorter than this are not listed; NO_BUILD=1 uses the jax_dnn on PYTHONPATH.
 [ -n "${NO_BUILD:-}" ] || python3 -m pip install --no-build-isolation --no-deps -q . > /tmp/build.log 2>&1 || { tail -30 /tmp/build.log; exit 1; }

@@ -2,11 +2,10 @@
 # A/B of whole builds of jax_dnn through the attention benchmark: each
 # revision is installed in turn on the GPU machine and benchmarked against
 # cuDNN, so that the ratios ours / cuDNN of two revisions come from one
-# machine and one clock regime. (fwd_ab.sh compares forward kernels alone,
-# without JAX; this compares what a user gets, the backward included.)
+# machine and one clock regime: what a user gets, the backward included.
 #
-# Two steps, since the GPU machine gets the working tree but not this
-# session's commits (its .git may be older):
+# Two steps, for a GPU machine that gets the working tree but not the local
+# commits (its .git may be older):
 #   here:  bash scripts/pkg_ab.sh prepare main next/bwd-mask-intervals main
 #   there: BENCH="--head-dims 64,128 --seqlens 2048,4096 --causal yes --modes fwd+bwd" \
 #            bash scripts/pkg_ab.sh run

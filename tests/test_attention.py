@@ -445,7 +445,7 @@ def test_reference_memory_is_linear_in_s():
   compiled program's scratch is a few score blocks (at most _REF_BLOCK_SCORES
   fp32 each, the row count shrinking as S grows) plus O(S) arrays, where one
   dense fp32 score matrix alone would be 4, 16 and 64 GiB. (How many blocks
-  are live at once is XLA's choice: 3 to 4 on GPU, where the scratch went
+  are live at once is XLA's choice: 3 to 4 on GPU, where the scratch is
   104 / 288 / 240 MiB on an H200 with jax 0.11.2, 168 / 336 / 352 MiB on
   CPU with jax 0.10.2.)"""
   temp, bound = {}, {}

@@ -184,9 +184,9 @@ def test_persistent_forward_and_lse(gpu, case):
 # one with probabilities up to 2^3: in the 192-row forward (head dim 128
 # here; 48 work tiles: the split tail combines pieces whose maxima are
 # stale) and in the 128-row one at value head dim 256 (lean; general:
-# soft-cap, causal). At slack 8 (session 44) this data doubled the output's
-# error at head dim 256 and put dQ over the bound (0.232 > 0.222); at 3 the
-# output's error is the exact max's and dQ's 0.178 (session 45).
+# soft-cap, causal). At slack 8 this data doubles the output's error at
+# head dim 256 and puts dQ over the bound (0.232 > 0.222); at 3 the output's
+# error is the exact max's and dQ's 0.178.
 RISING_CASES = {
     "wide_d128": ((4608, 128), {}),
     "d256": ((1536, 256), {}),
@@ -386,8 +386,8 @@ def test_single_pass_d64(gpu, dtype, h, hv, causal):
 # below 0 (lse < -88: exp(-lse) overflows fp32), by a bias (the general path)
 # or by queries and keys of opposite means (the lean path). The backward
 # leaves the last key tile's keys past S out of the mask and zeroes their
-# probabilities instead; left at exp(0 - lse) they were inf there, and inf
-# times K's zero rows put NaN into dQ.
+# probabilities instead; left at exp(0 - lse) they would be inf there, and
+# inf times K's zero rows would put NaN into dQ.
 @pytest.mark.parametrize("deterministic", [False, True], ids=["single_pass", "split"])
 @pytest.mark.parametrize("how", ["bias", "lean"])
 @pytest.mark.parametrize("h", [64, 128])

@@ -16,16 +16,14 @@
 // into an fp32 accumulator with TMA bulk reduce-adds, and
 // AttentionDqConvertKernel writes dq from it: 5 GEMMs per tile pair where
 // the split does 7 (S = 8192, D = 128, H100: 5.06 ms against 5.74 ms for
-// the split, kernels under ncu). An earlier single pass that added dQ with
-// per-element fp32 atomics took 7.05 ms (git history).
+// the split, kernels under ncu; per-element fp32 atomics for dQ: 7.05 ms).
 // Both kernels follow the forward's structure (attention_fwd.cuh): a producer
 // warpgroup streams tiles through a TMA ring, two consumer warpgroups own 64
 // rows each. The dQ kernel pipelines across key tiles (see there; 3 stages).
-// The dK/dV kernel does not: three pipelined forms of it were measured slower
-// on H100 at S = 8192, D = 128 (3.53-4.16 ms against 3.40 ms for this one;
-// they spill, and with deeper wgmma queues the two consumers drift into
-// lockstep, so that their elementwise phases no longer hide behind each
-// other's GEMMs).
+// The dK/dV kernel does not: pipelined forms of it are slower on H100 at
+// S = 8192, D = 128 (3.53-4.16 ms against 3.40 ms for this one): they spill,
+// and with deeper wgmma queues the two consumers drift into lockstep, so
+// that their elementwise phases stop hiding behind each other's GEMMs.
 #pragma once
 
 #include <type_traits>
@@ -40,9 +38,9 @@ namespace attention {
 
 // delta = rowsum(dO * O), one [B, T, N] row per kLanes lanes, kVec elements
 // per access (8: 16-byte loads, when rows are 16-byte aligned; else 1).
-// Against the earlier form (a warp a row, 2-byte loads), ncu, H200,
-// B * T = 16384, N = 2048 / D, 2026-11-23: D = 128 65.5 -> 37 us, D = 64
-// 136 -> 38 us (134 MB read: ~28 us at full bandwidth).
+// Against a warp a row with 2-byte loads (ncu, H200, B * T = 16384,
+// N = 2048 / D): D = 128 37 us against 65.5, D = 64 38 against 136 (134 MB
+// read: ~28 us at full bandwidth).
 template <typename T, int kLanes, int kVec>
 __global__ void __launch_bounds__(256)
     AttentionDeltaKernel(const T* __restrict__ o, const T* __restrict__ d_o,
@@ -115,11 +113,8 @@ __device__ __forceinline__ float RowPair(const float* rows, int e) {
 // adjacent columns, so it stores 16 bytes at a time: a quarter of the store
 // instructions of the fragment's 2-column layout, each of which takes the L1
 // a line per row (8 a warp). The CTA's tensor cores idle while it stores
-// (one CTA an SM), so this is time: the backward alone, H200 A/B of the
-// 2-column stores against these (4 rounds, 2026-11-24), D = 128 at
-// S = 1024 / 2048 / 4096 / 8192 0.970 / 0.980 / 0.982 / 0.990 of the time,
-// causal 4096 0.967, D = 64 0.987-0.990 (the split's dQ and dK/dV kernels),
-// D = 256 0.989.
+// (one CTA an SM), so this is time: the backward alone takes 0.970-0.990
+// of the 2-column stores' time at D = 128, S = 1024-8192 (H200).
 template <typename T, int kN>
 __device__ __forceinline__ void StoreFragment(const float (&acc)[kN / 2], float scale, T* out,
                                               int64_t row0, int64_t n_rows, int64_t ld,
@@ -157,14 +152,11 @@ __device__ __forceinline__ void StoreFragment(const float (&acc)[kN / 2], float 
 // running CTAs would then span many heads and lose the sharing of each
 // head's K/V (dQ) or Q/dO (dK/dV) streams and dQ accumulator in L2.
 // In a simulation of greedy dispatch (132 SMs, 4-256 tiles, 1-256 slices)
-// this tail was never worse than the plain order and within 1% of the
-// whole grid longest first on average. H200 A/B of the backward alone
-// (B * S = 16384, 3 rounds, 2026-11-25), time against the plain order,
-// causal: D = 256 S = 2048 / 4096 / 8192 / 16384 0.894 / 0.928 / 0.955 /
-// 1.003; D = 128 0.960 / 0.982 / 0.977 (S = 2048-8192); D = 64 0.992 / 0.981
-// / 0.992. The whole grid tile-major: D = 256 0.948 at S = 4096 and 8192,
-// but D = 128 1.03-1.07 and D = 64 1.09 (L2). A tail of ceil(3 SMs / tiles):
-// 0.98-1.007 of this one's time (2 rounds), not kept.
+// this tail is never worse than the plain order and within 1% of the whole
+// grid longest first on average. The causal backward alone against the plain
+// order (H200, B * S = 16384): D = 256 0.894-1.003 of the time at
+// S = 2048-16384, D = 128 0.960-0.982, D = 64 0.981-0.992; the whole grid
+// tile-major loses at D = 128 (1.03-1.07) and D = 64 (1.09) to L2.
 __device__ __forceinline__ uint3 BwdGridTile(unsigned tail_slices) {
   if (tail_slices == 0) return blockIdx;  // (any grid size: nothing below runs)
   const unsigned tiles = gridDim.x, slices = gridDim.y * gridDim.z;
@@ -412,10 +404,9 @@ struct DkvTiles {
   }
   static constexpr int SmemFor(int stages) { return SmemFor(stages, stages); }
   // Q/dO ring depth: as many stages (up to 4) as shared memory holds (2 with
-  // the fused dQ's buffers). Against the earlier 2
-  // stages, ncu, H200, S = 8192, 2026-11-22: D = 64 (4 stages) 4.98 -> 4.91
-  // ms, D = 128 split (4) 3.47 -> 3.46 ms; D = 256 (3) backward 0 to 3%
-  // faster in the benchmark (within its noise).
+  // the fused dQ's buffers). Against 2 stages (ncu, H200, S = 8192): D = 64
+  // (4 stages) 4.91 ms against 4.98, D = 128 split (4) 3.46 against 3.47;
+  // D = 256 (3) 0-3% faster (within the benchmark's noise).
   static constexpr int kMaxSmem = 227 * 1024;
   static constexpr int kStages = SmemFor(4) <= kMaxSmem ? 4 : SmemFor(3) <= kMaxSmem ? 3 : 2;
   // Where two Q/dO stages do not fit (the dK launch at head dims 256 / 256
@@ -623,9 +614,9 @@ __global__ void __launch_bounds__(384, 1)
 
   if constexpr (kDq) {
     // (This loop repeats the split's loop below with the dQ steps added. One
-    // loop with the dQ steps under `if constexpr` compiled to the same spill
-    // counts but ran 5.59 ms against 4.93 for this form: ncu, S = 8192,
-    // D = 128, H100, A/B in one run. So the two stay apart.)
+    // loop with the dQ steps under `if constexpr` compiles to the same spill
+    // counts but runs 5.59 ms against 4.93 for this form: ncu, S = 8192,
+    // D = 128, H100. So the two stay apart.)
     // The single pass. Per query tile `it` a warpgroup first issues dQ of the
     // previous tile (once the other warpgroup's half of that dS is in shared
     // memory) and S^T back to back, stages and reduce-adds dQ while S^T
@@ -634,16 +625,15 @@ __global__ void __launch_bounds__(384, 1)
     // warpgroups hand dS over with arrive/sync pairs on named barriers
     // (4 + 2 * writer + parity), not a barrier both wait at, so that they
     // stay out of phase and one's elementwise work runs while the other's
-    // GEMMs do (a barrier both wait at cost 5.51 ms against 3.40 for the
+    // GEMMs do (a barrier both wait at: 5.51 ms against 3.40 for the
     // dK/dV kernel alone, S = 8192, D = 128, H100). A warpgroup writes dS(it + 2)
     // into a buffer only after the other's arrival with dS(it + 1), which that
-    // one makes after its dQ(it) wgmma is done. Issuing dQ(it - 1) and S^T
-    // together took the kernel from 4.92 to 4.42 ms (ncu, S = 8192, H200,
-    // 2026-11-23; S = 4096 2.56 -> 2.30 ms): before, the warpgroup waited for
-    // dQ, staged it and only then issued S^T, and the tensor cores had only
-    // the other warpgroup's work meanwhile. dP^T is issued after the staging
+    // one makes after its dQ(it) wgmma is done. dQ(it - 1) and S^T are issued
+    // together so that the tensor cores have both warpgroups' work while dQ
+    // is staged: 4.42 ms against 4.92 for waiting for dQ, staging it and only
+    // then issuing S^T (ncu, S = 8192, H200). dP^T is issued after the staging
     // so that dQ's accumulators (32 at D = 128) and dP^T's are never live
-    // together (with dQ, S^T and dP^T all in flight it spilled 212 bytes).
+    // together (with dQ, S^T and dP^T all in flight it spills 212 bytes).
     // A warpgroup's dQ: 64 queries x kDqCols columns, from its query block
     // of dS (kRowHalves) or with its half of K's columns.
     constexpr bool kRowHalves = kBQ == 128;
@@ -702,7 +692,7 @@ __global__ void __launch_bounds__(384, 1)
     // One query tile; has_dq (std::true_type from the second tile on) says
     // whether there is a previous tile's dQ to compute. It must be a
     // compile-time constant: with a run-time `it > 0` around the dQ wgmmas
-    // and their wait, ptxas spilled 136 bytes and serialized the wgmmas
+    // and their wait, ptxas spills 136 bytes and serializes the wgmmas
     // (C7514), since the wait count then depends on the path taken.
     ScoreCtx c{};
     auto step = [&](int it, auto has_dq) {
@@ -743,8 +733,8 @@ __global__ void __launch_bounds__(384, 1)
       hopper::WgmmaWait<1>();
       hopper::FenceRegisters(st);
       const bool need_mask = TileNeedsMask(c, q0, q0 + kBQ - 1, wg_r0, wg_r1);
-      // Logits' mask here: with MaskRowIntervals this pass measured 2-3%
-      // slower fwd+bwd at D = 64 causal, S = 4096 / 8192 (session 44).
+      // Logits' mask here: with MaskRowIntervals this pass is 2-3% slower
+      // fwd+bwd at D = 64 causal, S = 4096 / 8192.
       Probabilities<kBQ, true, kGeneral, false>(st, c, row0, col0, need_mask,
                                                 [&](int e) { return RowPair(lse_s, e); });  // P^T
 #pragma unroll
@@ -754,8 +744,8 @@ __global__ void __launch_bounds__(384, 1)
       // In the PTX, P^T and its fragments come before the wait (these empty
       // fences keep them there); ptxas still places the wait above the
       // exponentials (SASS). Forcing them above it -- a block of their own,
-      // behind an always-true branch -- made this kernel slower: 5.09 ->
-      // 5.44 ms (ncu, S = 8192, H200, 2026-11-22).
+      // behind an always-true branch -- makes this kernel slower: 5.44 ms
+      // against 5.09 (ncu, S = 8192, H200).
       hopper::FenceRegisters(st), hopper::KeepRegisters(pa);
       hopper::WgmmaWait<0>();
       hopper::FenceRegisters(dpt);
@@ -819,11 +809,11 @@ __global__ void __launch_bounds__(384, 1)
   } else {
     // The 64-query instantiations (lean head dims 96 and 128 -- at 128 the
     // deterministic option -- general 64, and past head dim 128 the dV
-    // launches, lean and general, and the lean dK launches) keep the earlier forms of the
-    // warpgroup offsets, wgmma descriptors and row loads: with the forms
-    // above, ptxas schedules the head-dim-128 loop into a kernel 10% slower
-    // (S = 8192, ncu, H200, 2026-11-22: 3.23 -> 3.57 ms), while they make the
-    // head-dim-64 one (128 queries) 6% faster (4.07 -> 3.83 ms).
+    // launches, lean and general, and the lean dK launches) keep these forms
+    // of the warpgroup offsets, wgmma descriptors and row loads: with the
+    // forms above, ptxas schedules the head-dim-128 loop into a kernel 10%
+    // slower (S = 8192, ncu, H200: 3.57 ms against 3.23), while they make the
+    // head-dim-64 one (128 queries) 6% faster (3.83 ms against 4.07).
     constexpr bool kPlain = kBQ == 64;
     const uint32_t k_base = kPlain ? hopper::SmemAddr(sk) + (tid / 128 - 1) * 64 * 128 : k_addr;
     const uint32_t v_base = kPlain ? hopper::SmemAddr(sv) + (tid / 128 - 1) * 64 * 128 : v_addr;

@@ -33,12 +33,6 @@
 #include "ffi/common/hopper.cuh"
 #include "ffi/attention/wgmma.cuh"
 
-// Timeline probes: scripts/fwd_trace.cu defines this before including the
-// file, to record when each role reaches each step of each work tile.
-#ifndef JAX_DNN_FWD_PROBE
-#define JAX_DNN_FWD_PROBE(role, tile, event)
-#endif
-
 namespace jax_dnn {
 namespace attention {
 
@@ -116,23 +110,19 @@ __device__ __forceinline__ void SoftmaxStep(float (&s)[kBN / 2], float scale, fl
 // rare, so nearly every step skips.
 // The cost is accuracy where a few keys dominate a row: under the exact max
 // the largest probability is 1, exact in bf16; under a stale one it is
-// 2^f, rounded to 8 bits. A small slack keeps that rare. At slack 8, on
-// test_forward_rising_logits' data (logits that rise along the keys), the
-// output's error grew 16% at head dim 128 (0.00402 against 0.00347) and
-// doubled at 256, and dQ (through delta = rowsum(dO * O)) went over the
-// tolerance rule's bound (0.232 > 0.222; 0.156 with the exact max);
-// scripts/lazy_rescale_model.py, the kernel's arithmetic on the host,
-// reproduces those errors. At kLazySlack = 3 (H100, session 45) the output
-// errors there are the exact max's (0.00347 / 0.00349) and dQ's 0.178, and
-// the speed is slack 8's (cycles a work tile within 0.1%).
-// Where it runs, measured with fwd_trace on an H100 against the exact max:
-// - AttentionFwdWideKernel, head dims above 64: 3.3-3.7% fewer cycles a
-//   work tile at head dim 128, 0.92-0.96 of the time a call (session 44);
-// - AttentionFwdKernel, value head dims 192 and 256: 3-8% fewer cycles,
-//   0.91-0.96 of the time (session 45).
-// Not elsewhere: the 128-row kernel at head dims up to 128 ran 1.00-1.08 of
-// the time, the wide one at head dim 64 had 6% fewer cycles but took 1.02
-// of the time (the clocks fell).
+// 2^f, rounded to 8 bits. A small slack keeps that rare. Slack 3: on
+// test_forward_rising_logits' data (logits that rise along the keys) the
+// output errors are the exact max's (0.00347 / 0.00349 at head dims 128 /
+// 256) and dQ's 0.178 (0.156 with the exact max, bound 0.222), at slack 8's
+// speed (cycles a work tile within 0.1%, H100); slack 8 takes dQ past the
+// bound (0.232).
+// Where it runs (against the exact max, H100):
+// - AttentionFwdWideKernel, head dims above 64: 0.92-0.96 of the time a
+//   call at head dim 128;
+// - AttentionFwdKernel, value head dims 192 and 256: 0.91-0.96 of the time.
+// Not elsewhere: the 128-row kernel at head dims up to 128 takes 1.00-1.08
+// of the time with it, the wide one at head dim 64 1.02 (fewer cycles, but
+// the clocks fall).
 constexpr int kLazySlack = 3;
 template <int kBN>
 __device__ __forceinline__ bool SoftmaxStepLazy(float (&s)[kBN / 2], float scale, float (&m_run)[2],
@@ -160,7 +150,7 @@ __device__ __forceinline__ bool SoftmaxStepLazy(float (&s)[kBN / 2], float scale
 // L2. A unit is one tile (the heaviest, under a causal mask, first) or, with
 // `pairs`, the two tiles p and m_tiles - 1 - p, whose causal work sums to the
 // same for every p: a persistent grid then stays balanced (a static schedule
-// of single tiles gave some CTAs all the heavy ones: 0.70x cuDNN at S = 16k).
+// of single tiles gives some CTAs all the heavy ones: 0.70x cuDNN at S = 16k).
 // With clusters of `cl` CTAs (m_tiles a multiple of cl), a unit is cl
 // adjacent tiles, one for each CTA of a cluster (`rank`), which share K and V.
 // 32-bit index math (the launcher checks that the units fit): 64-bit
@@ -189,7 +179,7 @@ __host__ __device__ __forceinline__ int64_t FwdUnits(int64_t m_tiles, int64_t he
 // What the producer tells the consumers of a work tile (in shared memory, a
 // ring of 3, written before the tile's Q load is armed: the consumers read it
 // after their wait for Q). Worked out by the producer, whose thread has time
-// to spare: on a consumer it cost ~1800 cycles a tile between two issue
+// to spare: on a consumer it costs ~1800 cycles a tile between two issue
 // points (32-bit divisions, the sequence lengths' loads).
 // (AttentionFwdWideKernel shares it and leaves mask_lo, mask_hi and
 // q_limit unused: it takes no mask.)
@@ -231,7 +221,7 @@ struct FwdSchedule {
 // The split tail's key tiles, tile after tile, cut into `ctas` ranges:
 // CTA c takes [Lo(c), Lo(c + 1)). Fewer tiles than CTAs, so a range is at
 // most one tile long and meets at most two tiles. 32-bit (the launcher
-// checks tiles * key_tiles * ctas): 64-bit divisions made the producer
+// checks tiles * key_tiles * ctas): 64-bit divisions make the producer
 // thread spill.
 struct FwdSplit {
   int tiles, key_tiles, ctas;
@@ -275,7 +265,7 @@ __device__ __forceinline__ bool FwdTileAt(int k, const FwdSchedule& s, int m_til
 // of a split tile (kSplit, slot >= 0), into its workspace slot ([kBM][kDv]
 // o, then [kBM] lse). Into the outputs, after a 4x4 transpose inside each
 // quad a thread holds 8 adjacent columns: a quarter of the store
-// instructions of the accumulator layout's 2 columns, each of which cost ~85
+// instructions of the accumulator layout's 2 columns, each of which costs ~85
 // cycles (the L1 takes the 8 rows of a warp's store one line at a time):
 // 2700 cycles a work tile at D = 128.
 template <typename T, int kBM, int kDv, bool kSplit>
@@ -322,8 +312,8 @@ __device__ __forceinline__ void FwdStoreRows(const AttentionFwdParams& p, const 
 // tile, several with a persistent grid (one CTA an SM), the last round
 // possibly split along its keys (AttentionFwdCombineKernel merges). In the
 // persistent form one work tile follows another with little pause of the
-// tensor cores. (Before session 15, ~5000 of ~170000 cycles a work tile went
-// between two tiles at D = 128, S = 8192; scripts/fwd_trace.cu measures it.)
+// tensor cores (a pause between tiles would cost ~5000 of ~170000 cycles a
+// work tile at D = 128, S = 8192):
 //   - Q sits in a ring of three 64-row halves (FwdQSlot), each released as
 //     soon as its consumer's last scores are done: consumer 0's half of the
 //     next tile loads a tile ahead, consumer 1's as soon as consumer 0 frees
@@ -336,18 +326,15 @@ __device__ __forceinline__ void FwdStoreRows(const AttentionFwdParams& p, const 
 // kSplit: the schedule has a split tail (the launcher instantiates it only for
 // the lean logits path). Its own instantiation, since the pieces' epilogue
 // changes how ptxas schedules the whole consumer: 1-3% slower work tiles
-// with the split's code in the one kernel (fwd_trace, H200).
+// with the split's code in the one kernel (H200).
 // kCluster = 2: the grid is in clusters of two CTAs that take the two
 // halves of one unit (adjacent query tiles of a head, the same keys; the
 // lean path without a mask) and share their K and V: each CTA's producer
 // loads half the rows of a key tile into both CTAs' shared memory (TMA
 // multicast), and a stage is free once the consumers of both CTAs are done
 // with it. Half the K/V traffic out of L2: 2-3% less time under the
-// H200's power cap (fwd_trace, D = 128, S = 16384; session 17 took a forward
-// that loaded only every other key tile, the same cycles and 9-11% less
-// time, to mean K/V traffic sets the clock, but session 40's 192-row kernel
-// moved a third less for ~1%: RESULTS.md). FlashAttention-3 does the same
-// for head dims >= 128.
+// H200's power cap (D = 128, S = 16384). FlashAttention-3 does the same for
+// head dims >= 128.
 template <typename T, int kD, int kDv, int kBN, bool kGeneral, bool kSplit, int kCluster>
 __global__ void __launch_bounds__(384, 1)
     AttentionFwdKernel(const __grid_constant__ CUtensorMap tq, const __grid_constant__ CUtensorMap tk,
@@ -378,16 +365,14 @@ __global__ void __launch_bounds__(384, 1)
 
   // Which key tiles need the mask: the range [mask_lo, mask_hi) needs none
   // (set up once per work tile) -- 1-1.4% faster than TileNeedsMask's 64-bit
-  // compares on every tile at D = 128 (ncu, H200, 2026-11-23: S = 2048
-  // 456.6 -> 451.4 us, 4096 854.7 -> 842.8, causal 8192 894.0 -> 881.9;
-  // D = 64 causal 2048 456.8 -> 450.5). ptxas schedules the D = 64, 176-key
-  // instantiation 4% slower with it (2.31 -> 2.41 ms, S = 8192), so that one
+  // compares on every tile at D = 128 (ncu, H200). ptxas schedules the
+  // D = 64, 176-key instantiation 4% slower with it (S = 8192), so that one
   // keeps the per-tile test.
   constexpr bool kRangeTest = !(kD <= 64 && kBN > 128);
   // The last row of the 64 from r0 that the mask must see. Rows past T are
   // never stored, so they may take the unmasked path: without the clamp, the
-  // consumer of a ragged last query tile (T % 128 != 0) sent every key tile
-  // through the mask. Rows past a shorter query length (q_lens) stay masked:
+  // consumer of a ragged last query tile (T % 128 != 0) would send every key
+  // tile through the mask. Rows past a shorter query length (q_lens) stay masked:
   // q_limit is below T there.
   auto last_row = [&](int64_t r0) { return min(r0 + 63, sh.t - 1); };
 
@@ -433,7 +418,7 @@ __global__ void __launch_bounds__(384, 1)
       };
       // Writes tile t's info (work w) for the consumers. The producer reads
       // its own loads back from there too, so that no work tile stays in
-      // registers across the key loop (at 24 registers a thread, it spilled).
+      // registers across the key loop (at 24 registers a thread, it spills).
       // Written a tile ahead: slot t % 3 was tile t - 3's, whose readers
       // have released their Q halves (load_half of tiles t - 2 and t - 1).
       auto publish = [&](int t, const FwdWork& w) {
@@ -499,7 +484,6 @@ __global__ void __launch_bounds__(384, 1)
       load_half(0);
       if (!have) load_half(1);
       for (int tile = 0; have; ++tile) {
-        JAX_DNN_FWD_PROBE(0, tile, 0);
         const bool have_next = publish_next(tile + 1);
         const FwdTileInfo& f = info[tile % 3];
         const FwdTileInfo& fn = info[(tile + 1) % 3];
@@ -520,7 +504,6 @@ __global__ void __launch_bounds__(384, 1)
           for (int d = 0; d < kD / 64; ++d)
             load_kv(k_dst + d * kBN * 128, &tk, &k_full[s], d * 64, kvh, j * kBN, f.b);
           if (j == j_begin) {
-            JAX_DNN_FWD_PROBE(0, tile, 1);
             load_half(2 * tile + 1);
           }
           if (g >= kStages) hopper::BarrierWait(&v_empty[s], parity);
@@ -529,7 +512,6 @@ __global__ void __launch_bounds__(384, 1)
           for (int d = 0; d < kDv / 64; ++d)
             load_kv(v_dst + d * kBN * 128, &tv, &v_full[s], d * 64, kvh, j * kBN, f.b);
         }
-        JAX_DNN_FWD_PROBE(0, tile, 2);
         // Consumer 0's half of the next tile (or its `done`), a tile ahead of
         // its use.
         load_half(2 * tile + 2);
@@ -685,9 +667,7 @@ __global__ void __launch_bounds__(384, 1)
   int g0 = 0;           // K/V ring position of cur's first key tile
   while (have) {
     const int n_tiles = cur.n_tiles;
-    JAX_DNN_FWD_PROBE(1 + wg, tile, 0);
     if (!primed) {
-      JAX_DNN_FWD_PROBE(1 + wg, tile, 1);
       reset();
       if (n_tiles > 0) {
         my_turn();
@@ -698,7 +678,6 @@ __global__ void __launch_bounds__(384, 1)
         pack();
       }
     }
-    JAX_DNN_FWD_PROBE(1 + wg, tile, 2);
     for (int it = 1; it < n_tiles; ++it) {
       my_turn();
       issue_scores(g0 + it, cur.q_slot);
@@ -714,7 +693,6 @@ __global__ void __launch_bounds__(384, 1)
       }
       pack();
     }
-    JAX_DNN_FWD_PROBE(1 + wg, tile, 3);
     if (n_tiles == 0) hopper::BarrierArrive(&q_empty[cur.q_slot]);  // no scores, no Q read
 
     // This tile's output scale and logsumexp (the sums and maxima are final).
@@ -730,7 +708,6 @@ __global__ void __launch_bounds__(384, 1)
     auto store_output = [&] {
       FwdStoreRows<T, kBM, kDv, kSplit>(p, sched, cur.w.slot, o, inv, lse, 64 * wg + 16 * warp + lane / 4,
                                         cur.row0, cur.w.b, cur.w.n, lane);
-      JAX_DNN_FWD_PROBE(1 + wg, tile, 5);
     };
 
     // The next tile's Q half (and info), wanted now by the merged step.
@@ -741,11 +718,9 @@ __global__ void __launch_bounds__(384, 1)
     // output is written while they run. Each path has its own epilogue so
     // that every wgmma wait count is a constant where the paths join.
     const bool merge = n_tiles > 0 && have_next && nxt.n_tiles > 0;
-    JAX_DNN_FWD_PROBE(1 + wg, tile, 6);
     if (merge) {
       // As a key-tile step: the scores first, then P V, the softmax of the
       // scores while P V runs; the output rescale becomes the epilogue.
-      JAX_DNN_FWD_PROBE(1 + wg, tile, 7);
       my_turn();
       issue_scores(g0 + n_tiles, nxt.q_slot);
       issue_pv(g0 + n_tiles - 1);
@@ -756,7 +731,6 @@ __global__ void __launch_bounds__(384, 1)
       scores_done(nxt, g0 + n_tiles, 0);
       hopper::FenceRegisters(sc);
       pv_done(g0 + n_tiles - 1);
-      JAX_DNN_FWD_PROBE(1 + wg, tile, 4);
       store_output();
 #pragma unroll
       for (int e = 0; e < kDv / 2; ++e) o[e] = 0.f;
@@ -769,7 +743,6 @@ __global__ void __launch_bounds__(384, 1)
         pass_turn();
         pv_done(g0 + n_tiles - 1);
       }
-      JAX_DNN_FWD_PROBE(1 + wg, tile, 4);
       store_output();
       g0 += n_tiles;
     }

@@ -5,9 +5,9 @@
 // A CTA takes 16 rows of one split tile (blockIdx.x: unit x / cluster, the
 // tile of its CTA rank x % cluster): it lists the tile's pieces and each
 // row's weights in shared memory once, then a thread sums 8 columns of a row
-// over the pieces (16-byte loads, independent across pieces). A first form
-// with a warp a row, finding the pieces again for every column, took
-// ~100 us at D = 128 (S = 2048: as long as 3 work tiles).
+// over the pieces (16-byte loads, independent across pieces). A warp a row,
+// finding the pieces again for every column, takes ~100 us at D = 128
+// (S = 2048: as long as 3 work tiles).
 #pragma once
 
 #include "ffi/attention/attention_fwd.cuh"

@@ -8,28 +8,27 @@
 // tile indices (FwdTileInfo) it shares.
 //
 // Why: AttentionFwdKernel's 128-row tiles at 176 keys and this kernel's
-// 192 x 128 both keep the tensor cores ~83% busy (fwd_trace, H200: ~3420
-// cycles a key-tile step for 2816 of tensor work there, ~3690 for 3072
-// here), but here the per-step costs (barrier waits, the max shuffles, the
-// O rescale) spread over more rows and key tiles of 128 waste less at the
-// end of a sequence, and every K/V tile serves 192 rows. Time a call
-// against AttentionFwdKernel (fwd_ab.sh, T = S, B = 16384 / S rounded down,
-// 16 heads): S = 8192 0.94-1.03 (clocks move +-5% between runs there),
-// 16384 0.98-0.99, and 0.72-0.91 at S = 4608, 5000, 6000, 7000
-// (RESULTS.md, session 40). At head dim 64 a tile's softmax takes longer
+// 192 x 128 both keep the tensor cores ~83% busy (H200: ~3420 cycles a
+// key-tile step for 2816 of tensor work there, ~3690 for 3072 here), but
+// here the per-step costs (barrier waits, the max shuffles, the O rescale)
+// spread over more rows, key tiles of 128 waste less at the end of a
+// sequence, and every K/V tile serves 192 rows. At head dim 128, from 2048
+// keys: 0.945 of the 128-row kernel's time at S = 2048, 0.878 at 3072,
+// 0.972 at 4096 (H200, T = S, B = 16384 / S, 16 heads); at 1024, 0.996,
+// left to the 128-row kernel. At head dim 64 a tile's softmax takes longer
 // than one consumer's two GEMMs (its exponentials alone as long: the SFU's
 // 16 a clock an SM against 2048 FMAs, a score costing D + Dv = 128 FMAs),
-// so the GEMMs of one other consumer cannot hide it, two can: session 42
-// (H100) measured 0.89-0.98 of the 128-row kernel's time at S = 512-4096,
-// 0.81-0.89 at 4608-6000 and 0.965-0.974 at 8192-16384.
+// so the GEMMs of one other consumer cannot hide it, two can: 0.89-0.98 of
+// the 128-row kernel's time at S = 512-4096, 0.81-0.89 at 4608-6000 and
+// 0.965-0.974 at 8192-16384 (H100).
 //
 // Registers: 512 threads leave 160 a consumer thread, which hold O (64
 // floats at head dim 128) and S (64) of a 128-key tile but not also the
 // previous tile's P fragments (32), so a consumer does not overlap its own
 // two GEMMs (AttentionFwdKernel's in-warpgroup overlap); the third consumer
 // fills the tensor cores instead: while one runs its softmax, the other
-// two's GEMMs run. (A form with P in shared memory and the overlap took the
-// same cycles and 1-2% more time: session 40.)
+// two's GEMMs run. (P in shared memory with the overlap takes the same
+// cycles and 1-2% more time.)
 //
 // Roles: warpgroup 0 (producer) -- one thread issues the TMA loads of each
 // consumer's 64 rows of Q (a slot each, loaded for the next tile once its
@@ -42,17 +41,6 @@
 #pragma once
 
 #include "ffi/attention/attention_fwd.cuh"
-
-// scripts/fwd_trace.cu's probes (see attention_fwd.cuh) record the first two
-// consumers (roles 1, 2; the third, last in the turns, is not traced, so
-// fwd_trace's CTA ends read a little early): events 0 (tile start), 1 (Q
-// arrived), 3 (key loop done), 5 (output written); 2 and 4 repeat 1 and 3
-// (this kernel has no separate prologue or last P V), so fwd_trace's
-// "prologue" and "last PV" read ~0.
-#define JAX_DNN_FWD_WIDE_PROBE(tile, event)               \
-  do {                                                    \
-    if (wg < 2) JAX_DNN_FWD_PROBE(1 + wg, tile, event);   \
-  } while (0)
 
 namespace jax_dnn {
 namespace attention {
@@ -244,12 +232,9 @@ __global__ void __launch_bounds__(512, 1)
 
   int g0 = 0;
   for (int tile = 0;; ++tile) {
-    JAX_DNN_FWD_WIDE_PROBE(tile, 0);
     hopper::BarrierWait(&q_full[wg], tile & 1);
     const FwdTileInfo& f = info[tile % 3];
     if (f.done) break;
-    JAX_DNN_FWD_WIDE_PROBE(tile, 1);
-    JAX_DNN_FWD_WIDE_PROBE(tile, 2);
     const int m0 = f.m0, n = f.n, b = f.b, j_begin = f.j_begin, n_tiles = f.n_tiles;
     const int slot = kSplit ? f.slot : -1;
     const int kv_limit = f.kv_limit, mask_from = kv_limit / kBN;  // key tiles from mask_from on hold keys past S
@@ -325,8 +310,6 @@ __global__ void __launch_bounds__(512, 1)
     }
     if (n_tiles == 0) hopper::BarrierArrive(&q_empty[wg]);
     g0 += n_tiles;
-    JAX_DNN_FWD_WIDE_PROBE(tile, 3);
-    JAX_DNN_FWD_WIDE_PROBE(tile, 4);
 
     float inv[2], lse[2];
 #pragma unroll
@@ -339,7 +322,6 @@ __global__ void __launch_bounds__(512, 1)
     }
     FwdStoreRows<T, kBM, kDv, kSplit>(p, sched, slot, o, inv, lse, 64 * wg + 16 * warp + lane / 4, row0, b, n,
                                       lane);
-    JAX_DNN_FWD_WIDE_PROBE(tile, 5);
   }
   if (wg == 0) my_turn();  // the last consumer's last hand-over
   if constexpr (kCluster > 1) hopper::ClusterSync();
