@@ -59,11 +59,9 @@ def main(argv=None) -> int:
     print(f"{prog}: JAX_DNN_IMPL=reference routes every op to the reference path, so 'ours' "
           "would not be our kernels; unset it.", file=sys.stderr)
     return 1
-  missing = report.missing_extras()
-  if missing:
-    print(f"{prog}: {' and '.join(missing)} not installed: "
-          f"{'plain-text tables' if 'rich' in missing else 'tables'}"
-          f"{', no plots' if 'matplotlib' in missing else ''}; {report.EXTRA} adds them.")
+  note = report.extras_note()
+  if note:
+    print(f"{prog}: {note}")
   with jax.default_device(device):
     return harness.run(args.families, quick=args.quick, out=args.out)
 

@@ -23,6 +23,16 @@ def missing_extras() -> list[str]:
   return [m for m in ("rich", "matplotlib") if importlib.util.find_spec(m) is None]
 
 
+def extras_note() -> str | None:
+  """One line naming what is missing without the `bench` extra, or None."""
+  missing = missing_extras()
+  if not missing:
+    return None
+  lost = (["plain-text tables"] if "rich" in missing else []) + (
+      ["no plots"] if "matplotlib" in missing else [])
+  return f"{' and '.join(missing)} not installed ({', '.join(lost)}): {EXTRA} adds them."
+
+
 def _fmt(x, spec: str) -> str:
   return "-" if x is None else format(x, spec)
 
