@@ -14,7 +14,7 @@ import math
 import sys
 from pathlib import Path
 
-EXTRA = "pip install 'jax_dnn[bench]'"
+EXTRA = 'the bench extra adds them: pip install ".[bench]" in the source tree'
 RATE_FORMAT = {"GB/s": ".0f", "TFLOP/s": ".1f"}
 
 
@@ -30,7 +30,7 @@ def extras_note() -> str | None:
     return None
   lost = (["plain-text tables"] if "rich" in missing else []) + (
       ["no plots"] if "matplotlib" in missing else [])
-  return f"{' and '.join(missing)} not installed ({', '.join(lost)}): {EXTRA} adds them."
+  return f"{' and '.join(missing)} not installed ({', '.join(lost)}); {EXTRA}"
 
 
 def _fmt(x, spec: str) -> str:
