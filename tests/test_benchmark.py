@@ -11,6 +11,7 @@ import os
 import subprocess
 import sys
 
+import jax
 import jax.numpy as jnp
 import pytest
 
@@ -41,6 +42,18 @@ def test_cli_without_gpu_says_so_and_exits_cleanly(tmp_path):
   assert "no CUDA device" in proc.stdout and "nothing to measure" in proc.stdout
   assert len(proc.stdout.strip().splitlines()) == 1
   assert not out.exists()
+
+
+def test_cli_refuses_to_time_the_reference_as_ours(monkeypatch, capsys):
+  cpu = jax.devices("cpu")
+  monkeypatch.setattr(jax, "devices", lambda backend=None: cpu)  # as if a CUDA device were there
+  monkeypatch.setattr(jax_dnn, "has_cuda_kernels", lambda: False)
+  assert cli.main(["--quick"]) == 1
+  assert "built without its CUDA kernels" in capsys.readouterr().err
+  monkeypatch.setattr(jax_dnn, "has_cuda_kernels", lambda: True)
+  monkeypatch.setenv("JAX_DNN_IMPL", "reference")
+  assert cli.main(["norms"]) == 1
+  assert "JAX_DNN_IMPL=reference" in capsys.readouterr().err
 
 
 def test_help_lists_every_family(capsys):
