@@ -1,19 +1,22 @@
 #!/usr/bin/env bash
 # Builds jax_dnn on a GPU machine and runs, in one go: the GPU test suite,
 # compute-sanitizer (memcheck, racecheck) over every kernel, and the
-# benchmarks. Logs and JSON go to $OUT (or ./gpu_out). The last lines printed
-# are a short summary table.
+# benchmarks. Logs, JSON and plots go to $OUT (or ./gpu_out). The last lines
+# printed are a short summary table.
 #
 #   bash scripts/gpu_check.sh [STAGES]
 # STAGES: comma-separated subset of build,tests,opstests,attntests,sharding,
-# sanitize,bench,quickbench,attnbench,quickattn (default: build,tests,sanitize,bench;
-# the attention benchmark, attnbench or its --quick form quickattn, runs only
-# when named). tests = opstests + attntests; build plus the whole suite runs
-# ~580 s on an H100 in one process, close to the device tool's 600 s per
-# call: attntests runs test_attention_kernels.py as two processes side by
-# side (scripts/gpu_split.sh), and build,opstests then attntests fit two calls. sharding runs
-# tests/test_sharding.py alone (its GPU cases need 2 or more GPUs: run it
-# on a 2-GPU machine, e.g. `build,sharding`).
+# sanitize,bench,quickbench (default: build,tests,sanitize,bench).
+# tests = opstests + attntests; build plus the whole suite runs ~580 s on an
+# H100 in one process, close to the device tool's 600 s per call: attntests
+# runs test_attention_kernels.py as two processes side by side
+# (scripts/gpu_split.sh), and build,opstests then attntests fit two calls.
+# sharding runs tests/test_sharding.py alone (its GPU cases need 2 or more
+# GPUs: run it on a 2-GPU machine, e.g. `build,sharding`).
+# bench runs `python -m jax_dnn.benchmark` over every family (tables in
+# bench.log, <family>.json and .png in $OUT/bench); quickbench adds --quick.
+# BENCH_FAMILIES (e.g. "norms softmax") limits either to those families, to
+# split the full sweep over several calls.
 # Stages after build reuse the install. SANITIZE_ONLY=ops skips attention in
 # the sanitizer stage, SANITIZE_ONLY=attention runs attention only.
 set -uo pipefail
@@ -72,21 +75,19 @@ done
 unset XLA_PYTHON_CLIENT_PREALLOCATE
 fi
 
+bench="not run"
 if has bench || has quickbench; then
   echo "== benchmarks"
-  bench_args="--json $OUT/bench_ops.json"
+  bench_args="--out $OUT/bench"
   has quickbench && bench_args="$bench_args --quick"
-  (cd benchmarks && python3 bench_ops.py $bench_args 2>&1) | tee "$OUT/bench.log" | tail -80
-fi
-
-if has attnbench || has quickattn; then
-  echo "== attention benchmark"
-  attn_args="--json $OUT/bench_attention.json --plot $OUT/bench_attention.png"
-  has quickattn && attn_args="$attn_args --quick"
-  (cd benchmarks && python3 bench_attention.py $attn_args 2>&1) | tee "$OUT/bench_attention.log" | tail -60
+  # From tests/, like the tests: the installed package (with its kernels), not the source tree.
+  (cd tests && python3 -m jax_dnn.benchmark ${BENCH_FAMILIES:-} $bench_args 2>&1) \
+    | tee "$OUT/bench.log" | tail -150
+  bench="rc=${PIPESTATUS[0]}, $OUT/bench"
 fi
 
 echo
 echo "== summary"
 echo "gpu tests: $summary"
 echo "sanitizer:$san"
+echo "benchmarks: $bench"
