@@ -1,22 +1,21 @@
 #!/usr/bin/env bash
-# A/B of whole builds of jax_dnn through the attention benchmark: each
-# revision is installed in turn on the GPU machine and benchmarked against
-# cuDNN, so that the ratios ours / cuDNN of two revisions come from one
-# machine and one clock regime: what a user gets, the backward included.
+# A/B of whole builds of jax_dnn through the benchmark CLI: each revision is
+# installed in turn on the GPU machine and benchmarked beside XLA and cuDNN,
+# so that the ratios of two revisions come from one machine and one clock
+# regime: what a user gets, the backward included.
 #
 # Two steps, for a GPU machine that gets the working tree but not the local
 # commits (its .git may be older):
 #   here:  bash scripts/pkg_ab.sh prepare main next/bwd-mask-intervals main
-#   there: BENCH="--head-dims 64,128 --seqlens 2048,4096 --causal yes --modes fwd+bwd" \
-#            bash scripts/pkg_ab.sh run
+#   there: BENCH="attention --quick" bash scripts/pkg_ab.sh run
 # prepare writes the sources a build needs of each revision ("." is the
 # working tree) to ab_pkg/<n>_<revision>/ (untracked: it travels; never
 # commit it). A revision named twice is benchmarked twice: the spread
 # between its runs is the noise to beat. run builds and benchmarks them in
 # order (~75 s a build on 16 cores; seconds for a tree built before on the
-# same machine); the last one stays installed. BENCH: bench_attention.py's
-# arguments (--impls ours,cudnn is added). JSON to $OUT (or ./gpu_out); the
-# table's rows print per tree.
+# same machine); the last one stays installed. BENCH: the arguments of
+# `python -m jax_dnn.benchmark` (families, --quick). JSON and plots to
+# $OUT/bench_<n>_<revision>/ (OUT defaults to ./gpu_out); the tables print per tree.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 SOURCES="ffi jax_dnn CMakeLists.txt pyproject.toml README.md"
@@ -39,15 +38,15 @@ case "${1:-}" in
     ;;
   run)
     OUT=${OUT:-$PWD/gpu_out}; mkdir -p "$OUT"
-    BENCH=${BENCH:---head-dims 64,128 --seqlens 2048,4096 --modes fwd,fwd+bwd}
+    BENCH=${BENCH:---quick}
     for dir in $(ls -d ab_pkg/*/ | sort -V); do
       name=$(basename "$dir")
       t0=$(date +%s)
       (cd "$dir" && CMAKE_BUILD_PARALLEL_LEVEL=$(nproc) python3 -m pip install --no-build-isolation --no-deps -q . \
          > "$OUT/pkg_ab_build_$name.log" 2>&1) || { tail -20 "$OUT/pkg_ab_build_$name.log"; exit 1; }
       echo "== $name, built in $(( $(date +%s) - t0 )) s"
-      (cd benchmarks && python3 bench_attention.py $BENCH --impls ours,cudnn --json "$OUT/bench_$name.json" 2>&1 \
-         | grep -E "^ +[0-9]+ +[0-9]+ (no|yes) ")
+      # From tests/, so that the installed package (with its kernels) is imported.
+      (cd tests && python3 -m jax_dnn.benchmark $BENCH --out "$OUT/bench_$name" 2>&1)
     done
     ;;
   *)
