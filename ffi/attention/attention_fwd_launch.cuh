@@ -36,7 +36,7 @@ cudaError_t LaunchFwdGrid(Kernel kernel, int threads, int smem, const AttentionF
   cluster[0].val.clusterDim.x = kCluster;
   cluster[0].val.clusterDim.y = cluster[0].val.clusterDim.z = 1;
   config.attrs = cluster;
-  config.numAttrs = kCluster > 1 ? 1 : 0;  // the plain form launches as before: no clusters
+  config.numAttrs = kCluster > 1 ? 1 : 0;  // the plain form launches without clusters
   e = cudaLaunchKernelEx(&config, kernel, tq, tk, tv, p, sched);
   if (e != cudaSuccess || !kSplit) return e;
   AttentionFwdCombineKernel<T, kDv, kBM>

@@ -48,7 +48,7 @@ from jax_dnn._src.primitive import ShapedArray, define_primitive
 _OPTIONAL = ("bias", "mask", "q_lens", "kv_lens", "q_seg", "kv_seg")
 
 
-# --- the reference (pure JAX; what every platform runs for now) ---------------
+# --- the reference (pure JAX; what runs where the kernels do not) -------------
 
 
 def _grouped(op, s, x):
@@ -111,7 +111,7 @@ def _ref_blocks(q, k):
   b, t, n, _ = q.shape
   dims = (b, t, n, k.shape[1])
   if not all(isinstance(d, int) for d in dims) or math.prod(dims) <= _REF_DENSE_SCORES:
-    return 1, t  # (a symbolic shape: dense, as before)
+    return 1, t  # (a symbolic shape: dense)
   cap = min(_REF_BLOCK_ROWS, max(8, _REF_BLOCK_SCORES // (b * n * k.shape[1]) // 8 * 8))
   if t <= cap:
     return 1, t
