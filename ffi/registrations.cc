@@ -1,9 +1,30 @@
-// The one nanobind module. `registrations()` returns {FFI target name: handler
-// capsule}; jax_dnn/_src/extension.py registers each with JAX for "CUDA".
-// A CPU-only build (no nvcc) has no handlers and says so via `has_cuda()`.
+// The one nanobind module.
+//   registrations(): {FFI target name: handler capsule}; jax_dnn/_src/
+//     extension.py registers each with JAX for "CUDA". A CPU-only build (no
+//     nvcc) has no handlers and says so via has_cuda().
+//   The kernels' plans (ffi/<op>/<op>_plan.h), built in every build:
+//     jax_dnn/_src/plans.py asks them while lowering for CUDA. Each takes the
+//     DeviceProps it plans for; current_device() gives the current CUDA
+//     device's (all 0 in a CPU-only build or where no GPU is present: each
+//     plan says what it assumes then).
 #include <nanobind/nanobind.h>
+#include <nanobind/stl/optional.h>
+#include <nanobind/stl/string.h>
+#include <nanobind/stl/tuple.h>
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <tuple>
+
+#include "ffi/activation/activation_plan.h"
+#include "ffi/attention/attention_plan.h"
+#include "ffi/common/device_props.h"
+#include "ffi/common/dtype.h"
+#include "ffi/layer_norm/layer_norm_plan.h"
 
 #ifdef JAX_DNN_WITH_CUDA
+#include "ffi/common/device_info.h"
 #include "xla/ffi/api/ffi.h"
 namespace jax_dnn {
 XLA_FFI_DECLARE_HANDLER_SYMBOL(ActivationFwd);
@@ -22,8 +43,14 @@ XLA_FFI_DECLARE_HANDLER_SYMBOL(AttentionBwd);
 #endif
 
 namespace nb = nanobind;
+using namespace nb::literals;
 
 namespace {
+
+using jax_dnn::AttentionOptions;
+using jax_dnn::AttentionShape;
+using jax_dnn::DeviceProps;
+using jax_dnn::DType;
 
 template <typename Fn>
 nb::capsule Capsule(Fn* fn) {
@@ -50,6 +77,112 @@ nb::dict Registrations() {
   return d;
 }
 
+DeviceProps CurrentDevice() {
+#ifdef JAX_DNN_WITH_CUDA
+  return jax_dnn::CurrentDeviceProps();
+#else
+  return DeviceProps{};
+#endif
+}
+
+// A dtype by its numpy name; nullopt for one the kernels never take.
+std::optional<DType> DTypeNamed(const std::string& name) {
+  if (name == "float32") return DType::kF32;
+  if (name == "bfloat16") return DType::kBF16;
+  if (name == "float16") return DType::kF16;
+  return std::nullopt;
+}
+
+DType KernelDType(const std::string& name) {
+  auto dtype = DTypeNamed(name);
+  if (!dtype) throw nb::value_error(("jax_dnn plans: no kernel takes dtype " + name).c_str());
+  return *dtype;
+}
+
+void DefinePlanTypes(nb::module_& m) {
+  nb::class_<DeviceProps>(m, "DeviceProps")
+      .def(
+          "__init__", [](DeviceProps* d, int sm_count) { new (d) DeviceProps{sm_count}; },
+          nb::kw_only(), "sm_count"_a = 0)
+      .def_rw("sm_count", &DeviceProps::sm_count)
+      .def("__repr__", [](const DeviceProps& d) {
+        return "DeviceProps(sm_count=" + std::to_string(d.sm_count) + ")";
+      });
+
+  nb::class_<AttentionShape>(m, "AttentionShape")
+      .def(
+          "__init__",
+          [](AttentionShape* s, int64_t b, int64_t t, int64_t s_len, int64_t n, int64_t kh,
+             int64_t h, int64_t hv) { new (s) AttentionShape{b, t, s_len, n, kh, h, hv}; },
+          nb::kw_only(), "b"_a, "t"_a, "s"_a, "n"_a, "kh"_a, "h"_a, "hv"_a)
+      .def_rw("b", &AttentionShape::b)
+      .def_rw("t", &AttentionShape::t)
+      .def_rw("s", &AttentionShape::s)
+      .def_rw("n", &AttentionShape::n)
+      .def_rw("kh", &AttentionShape::kh)
+      .def_rw("h", &AttentionShape::h)
+      .def_rw("hv", &AttentionShape::hv);
+
+  nb::class_<AttentionOptions>(m, "AttentionOptions")
+      .def(
+          "__init__",
+          [](AttentionOptions* o, bool bias, bool mask, bool q_lens, bool kv_lens, bool segments,
+             bool causal, int64_t window_left, int64_t window_right, float scale, float softcap) {
+            new (o) AttentionOptions{bias,   mask,        q_lens,       kv_lens, segments,
+                                     causal, window_left, window_right, scale,   softcap};
+          },
+          nb::kw_only(), "bias"_a = false, "mask"_a = false, "q_lens"_a = false,
+          "kv_lens"_a = false, "segments"_a = false, "causal"_a = false, "window_left"_a = -1,
+          "window_right"_a = -1, "scale"_a = 1.f, "softcap"_a = 0.f)
+      .def_rw("bias", &AttentionOptions::bias)
+      .def_rw("mask", &AttentionOptions::mask)
+      .def_rw("q_lens", &AttentionOptions::q_lens)
+      .def_rw("kv_lens", &AttentionOptions::kv_lens)
+      .def_rw("segments", &AttentionOptions::segments)
+      .def_rw("causal", &AttentionOptions::causal)
+      .def_rw("window_left", &AttentionOptions::window_left)
+      .def_rw("window_right", &AttentionOptions::window_right)
+      .def_rw("scale", &AttentionOptions::scale)
+      .def_rw("softcap", &AttentionOptions::softcap);
+}
+
+void DefinePlans(nb::module_& m) {
+  m.def("current_device", &CurrentDevice);
+
+  m.def(
+      "attention_unsupported",
+      [](const std::string& dtype, const AttentionShape& s) -> std::optional<std::string> {
+        auto t = DTypeNamed(dtype);
+        const char* why =
+            t ? jax_dnn::AttentionUnsupported(*t, s) : "the kernels take bfloat16 or float16";
+        if (why == nullptr) return std::nullopt;
+        return std::string(why);
+      },
+      "dtype"_a, "shape"_a);
+  m.def(
+      "attention_fwd_kernel",
+      [](const AttentionShape& s, const AttentionOptions& o) {
+        const auto k = jax_dnn::attention::ChooseFwdKernel(s, o);
+        return std::make_tuple(k.rows, k.key_tile, k.general);
+      },
+      "shape"_a, "options"_a);
+  m.def("attention_fwd_workspace_elems", &jax_dnn::AttentionFwdWorkspaceElems, "shape"_a,
+        "options"_a, "device"_a);
+  m.def("attention_bwd_fused_dq", &jax_dnn::AttentionBwdFusedDq, "shape"_a, "options"_a,
+        "deterministic"_a);
+  m.def("attention_dq_acc_head_elements", &jax_dnn::AttentionDqAccHeadElements, "t"_a, "h"_a);
+
+  m.def("layer_norm_bwd_parts", &jax_dnn::LayerNormBwdParts, "rows"_a, "groups"_a, "width"_a,
+        "rms"_a, "device"_a);
+  m.def(
+      "bias_act_bwd_parts",
+      [](int64_t rows, int64_t groups, int64_t width, const std::string& dtype,
+         const DeviceProps& device) {
+        return jax_dnn::BiasActBwdParts(rows, groups, width, KernelDType(dtype), device);
+      },
+      "rows"_a, "groups"_a, "width"_a, "dtype"_a, "device"_a);
+}
+
 }  // namespace
 
 NB_MODULE(_jax_dnn, m) {
@@ -61,4 +194,6 @@ NB_MODULE(_jax_dnn, m) {
     return false;
 #endif
   });
+  DefinePlanTypes(m);
+  DefinePlans(m);
 }

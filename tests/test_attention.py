@@ -16,6 +16,7 @@ import pytest
 
 import jax_dnn
 from jax_dnn._src import attention as attention_src
+from jax_dnn._src import plans
 import jax_dnn.nn
 from helpers import check_fwd_bwd, cuda_hlo, randn
 
@@ -327,7 +328,8 @@ def test_cuda_lowering_uses_kernels():
 ])
 def test_cuda_lowering_backward_path(h, kwargs, fused):
   """Which backward the handler is asked for (single pass or split), and the
-  workspace it gets; the handler re-checks (AttentionFusedDqSupported)."""
+  workspace it gets after the gradients (delta, then the fp32 dQ
+  accumulator); the handler re-checks (AttentionFusedDqSupported)."""
   q, k, v = qkv(21, 2, 16, 24, 4, 2, h, jnp.bfloat16)
   kwargs = dict(kwargs)
   bias = kwargs.pop("bias", None)
@@ -337,14 +339,22 @@ def test_cuda_lowering_backward_path(h, kwargs, fused):
   assert f"fused_dq = {str(fused).lower()}" in hlo
   d = 64 * -(-h // 64)
   rows = 128 if d == 64 else 64  # the query tile (DqTileRows): T = 16 pads to one
-  acc = f"tensor<2x4x{rows * d}xf32>" if fused else "tensor<2x0xf32>"
-  assert acc in hlo
+  acc = f"tensor<2x4x{rows * d}xf32>" if fused else "tensor<0xf32>"
+  assert _call_results(hlo, "jax_dnn_attention_bwd").endswith(f", tensor<2x4x16xf32>, {acc})")
 
 
-# The forward's split-tail workspace follows the launcher's choice of kernel
-# (FwdWideTakes in ffi/attention/attention_fwd_launch.cuh): 192 rows a work
-# tile at head dims 64 from 512 keys and queries and at 128 from 2048, else
-# 128; none under a causal mask. More work tiles than 132 SMs in each case.
+def _call_results(hlo, target):
+  """The result types of the first custom call to `target`."""
+  line = next(l for l in hlo.splitlines() if f"custom_call @{target}(" in l)
+  return line.rsplit("-> ", 1)[1]
+
+
+# The forward's split-tail workspace, the forward call's last result, as the
+# plan sizes it for this machine's device (AttentionFwdWorkspaceElems: none
+# where no device is known) for the launcher's kernel (ChooseFwdKernel): 192
+# rows a work tile at head dims 64 from 512 keys and queries and at 128 from
+# 2048, else 128; none under a causal mask. More work tiles than a 132-SM
+# GPU's SMs in each case (tests/test_plans.py checks the plan's rules).
 @pytest.mark.parametrize("t, s, n, h, rows", [
     (900, 4096, 27, 64, 192),   # 135 work tiles of 192 rows
     (380, 6000, 48, 64, 128),   # below 512 queries: 144 of 128 rows (176 keys)
@@ -355,11 +365,17 @@ def test_cuda_lowering_backward_path(h, kwargs, fused):
 def test_cuda_lowering_forward_workspace(t, s, n, h, rows):
   q = jax.ShapeDtypeStruct((1, t, n, h), jnp.bfloat16)
   kv = jax.ShapeDtypeStruct((1, s, n, h), jnp.bfloat16)
-  ws = f"tensor<{2 * 132 * rows * (h + 1)}xf32>"
-  assert ws in cuda_hlo(jax_dnn.dot_product_attention, q, kv, kv)
+  shape = plans.attention_shape(b=1, t=t, s=s, n=n, kh=n, h=h, hv=h)
+  options = plans.attention_options(scale=h ** -0.5)
+  assert plans.attention_fwd_kernel(shape, options)[0] == rows
+  elems = plans.attention_fwd_workspace_elems(shape, options)
+  if plans.current_device().sm_count == 132:
+    assert elems == 2 * 132 * rows * (h + 1)
+  hlo = cuda_hlo(jax_dnn.dot_product_attention, q, kv, kv)
+  assert _call_results(hlo, "jax_dnn_attention_fwd").endswith(f", tensor<{elems}xf32>)")
   causal = functools.partial(jax_dnn.dot_product_attention, is_causal=True)
   hlo = cuda_hlo(causal, q, kv, kv)
-  assert "jax_dnn_attention_fwd" in hlo and ws not in hlo
+  assert _call_results(hlo, "jax_dnn_attention_fwd").endswith(", tensor<0xf32>)")
 
 
 def test_flax_multi_head_attention(device):

@@ -74,10 +74,11 @@ _POLY_CASES = {
 
 @pytest.mark.parametrize("name", _POLY_CASES)
 def test_export_with_a_symbolic_batch(name):
-  """jax.export with a shape-polymorphic leading dimension (the norms' and
-  bias_act's workspaces then take their upper bound of row parts): the
-  exported program, called at two sizes, equals the jitted one. (CPU, the
-  reference path; the CUDA kernels under a symbolic shape are not run here.)"""
+  """jax.export with a shape-polymorphic leading dimension: the exported
+  program, called at two sizes, equals the jitted one. (CPU, the reference
+  path, which has no workspace; the CUDA lowering sizes the kernels'
+  workspaces for a symbolic batch from the plans' upper bounds:
+  test_cuda_export_with_a_symbolic_batch.)"""
   fn, shapes = _POLY_CASES[name]
   argnums = tuple(range(len(shapes)))
   loss = jax.value_and_grad(lambda *a: jnp.sum(jnp.sin(fn(*a))), argnums=argnums)

@@ -248,8 +248,8 @@ __global__ void __launch_bounds__(kFlatThreads, 6)
   }
 }
 
-constexpr int kColLanes = 32;  // threadIdx.x: vectors of columns
-constexpr int kRowLanes = 8;   // threadIdx.y: rows
+constexpr int kColLanes = kBiasActColLanes;  // threadIdx.x: vectors of columns (activation_plan.h)
+constexpr int kRowLanes = kBiasActRowLanes;  // threadIdx.y: rows
 // Rows in flight a thread in the bias + activation backward. Two rows, kept
 // packed, at 64 registers (4 blocks an SM, as one row had at 59): H200 A/B
 // against one row, GELU (tanh) 16384 x 4096 fp32 0.951-0.956, bf16 at

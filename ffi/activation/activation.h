@@ -14,6 +14,7 @@
 
 #include <cstdint>
 
+#include "ffi/activation/activation_plan.h"
 #include "ffi/common/dtype.h"
 
 namespace jax_dnn {
@@ -47,7 +48,7 @@ struct ActivationBwdParams {
   const void* x;      // [rows, width]
   const float* bias;  // [groups, width], or null
   void* dx;           // [rows, width]
-  float* partials;    // [groups, parts, 1, width] workspace when bias is given
+  float* partials;    // [groups, parts, 1, width] workspace when bias is given (BiasActBwdParts)
   float* dbias;       // [groups, width] when bias is given
   int64_t rows;
   int64_t width;

@@ -8,6 +8,7 @@
 
 #include <cstdint>
 
+#include "ffi/attention/attention_plan.h"
 #include "ffi/common/dtype.h"
 
 namespace jax_dnn {
@@ -29,10 +30,6 @@ struct AttentionMask {
   bool mask_per_head = false, bias_per_head = false;
 };
 
-struct AttentionShape {
-  int64_t b, t, s, n, kh, h, hv;  // kh: key/value heads (divides n)
-};
-
 struct AttentionFwdParams {
   DType dtype;
   AttentionShape shape;
@@ -45,9 +42,9 @@ struct AttentionFwdParams {
   // where every work tile has the same keys (no causal mask, window,
   // sequence lengths, bias, mask, segments or soft-cap), a persistent grid's
   // last round is shared out over the SMs by key tiles and its pieces are
-  // merged from here. It takes 2 slots of 128 x (Hv padded + 1) floats for
-  // each SM; _src/attention.py sizes it for 132 SMs (H100/H200 SXM). A GPU
-  // with more SMs, or a smaller workspace, keeps the plain schedule.
+  // merged from here. AttentionFwdWorkspaceElems sizes it for the device
+  // the call was planned on; a smaller workspace (a device with more SMs)
+  // keeps the plain schedule.
   float* ws;
   int64_t ws_elems;
 };
@@ -62,25 +59,29 @@ struct AttentionBwdParams {
   void *dq, *dk, *dv;
   float* dbias;   // [B, N, T, S] dlogits when a bias is given (else nullptr)
   float* delta;   // workspace [B, N, T]: rowsum(dO * O)
-  // Workspace of the single-pass backward (nullptr: the deterministic split):
-  // fp32 dQ accumulator, AttentionDqAccElements(shape) floats.
+  // Workspace of the single-pass backward (nullptr: the split): the fp32 dQ
+  // accumulator, AttentionDqAccElements(shape) floats.
   float* dq_acc;
   // Set by the launcher for each kernel (BwdGridTile): the grid's last
   // slices whose tiles go longest first (0: none).
   unsigned tail_slices;
 };
 
-// Whether the single-pass backward (dQ added from the dK/dV kernel) takes
-// these parameters: head dims padding to 64/64 or 128/128, without bias,
-// soft-cap, mask or segments (the general logits path). _src/attention.py
-// (_fused_dq) asks for it wherever it takes them (the faster path there).
-bool AttentionFusedDqSupported(const AttentionBwdParams& p);
-int64_t AttentionDqAccElements(const AttentionShape& s);
-
-// The head dims the kernels take (each padded up to a multiple of 64, at most
-// 256, and a multiple of 8 for TMA's 16-byte strides); other shapes use the
-// reference path (decided in Python, see _src/attention.py).
-bool AttentionSupported(DType dtype, int64_t h, int64_t hv);
+// The plans' view of a call's mask and logits options.
+inline AttentionOptions OptionsOf(const AttentionMask& m, float scale, float softcap) {
+  AttentionOptions o;
+  o.bias = m.bias != nullptr;
+  o.mask = m.mask != nullptr;
+  o.q_lens = m.q_lens != nullptr;
+  o.kv_lens = m.kv_lens != nullptr;
+  o.segments = m.q_seg != nullptr;
+  o.causal = m.causal;
+  o.window_left = m.window_left;
+  o.window_right = m.window_right;
+  o.scale = scale;
+  o.softcap = softcap;
+  return o;
+}
 
 cudaError_t LaunchAttentionFwd(const AttentionFwdParams& p, cudaStream_t stream);
 cudaError_t LaunchAttentionBwd(const AttentionBwdParams& p, cudaStream_t stream);

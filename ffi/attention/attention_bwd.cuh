@@ -420,7 +420,7 @@ struct DkvTiles {
   static_assert(kSmem <= kMaxSmem, "the dK/dV kernel's tiles fit in shared memory");
 };
 
-// The fused dQ's query tile (DqTileRows, attention_common.cuh): 128 queries
+// The fused dQ's query tile (DqTileRows, attention_plan.h): 128 queries
 // at head dim 64, 64 at 128 (where a 128-query tile's S^T and dP^T fragments
 // would not fit in registers beside dK's and dV's). At head dim 64 the
 // 128-query tile makes the S^T and dP^T wgmmas twice as wide as 64 queries

@@ -103,10 +103,8 @@ cudaError_t LaunchBwdGeneral(const AttentionBwdParams& p, cudaStream_t stream) {
   // logits path, whose index and soft-cap work needs more registers). The
   // lean path at head dims up to 64 takes 128 queries: its S^T / dP^T
   // fragments then have the size they have at head dim 128 with 64 queries
-  // (which fit), and each wgmma is twice as wide. H200 A/B, 2026-11-22,
-  // B*S = 16384, D = 64, backward time 64 -> 128 queries: S = 8192 4.48 ->
-  // 4.23 ms causal, 8.38 -> 8.18 non-causal; S = 16384 8.25 -> 7.77, 16.25 ->
-  // 15.28; S <= 2048 within +-4% (causal S = 512: 0.85 -> 0.89 ms).
+  // (which fit), and each wgmma is twice as wide: 6% faster at S = 16384
+  // (H200, B*S = 16384, D = 64, backward 16.25 -> 15.28 ms non-causal).
   // Past head dims 128 + 128 the lean dK launch (dK alone: 128 accumulator
   // registers at head dim 256) also takes 64 queries, so that its S^T and
   // dP^T wgmmas are m64n64 (each read of K and V from shared memory serves
@@ -153,8 +151,8 @@ cudaError_t LaunchBwdGeneral(const AttentionBwdParams& p, cudaStream_t stream) {
 
 template <typename T, int kD, int kDv>
 cudaError_t LaunchBwdDims(const AttentionBwdParams& p, cudaStream_t stream) {
-  return NeedsGeneral(p.mask, p.softcap) ? LaunchBwdGeneral<T, kD, kDv, true>(p, stream)
-                                         : LaunchBwdGeneral<T, kD, kDv, false>(p, stream);
+  return NeedsGeneral(OptionsOf(p.mask, p.scale, p.softcap)) ? LaunchBwdGeneral<T, kD, kDv, true>(p, stream)
+                                                              : LaunchBwdGeneral<T, kD, kDv, false>(p, stream);
 }
 
 template <typename T>

@@ -13,11 +13,6 @@ namespace attention {
 constexpr float kLog2e = 1.4426950408889634f;
 constexpr float kLn2 = 0.6931471805599453f;
 
-// The single-pass backward's query tile at padded head dim d (host and
-// device: AttentionDqAccElements sizes its accumulator by it): 128 queries
-// at 64, 64 at 128 (see AttentionDkvKernel's kDq in attention_bwd.cuh).
-__host__ __device__ constexpr int DqTileRows(int64_t d) { return d <= 64 ? 128 : 64; }
-
 // What decides the logits of query row i and key column j for one (batch, head).
 struct ScoreCtx {
   float scale, scale_log2, softcap, inv_softcap;
@@ -89,23 +84,6 @@ __device__ __forceinline__ bool Allowed(const ScoreCtx& c, int64_t i, int64_t j)
   if (c.q_seg && c.q_seg[i] != c.kv_seg[j]) return false;
   if (c.mask && !c.mask[i * c.s + j]) return false;
   return true;
-}
-
-// Whether the general logits path is needed (see Logits).
-inline bool NeedsGeneral(const AttentionMask& m, float softcap) {
-  return softcap != 0.f || m.bias || m.mask || m.q_seg;
-}
-
-// The forward's lean path takes the row max over unscaled scores, which is
-// the max of the logits only for a positive scale.
-inline bool FwdNeedsGeneral(const AttentionMask& m, float softcap, float scale) {
-  return NeedsGeneral(m, softcap) || !(scale > 0.f);
-}
-
-// Whether every query tile attends to the same key tiles (KeyTiles): no
-// causal mask, window or sequence lengths. The forward's split tail needs it.
-inline bool FwdUniformKeys(const AttentionMask& m) {
-  return !m.causal && m.window_left < 0 && m.window_right < 0 && !m.q_lens && !m.kv_lens;
 }
 
 // Whether any position of rows [r0, r1] x columns [c0, c1] may be masked.

@@ -2,6 +2,8 @@
 // Operands after q, k, v (forward) or do, q, k, v, o, lse (backward) are the
 // optional ones in the order bias, mask, q_lens, kv_lens, q_seg, kv_seg,
 // each present when its has_* attribute says so (see _src/attention.py).
+// The last results are workspace (attention_plan.h sizes them; Python
+// appends them in the CUDA lowering only).
 #include <string>
 
 #include "ffi/attention/attention.h"
@@ -36,13 +38,9 @@ ffi::Error CheckQkv(const char* op, const ffi::AnyBuffer& q, const ffi::AnyBuffe
   if (kd[0] != s->b || vd[0] != s->b || vd[1] != s->s || vd[2] != s->kh || kd[3] != s->h)
     return Err(op, "key [B, S, K, H] and value [B, S, K, Hv] must match query [B, T, N, H]");
   if (s->kh == 0 || s->n % s->kh != 0) return Err(op, "key/value heads must divide query heads");
-  if (!AttentionSupported(*dtype, s->h, s->hv))
-    return Err(op, "head dims " + std::to_string(s->h) + "/" + std::to_string(s->hv) +
-                       " have no kernel (multiples of 8, padded to 64/128/192/256)");
-  if (s->b == 0 || s->t == 0 || s->s == 0 || s->n == 0)
-    return Err(op, "empty shapes have no kernel");
-  if (s->t >= (int64_t(1) << 31) - 256 || s->s >= (int64_t(1) << 31) - 256)
-    return Err(op, "sequence lengths must be below 2^31 - 256");
+  if (const char* why = AttentionUnsupported(*dtype, *s))
+    return Err(op, std::string(why) + " (head dims " + std::to_string(s->h) + "/" +
+                       std::to_string(s->hv) + ")");
   return ffi::Error::Success();
 }
 
@@ -128,7 +126,8 @@ ffi::Error AttentionFwdImpl(cudaStream_t stream, ffi::AnyBuffer q, ffi::AnyBuffe
   p.v = v.untyped_data();
   p.o = o->untyped_data();
   p.lse = lse->typed_data();
-  // The split tail's workspace; any size is safe (too small: no split).
+  // The split tail's workspace (AttentionFwdWorkspaceElems); any size is
+  // safe (too small for this device: no split).
   p.ws_elems = static_cast<int64_t>(ws->element_count());
   p.ws = p.ws_elems > 0 ? ws->typed_data() : nullptr;
   return LaunchStatus(LaunchAttentionFwd(p, stream), kFwd);
@@ -172,7 +171,7 @@ ffi::Error AttentionBwdImpl(cudaStream_t stream, ffi::AnyBuffer d_o, ffi::AnyBuf
   p.dbias = has_bias ? dbias->typed_data() : nullptr;
   p.delta = delta->typed_data();
   if (fused_dq) {
-    if (!AttentionFusedDqSupported(p))
+    if (!AttentionFusedDqSupported(s, OptionsOf(p.mask, p.scale, p.softcap)))
       return Err(kBwd, "fused_dq needs head dims padding to 64/64, or 128/128 without soft-cap, "
                        "mask or segments, and no bias");
     if (dq_acc->element_count() != AttentionDqAccElements(s))
@@ -200,30 +199,34 @@ ffi::Error AttentionBwdImpl(cudaStream_t stream, ffi::AnyBuffer d_o, ffi::AnyBuf
 XLA_FFI_DEFINE_HANDLER_SYMBOL(AttentionFwd, AttentionFwdImpl,
                               ffi::Ffi::Bind()
                                   .Ctx<ffi::PlatformStream<cudaStream_t>>()
-                                  .Arg<ffi::AnyBuffer>()
-                                  .Arg<ffi::AnyBuffer>()
-                                  .Arg<ffi::AnyBuffer>()
-                                  .RemainingArgs()
-                                  .Ret<ffi::AnyBuffer>()
-                                  .Ret<ffi::Buffer<ffi::F32>>()
-                                  .Ret<ffi::Buffer<ffi::F32>>() JAX_DNN_ATTENTION_ATTRS);
+                                  .Arg<ffi::AnyBuffer>()          // q [B, T, N, H]
+                                  .Arg<ffi::AnyBuffer>()          // k [B, S, K, H]
+                                  .Arg<ffi::AnyBuffer>()          // v [B, S, K, Hv]
+                                  .RemainingArgs()                // the optional operands
+                                  .Ret<ffi::AnyBuffer>()          // o [B, T, N, Hv]
+                                  .Ret<ffi::Buffer<ffi::F32>>()   // lse [B, N, T]
+                                  .Ret<ffi::Buffer<ffi::F32>>()   // workspace: the split tail's
+                                      JAX_DNN_ATTENTION_ATTRS);
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(AttentionBwd, AttentionBwdImpl,
                               ffi::Ffi::Bind()
                                   .Ctx<ffi::PlatformStream<cudaStream_t>>()
-                                  .Arg<ffi::AnyBuffer>()
-                                  .Arg<ffi::AnyBuffer>()
-                                  .Arg<ffi::AnyBuffer>()
-                                  .Arg<ffi::AnyBuffer>()
-                                  .Arg<ffi::AnyBuffer>()
-                                  .Arg<ffi::Buffer<ffi::F32>>()
-                                  .RemainingArgs()
-                                  .Ret<ffi::AnyBuffer>()
-                                  .Ret<ffi::AnyBuffer>()
-                                  .Ret<ffi::AnyBuffer>()
-                                  .Ret<ffi::Buffer<ffi::F32>>()
-                                  .Ret<ffi::Buffer<ffi::F32>>()
-                                  .Ret<ffi::Buffer<ffi::F32>>() JAX_DNN_ATTENTION_ATTRS
-                                  .Attr<bool>("fused_dq"));
+                                  .Arg<ffi::AnyBuffer>()          // do [B, T, N, Hv]
+                                  .Arg<ffi::AnyBuffer>()          // q
+                                  .Arg<ffi::AnyBuffer>()          // k
+                                  .Arg<ffi::AnyBuffer>()          // v
+                                  .Arg<ffi::AnyBuffer>()          // o
+                                  .Arg<ffi::Buffer<ffi::F32>>()   // lse [B, N, T]
+                                  .RemainingArgs()                // the optional operands
+                                  .Ret<ffi::AnyBuffer>()          // dq
+                                  .Ret<ffi::AnyBuffer>()          // dk
+                                  .Ret<ffi::AnyBuffer>()          // dv
+                                  .Ret<ffi::Buffer<ffi::F32>>()   // dlogits [B, N, T, S] (with bias;
+                                                                  // else workspace, unused)
+                                  .Ret<ffi::Buffer<ffi::F32>>()   // workspace: delta [B, N, T]
+                                  .Ret<ffi::Buffer<ffi::F32>>()   // workspace: the fused dQ's fp32
+                                                                  // accumulator (else unused)
+                                      JAX_DNN_ATTENTION_ATTRS
+                                  .Attr<bool>("fused_dq"));       // the single-pass backward
 
 }  // namespace jax_dnn

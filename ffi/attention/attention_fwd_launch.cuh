@@ -36,7 +36,7 @@ cudaError_t LaunchFwdGrid(Kernel kernel, int threads, int smem, const AttentionF
   cluster[0].val.clusterDim.x = kCluster;
   cluster[0].val.clusterDim.y = cluster[0].val.clusterDim.z = 1;
   config.attrs = cluster;
-  config.numAttrs = kCluster > 1 ? 1 : 0;  // the plain form launches as before: no clusters
+  config.numAttrs = kCluster > 1 ? 1 : 0;  // the plain form launches without clusters
   e = cudaLaunchKernelEx(&config, kernel, tq, tk, tv, p, sched);
   if (e != cudaSuccess || !kSplit) return e;
   AttentionFwdCombineKernel<T, kDv, kBM>
@@ -58,20 +58,17 @@ cudaError_t LaunchFwdKernel(const AttentionFwdParams& p, const FwdSchedule& sche
 // query tiles of bm rows a head, each with key_tiles key tiles, in clusters
 // of cl CTAs (units of cl tiles). A persistent grid (one CTA an SM) where
 // the tiles do not fit on the device at once: with a split tail where every
-// tile sees the same keys (`uniform`) and the workspace is there, else over
-// pairs of tiles (FwdWorkAt) where `pairs` allows. *grid: the CTAs.
+// tile sees the same keys (`uniform`), the split pays (FwdSplitPays), the
+// last round would leave SMs idle and the workspace is there (the plan
+// sizes it for the device: AttentionFwdWorkspaceElems), else over pairs of
+// tiles (FwdWorkAt) where `pairs` allows. *grid: the CTAs.
 inline FwdSchedule FwdPlan(const AttentionFwdParams& p, long long m_tiles, long long key_tiles, int bm, int dv,
                            int cl, bool uniform, bool pairs, unsigned* grid) {
   const AttentionShape& s = p.shape;
   const long long sms = SmCount(), tiles = m_tiles * s.n * s.b;
   const long long units = tiles / cl, slots = sms / cl;  // clusters the device runs at once
-  // The split's fixed costs (a piece's pipeline start, the combine: 9 us at
-  // D = 128, 18 at 256) beat what it saves below 32 key tiles a work tile or
-  // at Hv = 256 (fwd_trace, H200: 1.5% slower at D = 128, S = 2048 and 0.5%
-  // at D = 256, S = 4096; 1.5-3.5% faster at D = 128, S >= 4096 and at
-  // D = 64, S = 8192).
-  const bool split = uniform && dv <= 128 && key_tiles >= 32 && units > slots && units % slots != 0 &&
-                     p.ws != nullptr && p.ws_elems >= 2 * sms * bm * (dv + 1) &&
+  const bool split = uniform && FwdSplitPays(dv, key_tiles) && units > slots && units % slots != 0 &&
+                     p.ws != nullptr && p.ws_elems >= FwdSplitElems(sms, bm, dv) &&
                      (units % slots) * key_tiles * slots < INT32_MAX &&  // FwdSplit's 32-bit ranges
                      slots <= kFwdCombineMaxCtas;
   FwdSchedule sched{};
@@ -94,7 +91,7 @@ inline FwdSchedule FwdPlan(const AttentionFwdParams& p, long long m_tiles, long 
 // kCluster): for the lean path without a mask at 176-key tiles (S > 4096).
 // Those are where the forward is long enough for the power cap to set the
 // clock; elsewhere the extra instantiations would not pay for their build.
-// (The 192-row kernel takes most of those: FwdWideTakes.)
+// (The 192-row kernel takes most of those: ChooseFwdKernel.)
 template <int kBN, bool kGeneral>
 constexpr bool kFwdClusterBuilt = !kGeneral && kBN == 176;
 
@@ -143,7 +140,7 @@ cudaError_t LaunchFwdTiles(const AttentionFwdParams& p, cudaStream_t stream) {
   const long long m_tiles = (s.t + Tiles::kBM - 1) / Tiles::kBM, sms = SmCount();
   const long long tiles = m_tiles * s.n * s.b, key_tiles = (s.s + kBN - 1) / kBN;
   if (tiles > INT32_MAX / 2) return cudaErrorInvalidValue;  // the kernel's 32-bit tile indices
-  const bool uniform = !kGeneral && FwdUniformKeys(p.mask);
+  const bool uniform = !kGeneral && FwdUniformKeys(OptionsOf(p.mask, p.scale, p.softcap));
   int cl = 1;
   if constexpr (kFwdClusterBuilt<kBN, kGeneral>)
     if (uniform && m_tiles % 2 == 0 && tiles > sms && 2 * FwdMaxClusters<T, kD, kDv, kBN>() >= sms)
@@ -200,47 +197,20 @@ cudaError_t LaunchFwdWide(const AttentionFwdParams& p, cudaStream_t stream) {
                : LaunchFwdWideKernel<T, kD, kDv, false, 1>(p, sched, grid, stream);
 }
 
-// Where the 192-row kernel runs (head dims kD = Dv = 128 or 64; no mask):
-// the lengths its A/B against the 128-row kernel covered (the numbers and
-// why: attention_fwd_wide.cuh's notes). At head dim 128: past 4096 keys
-// and queries since session 40, from 2048 since session 46, the 192-row kernel
-// having the lazy rescale since session 44: fwd_trace A/B on an H200
-// (2026-11-26, B * S = 16384, 16 heads, T = S, time against the 128-row
-// kernel) 0.996 at S = 1024 (not taken), 0.945 at 2048, 0.878 at 3072,
-// 0.972 at 4096. (_fwd_ws_shape in jax_dnn/_src/attention.py mirrors this
-// test.)
-inline bool FwdWideTakes(int d, int64_t s, int64_t t) {
-  return d == 64 ? s >= 512 && t >= 512 : s >= 2048 && t >= 2048;
-}
-
+// The kernel ChooseFwdKernel (attention_plan.cc) picks, among those built
+// for head dims kD, kDv.
 template <typename T, int kD, int kDv>
 cudaError_t LaunchFwdDims(const AttentionFwdParams& p, cudaStream_t stream) {
+  const FwdKernel k = ChooseFwdKernel(p.shape, OptionsOf(p.mask, p.scale, p.softcap));
   if constexpr (kD <= 128 && kDv <= 128) {
-    if (FwdNeedsGeneral(p.mask, p.softcap, p.scale)) return LaunchFwdTiles<T, kD, kDv, 128, true>(p, stream);
-    // 176-key tiles (FwdTiles) only where rows see every key of a long
-    // sequence (where FwdWideTakes without lengths, the 192-row kernel
-    // below); 128 keys otherwise. With a causal mask or a window, 128 keys
-    // match the 128-row tiles and waste less at the diagonal. Without one,
-    // an A/B on H200 (2026-11-22, B*S = 16384, non-causal, ratio to cuDNN,
-    // 128 -> 176 keys) favoured 128 up to S = 4096 (D = 128: 0.99 -> 0.78 at
-    // S = 512, 0.99 -> 0.92 at 2048, 0.97 -> 0.96 at 4096; D = 64: 0.95 ->
-    // 0.64 at 512) and 176 beyond (D = 128: 0.95 -> 0.97 at 8192, 0.98 ->
-    // 1.00 at 16384; D = 64: 0.92 -> 0.95, 0.95 -> 0.97).
-    const bool banded = p.mask.causal || p.mask.window_left >= 0 || p.mask.window_right >= 0;
-    // Without a mask, 192-row tiles (attention_fwd_wide.cuh) at head dims
-    // 128 from 2048 keys and queries, and at head dims 64 from 512 keys and
-    // queries (FwdWideTakes). Measured with T = S only; with few queries a
-    // 192-row tile wastes more rows than a 128-row one, so shorter T keeps
-    // the 128-row kernel until an A/B says otherwise.
+    if (k.general) return LaunchFwdTiles<T, kD, kDv, 128, true>(p, stream);
     if constexpr ((kD == 128 && kDv == 128) || (kD == 64 && kDv == 64))
-      if (FwdUniformKeys(p.mask) && FwdWideTakes(kD, p.shape.s, p.shape.t))
-        return LaunchFwdWide<T, kD, kDv>(p, stream);
-    return banded || p.shape.s <= 4096 ? LaunchFwdTiles<T, kD, kDv, 128, false>(p, stream)
-                                       : LaunchFwdTiles<T, kD, kDv, 176, false>(p, stream);
+      if (k.rows == 192) return LaunchFwdWide<T, kD, kDv>(p, stream);
+    return k.key_tile == 128 ? LaunchFwdTiles<T, kD, kDv, 128, false>(p, stream)
+                             : LaunchFwdTiles<T, kD, kDv, 176, false>(p, stream);
   } else {
-    // 64-key tiles keep Q, two K and two V stages within shared memory.
-    return FwdNeedsGeneral(p.mask, p.softcap, p.scale) ? LaunchFwdTiles<T, kD, kDv, 64, true>(p, stream)
-                                                       : LaunchFwdTiles<T, kD, kDv, 64, false>(p, stream);
+    return k.general ? LaunchFwdTiles<T, kD, kDv, 64, true>(p, stream)
+                     : LaunchFwdTiles<T, kD, kDv, 64, false>(p, stream);
   }
 }
 

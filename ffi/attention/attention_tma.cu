@@ -2,8 +2,6 @@
 
 #include <cudaTypedefs.h>  // PFN_cuTensorMapEncodeTiled
 
-#include "ffi/attention/attention.h"
-
 namespace jax_dnn {
 namespace attention {
 
@@ -44,10 +42,4 @@ bool MakeTensorMap(CUtensorMap* map, const void* data, int64_t batch, int64_t se
 }
 
 }  // namespace attention
-
-bool AttentionSupported(DType dtype, int64_t h, int64_t hv) {
-  if (dtype == DType::kF32 || h % 8 != 0 || hv % 8 != 0) return false;
-  return attention::DispatchHeadDims(h, hv, [](auto, auto) {});
-}
-
 }  // namespace jax_dnn

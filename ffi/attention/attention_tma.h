@@ -5,9 +5,11 @@
 #include <cuda.h>
 #include <cuda_runtime.h>
 
+#include <cstddef>
 #include <cstdint>
+#include <type_traits>
 
-#include "ffi/common/dtype.h"
+#include "ffi/attention/attention_plan.h"
 
 namespace jax_dnn {
 namespace attention {
@@ -18,26 +20,21 @@ namespace attention {
 bool MakeTensorMap(CUtensorMap* map, const void* data, int64_t batch, int64_t seq, int64_t heads,
                    int64_t dim, int rows);
 
-// Head dims padded to the kernels' 64-column slabs.
-inline int PadDim(int64_t h) { return static_cast<int>((h + 63) / 64 * 64); }
-
-// Calls fn(std::integral_constant D, Dv) for the padded (D, Dv) pairs the
-// kernels are built for; returns false for any other pair.
-template <typename Fn>
+// Calls fn(std::integral_constant D, Dv) for the padded (D, Dv) pair of
+// kHeadDims (attention_plan.h) that (h, hv) pad to; returns false for any
+// other pair.
+template <size_t kIndex = 0, typename Fn>
 bool DispatchHeadDims(int64_t h, int64_t hv, Fn&& fn) {
-  const int d = PadDim(h), dv = PadDim(hv);
-#define JAX_DNN_HEAD_DIMS(D, DV)                                                          \
-  if (d == D && dv == DV) {                                                               \
-    fn(std::integral_constant<int, D>{}, std::integral_constant<int, DV>{});              \
-    return true;                                                                          \
+  if constexpr (kIndex == kNumHeadDims) {
+    return false;
+  } else {
+    constexpr HeadDims kDims = kHeadDims[kIndex];
+    if (PadDim(h) == kDims.d && PadDim(hv) == kDims.dv) {
+      fn(std::integral_constant<int, kDims.d>{}, std::integral_constant<int, kDims.dv>{});
+      return true;
+    }
+    return DispatchHeadDims<kIndex + 1>(h, hv, fn);
   }
-  JAX_DNN_HEAD_DIMS(64, 64)
-  JAX_DNN_HEAD_DIMS(128, 128)
-  JAX_DNN_HEAD_DIMS(192, 192)
-  JAX_DNN_HEAD_DIMS(256, 256)
-  JAX_DNN_HEAD_DIMS(192, 128)  // MLA-style
-#undef JAX_DNN_HEAD_DIMS
-  return false;
 }
 
 }  // namespace attention

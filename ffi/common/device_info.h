@@ -4,19 +4,35 @@
 
 #include <cuda_runtime.h>
 
+#include "ffi/common/device_props.h"
+
 namespace jax_dnn {
 
-inline int SmCount() {
+// The current device's properties, cached per device; all 0 where there is
+// no device (no GPU or no driver: the plans' "no device known").
+inline DeviceProps CurrentDeviceProps() {
   constexpr int kMaxDevices = 64;
-  static int cache[kMaxDevices] = {};
+  static DeviceProps cache[kMaxDevices] = {};
   int dev = 0;
-  if (cudaGetDevice(&dev) != cudaSuccess || dev < 0 || dev >= kMaxDevices) return 1;
-  if (cache[dev] == 0) {
+  if (cudaGetDevice(&dev) != cudaSuccess || dev < 0 || dev >= kMaxDevices) {
+    cudaGetLastError();  // leave no error behind for a launcher's check
+    return DeviceProps{};
+  }
+  if (cache[dev].sm_count == 0) {
     int sms = 0;
-    cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev);
-    cache[dev] = sms > 0 ? sms : 1;
+    if (cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess) {
+      cudaGetLastError();
+      return DeviceProps{};
+    }
+    cache[dev].sm_count = sms;
   }
   return cache[dev];
+}
+
+// The current device's SM count for a launch (at least 1).
+inline int SmCount() {
+  const int sms = CurrentDeviceProps().sm_count;
+  return sms > 0 ? sms : 1;
 }
 
 // Blocks for a persistent kernel: as many as fit on the device at once

@@ -1,13 +1,21 @@
 // Element types the kernels accept, and a dispatcher from the runtime tag to a
-// compile-time type. Host and device code; no XLA types here.
+// compile-time type. No XLA types here.
 #pragma once
-
-#include <cuda_bf16.h>
-#include <cuda_fp16.h>
 
 namespace jax_dnn {
 
 enum class DType { kF32, kBF16, kF16 };
+
+}  // namespace jax_dnn
+
+// The dispatcher names CUDA's 16-bit types: code nvcc compiles only. Host-only
+// code (the plans, the handlers) sees the enum alone, so that the plans build
+// without CUDA.
+#ifdef __CUDACC__
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+
+namespace jax_dnn {
 
 template <typename T>
 struct TypeTag {
@@ -28,6 +36,5 @@ auto DispatchDType(DType dtype, Fn&& fn) {
   }
 }
 
-inline int DTypeSize(DType dtype) { return dtype == DType::kF32 ? 4 : 2; }
-
 }  // namespace jax_dnn
+#endif  // __CUDACC__

@@ -18,6 +18,7 @@
 #include <cstdint>
 
 #include "ffi/common/dtype.h"
+#include "ffi/layer_norm/layer_norm_plan.h"
 
 namespace jax_dnn {
 
@@ -43,7 +44,8 @@ struct LayerNormBwdParams {
   const float* scale;  // [groups, width]
   const float* stats;  // [rows, 2]: the forward's (mean, rstd); null for RMS norm
   void* dx;            // [rows, width]
-  float* partials;     // workspace [groups, parts, sums, width]; sums = 2 (1 for RMS)
+  float* partials;     // workspace [groups, parts, sums, width]; sums = 2 (1 for RMS);
+                       // parts sized by LayerNormBwdParts (layer_norm_plan.h)
   float* dscale;       // [groups, width]
   float* dbias;        // [groups, width]; null for RMS norm
   int64_t rows;

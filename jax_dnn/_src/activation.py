@@ -18,40 +18,15 @@ import jax
 import jax.numpy as jnp
 
 from jax_dnn._src import checks
+from jax_dnn._src import plans
 from jax_dnn._src import sharding
-from jax_dnn._src.primitive import (
-    NOT_MAPPED,
-    ShapedArray,
-    batch_size,
-    define_primitive,
-    fold_groups,
-    move_to_front,
-    split_leading,
-    unbatched_shape,
-    vjp_op,
-)
+from jax_dnn._src.batching import batch_size, fold_groups, move_to_front, split_leading
+from jax_dnn._src.primitive import ShapedArray, define_primitive, vjp_op
 
 # FFI attribute values; the numbering matches enum Activation in ffi/activation/activation.h.
 ACTIVATIONS = {"relu": 0, "gelu": 1, "gelu_tanh": 2, "silu": 3, "sigmoid": 4, "tanh": 5}
 _NAMES = {v: k for k, v in ACTIVATIONS.items()}
 
-# Blocks of the bias backward: ~1024 covers an H100/H200 several times over.
-_TARGET_BLOCKS = 1024
-_ROW_LANES = 8  # rows per block step in the kernel (kRowLanes)
-_COLS_PER_BLOCK = 256  # columns per block for 2-byte types (32 lanes x 8)
-_MAX_GRID_Y = 65535
-
-
-def _bias_parts(rows: int, groups: int, width: int) -> int:
-  """Row parts of the bias backward's workspace (a part past the rows adds
-  zeros). With a symbolic row count (jax.export with a polymorphic batch)
-  the bound ignores the rows."""
-  col_blocks = -(-width // _COLS_PER_BLOCK)
-  parts = min(-(-_TARGET_BLOCKS // (groups * col_blocks)), _MAX_GRID_Y // max(1, groups))
-  if isinstance(rows, int):
-    rows_per_group = rows // groups if groups else 0
-    parts = min(parts, -(-rows_per_group // _ROW_LANES))
-  return max(1, parts)
 
 
 def _act(x, activation):
@@ -95,9 +70,7 @@ def _bwd_reference(dy, x, bias=None, *, activation):
     return dx.astype(x.dtype)
   g, w = bias.shape
   dbias = jnp.sum(dx.reshape(g, -1, w), axis=1)
-  rows = math.prod(x.shape[:-1])
-  ws = jnp.zeros((g, _bias_parts(rows, g, w), 1, w), jnp.float32)
-  return dx.astype(x.dtype), dbias, ws
+  return dx.astype(x.dtype), dbias
 
 
 # --- primitives ---------------------------------------------------------------
@@ -126,19 +99,25 @@ def _bias_bwd_batch(args, dims, *, activation):
   dy, x, bias = args
   size = batch_size(args, dims)
   dy, x = move_to_front(dy, dims[0], size), move_to_front(x, dims[1], size)
-  groups, width = unbatched_shape(bias, dims[2])
   bias = fold_groups(bias, dims[2], size, shared_ok=False)
-  dx, dbias, _ = bias_act_bwd_p.bind(dy, x, bias, activation=activation)
-  rows = math.prod(x.shape[1:-1])
-  ws = jnp.zeros((groups, _bias_parts(rows, groups, width), 1, width), jnp.float32)
-  return [dx, split_leading(dbias, size), ws], [0, 0, NOT_MAPPED]
+  dx, dbias = bias_act_bwd_p.bind(dy, x, bias, activation=activation)
+  return [dx, split_leading(dbias, size)], [0, 0]
 
 
 def _bias_bwd_abstract(dy, x, bias, *, activation):
+  return ShapedArray(x.shape, x.dtype), ShapedArray(bias.shape, jnp.float32)
+
+
+def _bias_bwd_workspace(avals, *, activation):
+  """dbias's partial sums [G, parts, 1, W] (BiasActBwdParts). A symbolic row
+  count (jax.export) is passed as plans.LARGE: the parts' upper bound,
+  whatever the rows."""
+  del activation
+  _, x, bias = avals
   g, w = bias.shape
-  rows = math.prod(x.shape[:-1])
-  return (ShapedArray(x.shape, x.dtype), ShapedArray(bias.shape, jnp.float32),
-          ShapedArray((g, _bias_parts(rows, g, w), 1, w), jnp.float32))
+  rows = plans.static_dim(math.prod(x.shape[:-1]), plans.LARGE)
+  parts = plans.bias_act_bwd_parts(rows, g, w, jnp.dtype(x.dtype).name)
+  return (ShapedArray((g, parts, 1, w), jnp.float32),)
 
 
 # --- sharding rules: every dimension splits (elementwise); with a bias, its
@@ -159,9 +138,8 @@ def _bias_sharding(operands, results, **params):
     b.operand(*x)
   b.operand(g, "w")
   b.result(*x)
-  if len(results) > 1:  # the backward: dbias, workspace
+  if len(results) > 1:  # the backward's dbias
     b.result(g, "w", sum_=True)
-    b.scratch_result(results[2])
   return b.build()
 
 
@@ -195,6 +173,7 @@ bias_act_bwd_p = define_primitive(
     batching_rule=_bias_bwd_batch,
     reference=_bwd_reference,
     multiple_results=True,
+    workspace=_bias_bwd_workspace,
     sharding=_bias_sharding,
 )
 

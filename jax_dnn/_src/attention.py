@@ -37,16 +37,18 @@ import jax.numpy as jnp
 import numpy as np
 
 from jax_dnn._src import checks
+from jax_dnn._src import plans
 from jax_dnn._src import sharding
-from jax_dnn._src.primitive import (NOT_MAPPED, ShapedArray, batch_size, define_primitive,
-                                    like_primal, merge_leading, move_to_front,
-                                    same_manual_axes, split_leading)
+from jax_dnn._src.batching import (NOT_MAPPED, batch_size, merge_leading, move_to_front,
+                                   split_leading)
+from jax_dnn._src.mesh_types import like_primal, same_manual_axes
+from jax_dnn._src.primitive import ShapedArray, define_primitive
 
 # Operand order after q, k, v; each present or absent (params record which).
 _OPTIONAL = ("bias", "mask", "q_lens", "kv_lens", "q_seg", "kv_seg")
 
 
-# --- the reference (pure JAX; what every platform runs for now) ---------------
+# --- the reference (pure JAX; what runs where the kernels do not) -------------
 
 
 def _grouped(op, s, x):
@@ -109,7 +111,7 @@ def _ref_blocks(q, k):
   b, t, n, _ = q.shape
   dims = (b, t, n, k.shape[1])
   if not all(isinstance(d, int) for d in dims) or math.prod(dims) <= _REF_DENSE_SCORES:
-    return 1, t  # (a symbolic shape: dense, as before)
+    return 1, t  # (a symbolic shape: dense)
   cap = min(_REF_BLOCK_ROWS, max(8, _REF_BLOCK_SCORES // (b * n * k.shape[1]) // 8 * 8))
   if t <= cap:
     return 1, t
@@ -157,11 +159,9 @@ def _blocked_rows(q, ops, blocks, rows):
 def _fwd_reference(q, k, v, *operands, present, deterministic=False, **params):
   del deterministic  # a backward option
   ops = dict(zip(present, operands))
-  ws = jnp.zeros(_fwd_ws_shape(q, k, v, present=present, **params), jnp.float32)
   blocks, rows = _ref_blocks(q, k)
   if blocks == 1:
-    o, lse = _fwd_dense(q, k, v, ops, **params)
-    return o, lse, ws
+    return _fwd_dense(q, k, v, ops, **params)
   block = _blocked_rows(q, ops, blocks, rows)
 
   def one(i):
@@ -172,7 +172,7 @@ def _fwd_reference(q, k, v, *operands, present, deterministic=False, **params):
   b, t, n, _ = q.shape
   o = jnp.moveaxis(o, 0, 1).reshape((b, -1) + o.shape[3:])[:, :t]
   lse = jnp.moveaxis(lse, 0, 2).reshape(b, n, -1)[:, :, :t]
-  return o, lse, ws
+  return o, lse
 
 
 def _fwd_dense(q, k, v, ops, *, q0=0, **params):
@@ -192,10 +192,9 @@ def _fwd_dense(q, k, v, ops, *, q0=0, **params):
   return o.astype(q.dtype), lse
 
 
-def _bwd_reference(do, q, k, v, o, lse, *operands, present, fused_dq, **params):
-  """(dq, dk, dv, dlogits [B, N, T, S] fp32 or [B, 0] without bias, delta,
-  dq_acc workspace (zeros here))."""
-  del lse  # the reference recomputes
+def _bwd_reference(do, q, k, v, o, lse, *operands, present, **params):
+  """(dq, dk, dv), and with a bias dlogits [B, N, T, S] fp32."""
+  del o, lse  # the reference recomputes
   b, t, n, _ = q.shape
   s_len = k.shape[1]
   has_bias = "bias" in present
@@ -205,8 +204,6 @@ def _bwd_reference(do, q, k, v, o, lse, *operands, present, fused_dq, **params):
     diff.append(jnp.broadcast_to(_grouped(lambda a, c: a + c, jnp.zeros((b, n, t, s_len)),
                                           operands[0].astype(jnp.float32)), (b, n, t, s_len)))
 
-  delta = jnp.einsum("btnh,btnh->bnt", do.astype(jnp.float32), o.astype(jnp.float32))
-  dq_acc = jnp.zeros(_dq_acc_shape(q, fused_dq), jnp.float32)
   params.pop("deterministic", None)  # a kernel option
   blocks, rows = _ref_blocks(q, k)
   if blocks == 1:
@@ -214,9 +211,7 @@ def _bwd_reference(do, q, k, v, o, lse, *operands, present, fused_dq, **params):
       ops = dict(zip(present, (d[3],) + tuple(rest) if has_bias else tuple(rest)))
       return _fwd_dense(d[0], d[1], d[2], ops, **params)[0]
 
-    grads = jax.vjp(f, *diff)[1](do.astype(q.dtype))
-    ds = grads[3] if has_bias else jnp.zeros((b, 0), jnp.float32)
-    return (*grads[:3], ds, delta, dq_acc)
+    return tuple(jax.vjp(f, *diff)[1](do.astype(q.dtype)))
 
   # Blocks of query rows: each block's vjp gives its dQ rows and dlogits
   # rows, and adds to dK and dV, accumulated in fp32 over the blocks (the
@@ -239,134 +234,70 @@ def _bwd_reference(do, q, k, v, o, lse, *operands, present, fused_dq, **params):
     primals = (q_i.astype(jnp.float32), kf, vf) + ((bias_i,) if has_bias else ())
     g = jax.vjp(f, *primals)[1](_row_block(dop, 1, i, rows))
     dk, dv = carry
-    return (dk + g[1], dv + g[2]), (g[0], g[3] if has_bias else jnp.zeros((0,), jnp.float32))
+    return (dk + g[1], dv + g[2]), (g[0], g[3] if has_bias else None)
 
   (dk, dv), (dq, ds) = jax.lax.scan(one, (jnp.zeros_like(kf), jnp.zeros_like(vf)),
                                     jnp.arange(blocks))
   t = q.shape[1]
   dq = jnp.moveaxis(dq, 0, 1).reshape((b, -1) + q.shape[2:])[:, :t].astype(q.dtype)
-  if has_bias:  # [C, B, N, rows, S] -> [B, N, T, S]
-    ds = jnp.moveaxis(ds, 0, 2).reshape(b, n, -1, s_len)[:, :, :t]
-  else:
-    ds = jnp.zeros((b, 0), jnp.float32)
-  return dq, dk.astype(k.dtype), dv.astype(v.dtype), ds, delta, dq_acc
+  grads = (dq, dk.astype(k.dtype), dv.astype(v.dtype))
+  if not has_bias:
+    return grads
+  # [C, B, N, rows, S] -> [B, N, T, S]
+  return (*grads, jnp.moveaxis(ds, 0, 2).reshape(b, n, -1, s_len)[:, :, :t])
 
 
 # --- primitives ---------------------------------------------------------------
 
 
 def _fwd_abstract(q, k, v, *operands, present, **params):
-  """o, lse, and the split tail's workspace (_fwd_ws_shape)."""
+  """o [B, T, N, Hv] in q's dtype, lse [B, N, T] fp32."""
   b, t, n, _ = q.shape
-  return (ShapedArray((b, t, n, v.shape[-1]), q.dtype), ShapedArray((b, n, t), jnp.float32),
-          ShapedArray(_fwd_ws_shape(q, k, v, present=present, **params), jnp.float32))
+  return ShapedArray((b, t, n, v.shape[-1]), q.dtype), ShapedArray((b, n, t), jnp.float32)
 
 
-# The forward's split tail (ffi/attention/attention.h, AttentionFwdParams::ws):
-# on the lean logits path where every query tile sees the same keys, a
-# persistent grid's last round is shared out over the SMs by key tiles and
-# the pieces merged from this workspace: 2 slots of a work tile's rows x
-# (Hv padded + 1) floats for each of up to 132 SMs (26 MB at Hv = 128 from
-# 2048 keys, whose tiles have 192 rows, as at Hv = 64 from 512 keys; else 128
-# rows), only when there are more work tiles than that. The launcher checks
-# the size; a workspace it does not take costs only memory.
-_FWD_SPLIT_CTAS = 132
-
-
-def _fwd_ws_shape(q, k, v, *, present, is_causal, window, **params):
-  """[floats] of the split tail's workspace ([0] where no split can happen).
-  Not per batch element: the batching rule passes it on unbatched."""
-  b, t, n, _ = q.shape
-  d, dv, s = _pad64(q.shape[-1]), _pad64(v.shape[-1]), k.shape[1]
-  # LaunchFwdDims (FwdWideTakes): the 192-row kernel (128-key tiles) from
-  # 2048 keys and queries at head dims 128, from 512 at head dims 64; a
-  # symbolic T is sized for it (larger).
-  def at_least(rows):  # (not `n`: the heads above)
-    return t >= rows if isinstance(t, int) else True
-
-  wide = ((d == dv == 128 and s >= 2048 and at_least(2048))
-          or (d == dv == 64 and s >= 512 and at_least(512)))
-  key_tile = 64 if max(d, dv) > 128 else 128 if s <= 4096 or wide else 176
-  # LaunchFwdTiles / LaunchFwdWide: FwdUniformKeys, not FwdNeedsGeneral, 32
-  # key tiles or more.
-  split = (not is_causal and window is None and params["softcap"] == 0.0 and params["scale"] > 0
-           and not {"q_lens", "kv_lens", "bias", "mask", "q_seg"} & set(present)
-           and dv <= 128 and -(-s // key_tile) >= 32)
-  rows = 192 if wide else 128
-  ctas = b * n * -(-t // rows)
-  # A symbolic batch (jax.export): the launcher decides; a workspace it does
-  # not use costs only its allocation.
-  many = ctas > _FWD_SPLIT_CTAS if isinstance(ctas, int) else True
-  if not (split and _kernel_supported(q, k, v) and many):
-    return (0,)
-  return (2 * _FWD_SPLIT_CTAS * rows * (dv + 1),)
-
-
-def _bwd_abstract(do, q, k, v, o, lse, *operands, present, fused_dq, **params):
-  """dq, dk, dv; dlogits (the bias gradient before reduction over its
-  broadcast, [B, N, T, S] fp32, or [B, 0] without bias); delta = rowsum(do * o)
-  [B, N, T] fp32 (workspace); the single pass's fp32 dQ accumulator
-  (workspace, [B, 0] for the split)."""
-  b, t, n, _ = q.shape
+def _bwd_abstract(do, q, k, v, o, lse, *operands, present, **params):
+  """dq, dk, dv; with a bias, dlogits: the bias gradient before reduction
+  over its broadcast, [B, N, T, S] fp32."""
   out = [ShapedArray(a.shape, a.dtype) for a in (q, k, v)]
-  ds_shape = (b, n, t, k.shape[1]) if "bias" in present else (b, 0)
-  out.append(ShapedArray(ds_shape, jnp.float32))
-  out.append(ShapedArray((b, n, t), jnp.float32))
-  out.append(ShapedArray(_dq_acc_shape(q, fused_dq), jnp.float32))
+  if "bias" in present:
+    b, t, n, _ = q.shape
+    out.append(ShapedArray((b, n, t, k.shape[1]), jnp.float32))
   return tuple(out)
 
 
-def _pad64(d):
-  return -(-d // 64) * 64
+# --- what the kernels take, and their workspace (attention_plan.h) ------------
 
 
-def _dq_acc_shape(q, fused_dq):
-  """AttentionDqAccElements in ffi/attention/attention_launch.cu, as [B, N, -1]:
-  query tiles of 128 rows at head dims padding to 64, else 64 (DqTileRows)."""
+def _plan_shape(q, k, v):
+  """The kernels' view of q, k, v for the plans, or None where a dimension
+  other than the batch is symbolic (jax.export): the kernels' workspaces
+  need concrete sequence lengths and heads, so such calls take the
+  reference. A symbolic batch is passed as plans.LARGE: the plans only
+  require it to be positive, and the forward's workspace is an upper bound
+  (more work tiles than SMs) whatever the batch."""
   b, t, n, h = q.shape
-  d = _pad64(h)
-  rows = 128 if d == 64 else 64
-  return (b, n, -(-t // rows) * rows * d) if fused_dq else (b, 0)
+  s_len, kh = k.shape[1], k.shape[2]
+  if not plans.is_static(t, n, h, s_len, kh, v.shape[-1]):
+    return None
+  return plans.attention_shape(b=plans.static_dim(b, plans.LARGE), t=t, s=s_len, n=n, kh=kh,
+                               h=h, hv=v.shape[-1])
 
 
-def _fused_dq(q, k, v, params):
-  """Whether the backward takes the single pass (dQ added in fp32 from the
-  dK/dV kernel: fewer GEMMs, not bitwise reproducible) rather than the
-  deterministic split. Mirrors AttentionFusedDqSupported (attention_launch.cu)."""
-  p = dict(params)
-  if p["deterministic"] or not _kernel_supported(q, k, v) or "bias" in p["present"]:
-    return False
-  d = _pad64(q.shape[-1])
-  if d != _pad64(v.shape[-1]):
-    return False
-  general = p["softcap"] != 0.0 or "mask" in p["present"] or "q_seg" in p["present"]
-  if general:
-    return False
-  # At head dims padding to 64 the single pass takes 128-query tiles (since
-  # session 46; with 64-query tiles it was 1.01-1.03x the split's time
-  # without a mask). H100 A/B of the backward alone, B*S = 16384, 32 heads
-  # (2026-11-26, 2 rounds), against the split without a mask: 0.867 / 0.864
-  # / 0.833 / 0.819 / 0.810 of the time at S = 1024 ... 16384; against the
-  # 64-query single pass under a causal mask: 0.912 / 0.887 / 0.872 / 0.869
-  # at S = 2048 ... 16384.
-  return d in (64, 128)
-
-
-# Padded (H, Hv) pairs with a kernel: mirrors DispatchHeadDims in
-# ffi/attention/attention_tma.h (the handler rejects any other pair).
-_KERNEL_DIMS = {(64, 64), (128, 128), (192, 192), (256, 256), (192, 128)}
+def _plan_options(params):
+  present, window = params["present"], params["window"]
+  return plans.attention_options(
+      bias="bias" in present, mask="mask" in present, q_lens="q_lens" in present,
+      kv_lens="kv_lens" in present, segments="q_seg" in present, causal=params["is_causal"],
+      window_left=-1 if window is None else window[0],
+      window_right=-1 if window is None else window[1], scale=params["scale"],
+      softcap=params["softcap"])
 
 
 def _kernel_supported(q, k, v):
   """Whether the CUDA kernels take these operands (else: the reference)."""
-  return (q.dtype in (jnp.bfloat16, jnp.float16) and q.shape[-1] % 8 == 0
-          and v.shape[-1] % 8 == 0 and (_pad64(q.shape[-1]), _pad64(v.shape[-1])) in _KERNEL_DIMS
-          and all(d > 0 for d in q.shape[:3]) and k.shape[1] > 0  # (a symbolic batch is >= 1)
-          and max(q.shape[1], k.shape[1]) < 2**31 - 256)  # the kernels' 32-bit positions
-
-
-def _bwd_ffi_params(params):
-  return dict(_ffi_params(params), fused_dq=params["fused_dq"])
+  shape = _plan_shape(q, k, v)
+  return shape is not None and plans.attention_unsupported(jnp.dtype(q.dtype).name, shape) is None
 
 
 def _fwd_supported(avals, **params):
@@ -379,8 +310,36 @@ def _bwd_supported(avals, **params):
   return _kernel_supported(*avals[1:4])
 
 
-def _ffi_params(params):
+def _fwd_workspace(avals, **params):
+  """The split tail's workspace (AttentionFwdWorkspaceElems; [0]: none)."""
+  q, k, v = avals[:3]
+  elems = plans.attention_fwd_workspace_elems(_plan_shape(q, k, v), _plan_options(params))
+  return (ShapedArray((elems,), jnp.float32),)
+
+
+def _fused_dq(avals, params):
+  """Whether the backward runs the single pass (AttentionBwdFusedDq)."""
+  q, k, v = avals[1:4]
+  return plans.attention_bwd_fused_dq(_plan_shape(q, k, v), _plan_options(params),
+                                      params["deterministic"])
+
+
+def _bwd_workspace(avals, **params):
+  """The handler's results past the primitive's: dlogits where there is no
+  bias (empty), delta = rowsum(do * o) [B, N, T], and the single pass's fp32
+  dQ accumulator [B, N, AttentionDqAccHeadElements] (empty for the split)."""
+  q = avals[1]
+  b, t, n, h = q.shape
+  empty = ShapedArray((0,), jnp.float32)
+  acc = (ShapedArray((b, n, plans.attention_dq_acc_head_elements(t, h)), jnp.float32)
+         if _fused_dq(avals, params) else empty)
+  return ((empty,) if "bias" not in params["present"] else ()) + (
+      ShapedArray((b, n, t), jnp.float32), acc)
+
+
+def _ffi_params(avals, **params):
   """Primitive params -> the handlers' attributes."""
+  del avals
   present = params["present"]
   window = params["window"]
   return dict(has_bias="bias" in present, has_mask="mask" in present,
@@ -391,14 +350,17 @@ def _ffi_params(params):
               scale=params["scale"], softcap=params["softcap"])
 
 
-def _batch_rule(prim, n_main, args, dims, *, keep_shared, n_ws=0, **params):
+def _bwd_ffi_params(avals, **params):
+  return dict(_ffi_params(avals, **params), fused_dq=_fused_dq(avals, params))
+
+
+def _batch_rule(prim, n_main, args, dims, *, keep_shared, **params):
   """Folds the vmapped axis into the attention batch B of every operand.
 
   The first n_main operands are [B, ...]; bias and mask are [G, ...] with G
   dividing B, so folding them keeps the b -> b // (B / G) correspondence.
   With keep_shared (forward), an unbatched G = 1 bias/mask stays as is; the
-  backward folds it, since dbias must be per example under vmap. The last
-  n_ws outputs are a workspace of no batch axis, passed on unbatched.
+  backward folds it, since dbias must be per example under vmap.
   """
   size = batch_size(args, dims)
   grouped = {n_main + i for i, name in enumerate(params["present"]) if name in ("bias", "mask")}
@@ -409,13 +371,11 @@ def _batch_rule(prim, n_main, args, dims, *, keep_shared, n_ws=0, **params):
       continue
     folded.append(merge_leading(move_to_front(a, d, size)))
   outs = prim.bind(*folded, **params)
-  main = outs[:len(outs) - n_ws]
-  return ([split_leading(o, size) for o in main] + outs[len(main):],
-          [0] * len(main) + [NOT_MAPPED] * n_ws)
+  return [split_leading(o, size) for o in outs], [0] * len(outs)
 
 
 def _fwd_batch(args, dims, **params):
-  return _batch_rule(attention_fwd_p, 3, args, dims, keep_shared=True, n_ws=1, **params)
+  return _batch_rule(attention_fwd_p, 3, args, dims, keep_shared=True, **params)
 
 
 def _bwd_batch(args, dims, **params):
@@ -426,8 +386,8 @@ def _sharding(operands, results, *, present, **params):
   """Batch and heads split (query heads with their kv heads: n // (N / K)
   stays on the device of kv head n // (N / K)); sequences and head dims stay
   whole (the causal, window and length masks count positions from 0)."""
-  del params
-  backward = len(results) == 6
+  del results, params
+  backward = len(operands) == 6 + len(present)  # do, q, k, v, o, lse, optional operands
   q_shape, k_shape, v_shape = operands[1:4] if backward else operands[:3]
   bsz, t, n, h = q_shape
   s_len, kh = k_shape[1], k_shape[2]
@@ -463,7 +423,7 @@ def _sharding(operands, results, *, present, **params):
       b.operand(batch)
     else:
       b.operand(batch, t_ if name == "q_seg" else s_)
-  if backward:  # dq, dk, dv, dlogits, then delta and the dQ accumulator (workspace)
+  if backward:  # dq, dk, dv[, dlogits]
     b.result(*q)
     # Multi-query: each device holds some query heads, so its dk, dv are a
     # part of the sum over heads (a no-op where kv heads split with them).
@@ -471,14 +431,9 @@ def _sharding(operands, results, *, present, **params):
     b.result(*v, sum_=True)
     if "bias" in present:
       b.result(batch, heads, t_, s_)
-    else:
-      b.scratch_result(results[3])
-    b.scratch_result(results[4])
-    b.scratch_result(results[5])
-  else:  # o, lse, the split tail's workspace
+  else:  # o, lse
     b.result(*o)
     b.result(*lse)
-    b.scratch_result(results[2])
   return b.build()
 
 
@@ -490,6 +445,7 @@ attention_fwd_p = define_primitive(
     multiple_results=True,
     ffi_params=_ffi_params,
     supported=_fwd_supported,
+    workspace=_fwd_workspace,
     sharding=_sharding,
 )
 attention_bwd_p = define_primitive(
@@ -500,6 +456,7 @@ attention_bwd_p = define_primitive(
     multiple_results=True,
     ffi_params=_bwd_ffi_params,
     supported=_bwd_supported,
+    workspace=_bwd_workspace,
     sharding=_sharding,
 )
 
@@ -509,20 +466,19 @@ attention_bwd_p = define_primitive(
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(0,))
 def _attention(params, q, k, v, *operands):
-  o, lse, _ = attention_fwd_p.bind(q, k, v, *operands, **dict(params))  # _: workspace
+  o, lse = attention_fwd_p.bind(q, k, v, *operands, **dict(params))
   return o, lse  # a tuple, as the fwd rule returns (bind gives a list)
 
 
 def _attention_fwd(params, q, k, v, *operands):
-  o, lse, _ = attention_fwd_p.bind(q, k, v, *operands, **dict(params))
+  o, lse = attention_fwd_p.bind(q, k, v, *operands, **dict(params))
   return (o, lse), (q, k, v, o, lse, operands)
 
 
 def _attention_bwd(params, res, cts):
   q, k, v, o, lse, operands = res
   do, _ = cts  # lse is returned without gradient (like jax's return_residual)
-  grads = attention_bwd_p.bind(do.astype(o.dtype), q, k, v, o, lse, *operands, **dict(params),
-                               fused_dq=_fused_dq(q, k, v, params))
+  grads = attention_bwd_p.bind(do.astype(o.dtype), q, k, v, o, lse, *operands, **dict(params))
   present = dict(params)["present"]
   dops = []
   for name, x in zip(present, operands):

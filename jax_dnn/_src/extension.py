@@ -13,7 +13,8 @@ import jax
 
 
 @functools.lru_cache(maxsize=None)
-def _module():
+def module():
+  """The compiled extension (jax_dnn._jax_dnn), or None where it is not built."""
   try:
     from jax_dnn import _jax_dnn  # pylint: disable=g-import-not-at-top
   except ImportError:
@@ -24,11 +25,11 @@ def _module():
 @functools.lru_cache(maxsize=None)
 def registered_targets() -> frozenset[str]:
   """Registers every CUDA handler of the extension once; returns their names."""
-  module = _module()
-  if module is None:
+  ext = module()
+  if ext is None:
     return frozenset()
   names = []
-  for name, capsule in module.registrations().items():
+  for name, capsule in ext.registrations().items():
     jax.ffi.register_ffi_target(name, capsule, platform="CUDA")
     names.append(name)
   return frozenset(names)
@@ -57,5 +58,5 @@ def use_kernel(target: str) -> bool:
 
 
 def has_cuda_kernels() -> bool:
-  module = _module()
-  return module is not None and bool(module.has_cuda())
+  ext = module()
+  return ext is not None and bool(ext.has_cuda())

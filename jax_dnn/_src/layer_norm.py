@@ -12,7 +12,7 @@ order).
 Residuals: the layer norm's forward also returns each row's (mean, rstd) as
 `stats` [..., 2] fp32, and its backward takes them (x, scale, stats), where
 recomputing them cost the backward a second team reduction and a pass over
-the row (benchmarks/RESULTS.md, session 31). RMS norm saves nothing: its
+the row. RMS norm saves nothing: its
 backward's one reduction carries the sum of squares along with sum(g * x),
 so its residuals are (x, scale) and a gradient-only program skips its
 forward.
@@ -31,38 +31,10 @@ import jax
 import jax.numpy as jnp
 
 from jax_dnn._src import checks
+from jax_dnn._src import plans
 from jax_dnn._src import sharding
-from jax_dnn._src.primitive import (
-    NOT_MAPPED,
-    ShapedArray,
-    batch_size,
-    define_primitive,
-    fold_groups,
-    move_to_front,
-    split_leading,
-    unbatched_shape,
-    vjp_op,
-)
-
-# Rows of partial parameter gradients the workspace holds per launch (all
-# groups together). The register-row and streamed kernels use as many as fit
-# on the device at once (two 256-thread blocks an SM: 264 on an H100/H200, 296
-# on a B200; one 512-thread block an SM or cluster block: 132 or fewer) and
-# the rest of the workspace stays unused; the fallback kernel uses them all.
-# The partials stay a few percent of the bytes the backward moves. The
-# workspace is capped at 256 MiB.
-_TARGET_PARTS = 320
-_WORKSPACE_CAP_FLOATS = 1 << 26
-
-
-def _parts(rows: int, groups: int, width: int, sums: int) -> int:
-  """Row parts of the backward's workspace: an upper bound (the launcher
-  uses at most as many as the rows need). With a symbolic row count
-  (jax.export with a polymorphic batch) the bound ignores the rows."""
-  parts = min(-(-_TARGET_PARTS // groups), _WORKSPACE_CAP_FLOATS // max(1, groups * sums * width))
-  if isinstance(rows, int):
-    parts = min(parts, rows // groups if groups else 0)
-  return max(1, parts)
+from jax_dnn._src.batching import batch_size, fold_groups, move_to_front, split_leading
+from jax_dnn._src.primitive import ShapedArray, define_primitive, vjp_op
 
 
 def _grouped(a, params):
@@ -111,18 +83,12 @@ def _bwd_reference(dy, x, scale, *stats, epsilon, rms):
     dx = rstd * (g - jnp.mean(g, axis=-1, keepdims=True) - xhat * mean_gx)
   dx = dx.reshape(x.shape).astype(x.dtype)
   dscale = jnp.sum(_grouped(dy2 * xhat, scale), axis=1)
-  ws = jnp.zeros(_workspace_shape(x2.shape[0], *scale.shape, rms), jnp.float32)
   if rms:
-    return dx, dscale, ws
-  return dx, dscale, jnp.sum(_grouped(dy2, scale), axis=1), ws
+    return dx, dscale
+  return dx, dscale, jnp.sum(_grouped(dy2, scale), axis=1)
 
 
 # --- primitives ---------------------------------------------------------------
-
-
-def _workspace_shape(rows, groups, width, rms):
-  sums = 1 if rms else 2
-  return (groups, _parts(rows, groups, width, sums), sums, width)
 
 
 def _stats_shape(x_shape):
@@ -136,11 +102,20 @@ def _fwd_abstract(x, scale, *bias, epsilon, rms):
 
 
 def _bwd_abstract(dy, x, scale, *stats, epsilon, rms):
-  rows = math.prod(x.shape[:-1])
   dx = ShapedArray(x.shape, x.dtype)
   dparam = ShapedArray(scale.shape, jnp.float32)
-  ws = ShapedArray(_workspace_shape(rows, *scale.shape, rms), jnp.float32)
-  return (dx, dparam, ws) if rms else (dx, dparam, dparam, ws)
+  return (dx, dparam) if rms else (dx, dparam, dparam)
+
+
+def _bwd_workspace(avals, *, epsilon, rms):
+  """The parameter gradients' partial sums [G, parts, sums, W]
+  (LayerNormBwdParts). A symbolic row count (jax.export) is passed as
+  plans.LARGE: the parts' upper bound, whatever the rows."""
+  del epsilon
+  x, (groups, width) = avals[1], avals[2].shape
+  rows = plans.static_dim(math.prod(x.shape[:-1]), plans.LARGE)
+  parts = plans.layer_norm_bwd_parts(rows, groups, width, rms)
+  return (ShapedArray((groups, parts, 1 if rms else 2, width), jnp.float32),)
 
 
 def _fwd_batch(args, dims, *, epsilon, rms):
@@ -158,28 +133,24 @@ def _bwd_batch(args, dims, *, epsilon, rms):
   size = batch_size(args, dims)
   dy, x = move_to_front(dy, dims[0], size), move_to_front(x, dims[1], size)
   stats = [move_to_front(s, d, size) for s, d in zip(stats, dims[3:])]
-  groups, width = unbatched_shape(scale, dims[2])
   scale = fold_groups(scale, dims[2], size, shared_ok=False)
   prim = rms_norm_bwd_p if rms else layer_norm_bwd_p
-  dx, *dparams, _ = prim.bind(dy, x, scale, *stats, epsilon=epsilon)
+  dx, *dparams = prim.bind(dy, x, scale, *stats, epsilon=epsilon)
   dparams = [split_leading(d, size) for d in dparams]
-  # The workspace is scratch nobody reads: hand back a placeholder of the
-  # unbatched shape (XLA removes it).
-  ws = jnp.zeros(_workspace_shape(math.prod(x.shape[1:-1]), groups, width, rms), jnp.float32)
-  return [dx, *dparams, ws], [0] * (len(dparams) + 1) + [NOT_MAPPED]
+  return [dx, *dparams], [0] * (len(dparams) + 1)
 
 
 def _sharding(operands, results, *, epsilon, rms, backward=False):
   """Rows split (see sharding.grouped_rows); the normalized width stays
   whole; the parameter gradients are summed over the devices holding rows;
   layer norm's stats [..., 2] split with their rows."""
-  del epsilon
+  del results, epsilon
   b = sharding.RuleBuilder()
   groups, width = operands[2] if backward else operands[1]
   x, g = sharding.grouped_rows(b, operands[1] if backward else operands[0], groups, b.own(width))
   param = (g, x[-1])
   stats = None if rms else x[:-1] + (b.own(2),)
-  if backward:  # dy, x, scale[, stats] -> dx, dscale[, dbias], workspace
+  if backward:  # dy, x, scale[, stats] -> dx, dscale[, dbias]
     b.operand(*x)
     b.operand(*x)
     b.operand(*param)
@@ -188,7 +159,6 @@ def _sharding(operands, results, *, epsilon, rms, backward=False):
     b.result(*x)
     for _ in range(1 if rms else 2):
       b.result(*param, sum_=True)
-    b.scratch_result(results[-1])
   else:  # x, scale[, bias] -> y[, stats]
     b.operand(*x)
     for _ in operands[1:]:
@@ -214,6 +184,7 @@ def _define(name, rms):
       batching_rule=functools.partial(_bwd_batch, rms=rms),
       reference=functools.partial(_bwd_reference, rms=rms),
       multiple_results=True,
+      workspace=functools.partial(_bwd_workspace, rms=rms),
       sharding=functools.partial(_sharding, rms=rms, backward=True),
   )
   return fwd, bwd

@@ -47,15 +47,14 @@ class Rule:
   sums: indices of results that are sums over rows (parameter gradients):
     each shard computes a partial sum; they are added (psum) over the mesh
     axes of every operand factor the result does not have.
-  scratch: indices of results that are workspace nobody reads: each shard
-    keeps its own, and the op returns zeros in their place.
+  (A kernel's workspace is no result of the primitive: define_primitive
+  appends it in the CUDA lowering of each shard.)
   """
   operands: tuple[tuple[Factor, ...], ...]
   results: tuple[tuple[Factor, ...], ...]
   sizes: dict[str, int]
   whole: frozenset[str] = frozenset()
   sums: frozenset[int] = frozenset()
-  scratch: frozenset[int] = frozenset()
 
   def names(self, factor: Factor) -> tuple[str, ...]:
     return factor if isinstance(factor, tuple) else (factor,)
@@ -78,7 +77,6 @@ class RuleBuilder:
     self.sizes: dict[str, int] = {}
     self.whole: set[str] = set()
     self.sums: set[int] = set()
-    self.scratch: set[int] = set()
     self._count = 0
 
   def own(self, size: int, *, whole: bool = True) -> str:
@@ -105,13 +103,9 @@ class RuleBuilder:
       self.sums.add(len(self.results))
     self.results.append(tuple(factors))
 
-  def scratch_result(self, shape):
-    self.scratch.add(len(self.results))
-    self.results.append(tuple(self.own(s) for s in shape))
-
   def build(self) -> Rule:
     return Rule(tuple(self.operands), tuple(self.results), dict(self.sizes), frozenset(self.whole),
-                frozenset(self.sums), frozenset(self.scratch))
+                frozenset(self.sums))
 
 
 def rows_then(builder: RuleBuilder, shape, last: Factor | None = None) -> tuple[Factor, ...]:
@@ -209,6 +203,16 @@ def is_explicit(mesh) -> bool:
   return not mesh.empty and bool(getattr(mesh, "explicit_axes", ()))
 
 
+def explicit_spec(x):
+  """x's PartitionSpec, one entry a dimension, under explicit mesh axes;
+  None elsewhere (where a reshape needs no sharding of its own)."""
+  aval = jax.typeof(x)
+  if not is_explicit(aval.sharding.mesh):
+    return None
+  spec = tuple(aval.sharding.spec)
+  return spec + (None,) * (aval.ndim - len(spec))
+
+
 def _spec_entries(spec, ndim):
   spec = tuple(spec) + (None,) * (ndim - len(spec))
   return [axis_names(e) for e in spec]
@@ -256,22 +260,17 @@ def _as_tuple(x):
   return tuple(x) if isinstance(x, (tuple, list)) else (x,)
 
 
-def _per_device(prim, params, rule: Rule, axes, results):
+def _per_device(prim, params, rule: Rule, axes):
   """One device's program: prim on its blocks, each sum result added over
   the mesh axes of the operand factors it lacks (in fp32: bf16 dk, dv of
-  multi-query attention), each scratch result replaced by zeros of its
-  whole shape (results: the op's results, with .shape and .dtype; scratch is
-  never split, so each device holds all of it). Returns a tuple."""
+  multi-query attention). Returns a tuple."""
   sums = {i: _summed_axes(rule, axes, i) for i in rule.sums}
-  scratch = {i: (results[i].shape, results[i].dtype) for i in rule.scratch}
 
   def body(*args):
     outs = list(_as_tuple(prim.bind(*args, **params)))
     for i, names in sums.items():
       if names:
         outs[i] = jax.lax.psum(outs[i].astype(jnp.float32), names).astype(outs[i].dtype)
-    for i, (shape, dtype) in scratch.items():
-      outs[i] = jnp.zeros(shape, dtype)
     return tuple(outs)
 
   return body
@@ -289,10 +288,9 @@ def explicit_mesh(ctx):
   return mesh
 
 
-def shard_mapped(prim, multiple_results: bool, rule: Rule, avals_in, avals_out, mesh, params):
+def shard_mapped(prim, multiple_results: bool, rule: Rule, avals_in, mesh, params):
   """prim.bind(*args, **params) as a shard_map over `mesh`, for operands
-  whose types carry their sharding (explicit mesh axes; avals_in, and the
-  op's results avals_out).
+  whose types carry their sharding (explicit mesh axes; avals_in).
 
   There the shardings are known while tracing, so the rule is applied then:
   operands are resharded to what the rule takes (a dimension the kernel
@@ -307,7 +305,7 @@ def shard_mapped(prim, multiple_results: bool, rule: Rule, avals_in, avals_out, 
   axes = _typed_axes(rule, avals_in, mesh)
   in_specs = tuple(_sharding(rule, mesh, axes, f).spec for f in rule.operands)
   out_specs = [_sharding(rule, mesh, axes, f).spec for f in rule.results]
-  body = _per_device(prim, params, rule, axes, avals_out)
+  body = _per_device(prim, params, rule, axes)
 
   def call(*args):
     args = [a if _spec_entries(jax.typeof(a).sharding.spec, a.ndim) == _spec_entries(sp, a.ndim)
@@ -368,7 +366,7 @@ def partitioned(prim, multiple_results: bool, rule_fn, params_items):
     axes = _assign(rule, mesh, arg_shapes)
     arg_sh = tuple(_sharding(rule, mesh, axes, f) for f in rule.operands)
     res_sh = [_sharding(rule, mesh, axes, f) for f in rule.results]
-    body = _per_device(prim, params, rule, axes, results)
+    body = _per_device(prim, params, rule, axes)
 
     def lower(*args):
       outs = body(*args)

@@ -16,7 +16,8 @@ import jax.numpy as jnp
 
 from jax_dnn._src import checks
 from jax_dnn._src import sharding
-from jax_dnn._src.primitive import ShapedArray, batch_size, define_primitive, move_to_front, vjp_op
+from jax_dnn._src.batching import batch_size, move_to_front
+from jax_dnn._src.primitive import ShapedArray, define_primitive, vjp_op
 
 
 # --- references (pure JAX; what non-CUDA platforms run) ----------------------

@@ -1,0 +1,120 @@
+"""The kernels' plans, asked of C++ (ffi/<op>/<op>_plan.h, through the
+extension): what the kernels take, which variant a call runs and how much
+workspace it needs. The launchers ask the same functions, so nothing here
+restates a kernel's rules.
+
+Only the CUDA lowering of a primitive whose kernel is registered asks them
+(define_primitive's `supported`, `workspace` and `ffi_params` hooks): where
+the extension is absent or has no kernels, the reference path needs no plan.
+
+A plan is made for a device (DeviceProps: its SM count): the current CUDA
+device as the extension reads it, unless `device` is given. Where no device
+is known (no GPU on this machine, e.g. lowering for jax.export there) its
+properties are 0 and each plan says in its C++ comment what it assumes.
+
+Plans take concrete sizes. jax.export may leave a dimension symbolic (a
+polymorphic batch): `static_dim` passes such a dimension as a bound, chosen
+by the op for each plan it asks (and said why there).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from jax_dnn._src import extension
+
+# A symbolic dimension where a plan's answer only grows with it (workspace
+# upper bounds): past every threshold a plan compares a size against (more
+# work tiles than any GPU has SMs, more rows than a workspace has parts),
+# while a product of three such sizes stays far within int64.
+LARGE = 1 << 20
+
+
+def static_dim(d, symbolic: int) -> int:
+  """d as a Python int; a symbolic dimension (jax.export) as `symbolic`."""
+  return int(d) if isinstance(d, (int, np.integer)) else symbolic
+
+
+def is_static(*dims) -> bool:
+  return all(isinstance(d, (int, np.integer)) for d in dims)
+
+
+def _ext():
+  module = extension.module()
+  if module is None:
+    raise RuntimeError("jax_dnn's extension is not built: there are no kernel plans "
+                       "(the reference path needs none)")
+  return module
+
+
+def _device(device):
+  return device if device is not None else _ext().current_device()
+
+
+def device_props(*, sm_count: int) -> Any:
+  """A DeviceProps to plan for (e.g. a GPU other than this machine's)."""
+  return _ext().DeviceProps(sm_count=sm_count)
+
+
+def current_device() -> Any:
+  """The current CUDA device's DeviceProps (all 0 where none is known)."""
+  return _ext().current_device()
+
+
+# --- attention (ffi/attention/attention_plan.h) ----------------------------------
+
+
+def attention_shape(*, b: int, t: int, s: int, n: int, kh: int, h: int, hv: int) -> Any:
+  """q [b, t, n, h], k [b, s, kh, h], v [b, s, kh, hv]."""
+  return _ext().AttentionShape(b=b, t=t, s=s, n=n, kh=kh, h=h, hv=hv)
+
+
+def attention_options(*, bias: bool = False, mask: bool = False, q_lens: bool = False,
+                      kv_lens: bool = False, segments: bool = False, causal: bool = False,
+                      window_left: int = -1, window_right: int = -1, scale: float = 1.0,
+                      softcap: float = 0.0) -> Any:
+  """Which optional operands a call has, and its logits' options."""
+  return _ext().AttentionOptions(bias=bias, mask=mask, q_lens=q_lens, kv_lens=kv_lens,
+                                 segments=segments, causal=causal, window_left=window_left,
+                                 window_right=window_right, scale=scale, softcap=softcap)
+
+
+def attention_unsupported(dtype: str, shape) -> str | None:
+  """Why the kernels do not take this dtype and shape; None when they do."""
+  return _ext().attention_unsupported(dtype, shape)
+
+
+def attention_fwd_kernel(shape, options) -> tuple[int, int, bool]:
+  """The forward kernel a call runs: (query rows a work tile, keys a tile,
+  general logits path)."""
+  return tuple(_ext().attention_fwd_kernel(shape, options))
+
+
+def attention_fwd_workspace_elems(shape, options, device=None) -> int:
+  """Floats of the forward's split-tail workspace (0: none)."""
+  return _ext().attention_fwd_workspace_elems(shape, options, _device(device))
+
+
+def attention_bwd_fused_dq(shape, options, deterministic: bool) -> bool:
+  """Whether the backward runs the single pass (dQ added in fp32)."""
+  return _ext().attention_bwd_fused_dq(shape, options, deterministic)
+
+
+def attention_dq_acc_head_elements(t: int, h: int) -> int:
+  """Floats of the single pass's dQ accumulator for one (batch, head)."""
+  return _ext().attention_dq_acc_head_elements(t, h)
+
+
+# --- norms and bias_act (ffi/layer_norm/layer_norm_plan.h, ffi/activation/activation_plan.h)
+
+
+def layer_norm_bwd_parts(rows: int, groups: int, width: int, rms: bool, device=None) -> int:
+  """Row parts of the norms' backward workspace [groups, parts, sums, width]."""
+  return _ext().layer_norm_bwd_parts(rows, groups, width, rms, _device(device))
+
+
+def bias_act_bwd_parts(rows: int, groups: int, width: int, dtype: str, device=None) -> int:
+  """Row parts of the bias backward's workspace [groups, parts, 1, width]."""
+  return _ext().bias_act_bwd_parts(rows, groups, width, dtype, _device(device))
