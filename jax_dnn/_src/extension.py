@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import functools
 import os
+import warnings
 
 import jax
 
@@ -50,11 +51,39 @@ def use_kernel(target: str) -> bool:
   """Whether a CUDA lowering should call `target` rather than the reference.
 
   JAX_DNN_IMPL=reference forces the reference path everywhere (for debugging
-  and for comparing against XLA's own lowering).
+  and for comparing against XLA's own lowering). A jax_dnn without its
+  kernels warns the first time an op is lowered for CUDA (warn_no_kernels).
   """
   if os.environ.get("JAX_DNN_IMPL", "auto").lower() == "reference":
     return False
-  return target in registered_targets()
+  if target in registered_targets():
+    return True
+  warn_no_kernels()
+  return False
+
+
+class NoKernelsWarning(RuntimeWarning):
+  """jax_dnn runs an op for CUDA through its reference path: it was built
+  without its kernels."""
+
+
+_warned = False
+
+
+def warn_no_kernels() -> None:
+  """Once a process, when an op is lowered for CUDA by a jax_dnn that has no
+  kernels (installed where no nvcc was found, or the source tree imported
+  without its built extension): every op then runs its pure-JAX reference,
+  correct but 5-30x slower than the kernels, which a user would not notice."""
+  global _warned
+  if _warned or registered_targets():
+    return
+  _warned = True
+  where = "has no compiled extension" if module() is None else "was built without CUDA kernels"
+  warnings.warn(
+      f"jax_dnn {where}: its ops run on the GPU through the pure-JAX reference path, "
+      "5-30x slower than its kernels. Rebuild with the kernels (needs nvcc): "
+      "`JAX_DNN_CUDA=ON pip install .` (see the README).", NoKernelsWarning, stacklevel=2)
 
 
 def has_cuda_kernels() -> bool:
