@@ -145,7 +145,8 @@ def test_vmapped_axis_split(mesh, name):
   """vmap over every operand, split along the vmapped axis: each device's
   rows carry their own parameter copies, with no gather."""
   case = BY_NAME[name]
-  args = [jnp.stack([a, a * 0.5, a * -0.25, a * 2]) for a in case.make_args(_case_dtype(mesh, case))]
+  args = [jnp.stack([a, a * 0.5, a * -0.25, a * 2])
+          for a in case.make_args(_case_dtype(mesh, case))]
   fn = jax.value_and_grad(lambda *a: jnp.sum(jax.vmap(_case_loss(case))(*a)),
                           argnums=case.argnums)
   _check(mesh, fn, args, [P("data")] * len(args), tol=max(_tol(mesh), 1e-4))

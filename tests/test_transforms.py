@@ -53,12 +53,18 @@ def test_jit(device, name):
 
 def _vmap_variants(case):
   """in_axes with one argument batched, along each of its axes (the others
-  unbatched), then with every argument batched along axis 0."""
+  unbatched); every argument batched along axis 0; and, with three or more
+  arguments, all but the leading one (along axis 0, and along 1) and all but
+  the last (a shared input with per-example parameters; a shared bias)."""
   ndims = [len(a.shape(case.shape)) for a in case.args]
   n = len(ndims)
   variants = [tuple(axis if j == i else None for j in range(n))
               for i in range(n) for axis in range(ndims[i] + 1)]
-  return variants + [(0,) * n] if n > 1 else variants
+  if n > 1:
+    variants.append((0,) * n)
+  if n > 2:
+    variants += [(None,) + (0,) * (n - 1), (None,) + (1,) * (n - 1), (0,) * (n - 1) + (None,)]
+  return variants
 
 
 # Variants that fail today, each with its reason (strict: a fix shows as XPASS).
@@ -118,8 +124,9 @@ def test_nested_vmap(device, name):
 @pytest.mark.parametrize("name", NAMES)
 def test_grad_and_vmap_of_grad(device, name):
   """grad; per-example gradients (vmap of grad) with the other arguments
-  shared and batched; the vmapped backward with an unbatched cotangent;
-  grad of a vmapped loss (shared arguments' gradients sum over the batch)."""
+  shared, batched, and all but the last batched; the vmapped backward with
+  an unbatched cotangent; grad of a vmapped loss (shared arguments'
+  gradients sum over the batch)."""
   del device
   case = BY_NAME[name]
   args = case.make_args()
@@ -127,7 +134,8 @@ def test_grad_and_vmap_of_grad(device, name):
   grad = lambda fn: jax.jit(jax.grad(_loss(case, fn), argnums))
   _close(case, grad(case.fn)(*args), grad(case.reference)(*args), "grad")
   batched = [_stack(a, 0, V1, 40 + i) for i, a in enumerate(args)]
-  for in_axes in ((0,) + (None,) * (n - 1), (0,) * n):
+  vgrad_axes = [(0,) + (None,) * (n - 1), (0,) * n] + ([(0,) * (n - 1) + (None,)] if n > 2 else [])
+  for in_axes in vgrad_axes:
     call = [b if ax == 0 else a for a, b, ax in zip(args, batched, in_axes)]
     vgrad = lambda fn, in_axes=in_axes: jax.jit(jax.vmap(grad(fn), in_axes=in_axes))
     _close(case, vgrad(case.fn)(*call), vgrad(case.reference)(*call),
