@@ -183,3 +183,21 @@ def test_cuda_lowering_calls_kernels(name):
   assert f"custom_call @{bwd}(" in cuda_hlo(jax.grad(loss, case.argnums), *args)
   batched = [_stack(a, 0, 2, 70 + i) for i, a in enumerate(args)]
   assert f"custom_call @{fwd}(" in cuda_hlo(jax.vmap(case.fn), *batched)
+
+
+_NOT_OPS = {"export_disabled_checks", "has_cuda_kernels"}
+
+
+def test_every_public_op_has_a_case():
+  """A new op registers in op_cases.py, or this fails."""
+  missing = sorted(set(jax_dnn.__all__) - _NOT_OPS - set(NAMES))
+  assert not missing, f"public ops without an entry in tests/op_cases.py: {missing}"
+
+
+def test_every_kernel_target_has_a_case():
+  """Every FFI target the extension registers is called by a case of the
+  table (so the CUDA-lowering, export and sanitizer runs reach it)."""
+  _require_cuda_handlers()
+  registered = jax_dnn._extension.registered_targets()  # pylint: disable=protected-access
+  covered = {t for name in NAMES for t in BY_NAME[name].targets}
+  assert registered == covered, (sorted(registered - covered), sorted(covered - registered))
