@@ -1,14 +1,23 @@
 """Runs every kernel once (forward and backward, each dtype, awkward shapes)
 so that compute-sanitizer can check them: see scripts/gpu_check.sh.
-`python3 sanitize_ops.py ops` skips attention (the memory-bound ops only)."""
+`python3 sanitize_ops.py ops` skips attention (the memory-bound ops only),
+`python3 sanitize_ops.py attention` runs attention only.
+
+The row ops come from the table of ops (tests/op_cases.py): each one with
+`rows` set runs over SHAPES; attention's layouts, and the kernels' paths
+that the table's options do not reach, are listed here."""
 
 import functools
+import os
 import sys
 
 import jax
 import jax.numpy as jnp
 
 import jax_dnn
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), os.pardir, "tests"))
+from op_cases import CASES  # pylint: disable=g-import-not-at-top,wrong-import-position
 
 # Widths reach every row-kernel shape: odd (scalar fallback), each register
 # layout team (up to 12288 and 20000 bf16: padded 256- and 512-thread teams),
@@ -107,18 +116,20 @@ def main():
   if sys.argv[1:] == ["attention"]:
     print("sanitize_ops: attention kernels ran")
     return
+  row_ops = [case for case in CASES if case.rows]
   for dtype in (jnp.float32, jnp.bfloat16, jnp.float16):
     for shape in SHAPES:
+      for case in row_ops:
+        run(jax.jit(case.fn), *case.make_args(dtype, shape=shape))
+      # Beyond the table: norm parameters in x's dtype, softmax along the
+      # leading axis, bias_act's erf GELU (its one-row backward loop), and
+      # vmapped parameters (several parameter copies).
       x = jax.random.normal(key, shape, jnp.float32).astype(dtype)
       p = jnp.linspace(0.5, 1.5, shape[-1], dtype=dtype)
       run(jax.jit(jax_dnn.layer_norm), x, p, p)
       run(jax.jit(jax_dnn.rms_norm), x, p)
-      run(jax.jit(jax_dnn.softmax), x)
-      run(jax.jit(jax_dnn.log_softmax), x)
       run(jax.jit(functools.partial(jax_dnn.softmax, axis=0)), x)
-      run(jax.jit(jax_dnn.gelu), x)
-      run(jax.jit(functools.partial(jax_dnn.bias_act, activation="silu")), x, p)
-      # vmapped parameters (groups > 1)
+      run(jax.jit(functools.partial(jax_dnn.bias_act, activation="gelu")), x, p)
       xb = jnp.stack([x, x])
       run(jax.jit(jax.vmap(jax_dnn.layer_norm)), xb, jnp.stack([p, p]), jnp.stack([p, p]))
   # Softmax rows split over clusters, more rows than clusters fit at once: the

@@ -1,5 +1,7 @@
 """relu, gelu (exact and tanh), silu, sigmoid, tanh, and the fused bias_act:
-against fp64 references, under jit/vmap/grad, bad inputs, CUDA lowering."""
+against fp64 references over shapes and dtypes, extreme inputs, bad inputs.
+jit/vmap/grad, check_grads and the CUDA lowering of each op:
+tests/test_transforms.py (the table in tests/op_cases.py)."""
 
 import functools
 
@@ -10,7 +12,7 @@ import numpy as np
 import pytest
 
 import jax_dnn
-from helpers import DTYPES, check_fwd_bwd, cuda_hlo, on_gpu, randn
+from helpers import DTYPES, check_fwd_bwd, on_gpu, randn
 
 UNARY = {
     "relu": (jax_dnn.relu, jax.nn.relu),
@@ -152,38 +154,10 @@ def test_sigmoid_forms_at_extreme_inputs(gpu, name, dtype, shape):
       assert not bad.any(), (name, op, what, np.asarray(x, np.float64)[bad], out[bad], r[bad])
 
 
-def test_jit_vmap_grad(device):
-  tol = dict(rtol=2e-5, atol=2e-5)
-  close = lambda a, b: jax.tree.map(lambda u, v: np.testing.assert_allclose(u, v, **tol), a, b)
-  x = randn(4, (3, 5, 24), jnp.float32)
-  bias = randn(5, (24,), jnp.float32)
-  bb = randn(6, (3, 24), jnp.float32)
-  ours = functools.partial(jax_dnn.bias_act, activation="silu")
-  naive = functools.partial(naive_bias_act, activation="silu")
-  for in_axis in (0, 1, 2):
-    close(jax.vmap(jax_dnn.gelu, in_axes=in_axis)(x), jax.vmap(jax.nn.gelu, in_axes=in_axis)(x))
-  close(jax.jit(ours)(x, bias), naive(x, bias))
-  for axes in [(0, None), (1, None), (0, 0), (None, 0)]:
-    xa = x if axes[0] is not None else x[0]
-    ba = bb if axes[1] is not None else bias
-    close(jax.vmap(ours, in_axes=axes)(xa, ba), jax.vmap(naive, in_axes=axes)(xa, ba))
-  nested = lambda fn: jax.vmap(jax.vmap(fn, in_axes=(0, None)), in_axes=(1, 0))
-  close(nested(ours)(x, bb[:1].repeat(5, 0)), nested(naive)(x, bb[:1].repeat(5, 0)))
-  loss = lambda fn: (lambda a, b: jnp.sum(fn(a, b) ** 2))
-  close(jax.grad(loss(ours), (0, 1))(x, bias), jax.grad(loss(naive), (0, 1))(x, bias))
-  for axes in [(0, None), (0, 0)]:
-    ba = bb if axes[1] is not None else bias
-    close(jax.vmap(jax.grad(loss(ours), (0, 1)), in_axes=axes)(x, ba),
-          jax.vmap(jax.grad(loss(naive), (0, 1)), in_axes=axes)(x, ba))
-  uloss = lambda fn: (lambda a: jnp.sum(fn(a) ** 2))
-  close(jax.vmap(jax.grad(uloss(jax_dnn.tanh)))(x), jax.vmap(jax.grad(uloss(jnp.tanh)))(x))
-
-
+# The unary ops and one activation of bias_act: tests/test_transforms.py.
 @pytest.mark.parametrize("name", [n for n in UNARY if n != "relu"])
-def test_check_grads(device, name):
-  ours, _ = UNARY[name]
+def test_bias_act_check_grads(device, name):
   x = randn(7, (4, 5), jnp.float32)
-  check_grads(ours, (x,), order=1, modes=("rev",), atol=1e-2, rtol=1e-2)
   check_grads(functools.partial(jax_dnn.bias_act, activation=name), (x, randn(8, (5,), jnp.float32)),
               order=1, modes=("rev",), atol=1e-2, rtol=1e-2)
 
@@ -204,14 +178,3 @@ def test_bad_inputs():
     jax_dnn.bias_act(x, jnp.ones(3))
   with pytest.raises(TypeError, match="approximate must be a bool"):
     jax_dnn.gelu(x, approximate="yes")
-
-
-def test_cuda_lowering_calls_kernels():
-  x = jnp.ones((4, 64), jnp.bfloat16)
-  b = jnp.ones(64, jnp.bfloat16)
-  assert "jax_dnn_activation_fwd" in cuda_hlo(jax_dnn.silu, x)
-  assert "jax_dnn_activation_bwd" in cuda_hlo(
-      jax.grad(lambda v: jax_dnn.silu(v).astype(jnp.float32).sum()), x)
-  assert "jax_dnn_bias_act_fwd" in cuda_hlo(jax_dnn.bias_act, x, b)
-  assert "jax_dnn_bias_act_bwd" in cuda_hlo(
-      jax.grad(lambda v, c: jax_dnn.bias_act(v, c).astype(jnp.float32).sum(), (0, 1)), x, b)

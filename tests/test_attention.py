@@ -1,5 +1,7 @@
 """dot_product_attention: against jax.nn.dot_product_attention and an
-independent naive reference, under jit/vmap/grad, bad inputs, Flax glue.
+independent naive reference, its options, bad inputs, Flax glue. jit/vmap/
+grad, check_grads and the CUDA lowering's kernel calls:
+tests/test_transforms.py (the table in tests/op_cases.py).
 
 On a CPU machine these run the reference path; the CUDA lowering (checked
 here as text) holds the kernels' custom calls. tests/test_attention_kernels.py
@@ -9,7 +11,6 @@ import functools
 
 from flax import nnx
 import jax
-from jax.test_util import check_grads
 import jax.numpy as jnp
 import numpy as np
 import pytest
@@ -230,40 +231,6 @@ def test_fully_masked_rows_give_zeros_and_zero_grads(device):
   assert np.all(np.isneginf(lse[1])) and np.all(np.isfinite(lse[0]))
 
 
-def test_jit_vmap_grad(device):
-  tol = dict(rtol=1e-4, atol=1e-5)
-  close = lambda a, c: jax.tree.map(lambda x, y: np.testing.assert_allclose(x, y, **tol), a, c)
-  # Leading axis (3) is the vmapped one; then B = 1, T = 5, S = 6, N = 2, K = 1, H = 16.
-  q, k, v = (x[:, None] for x in qkv(6, 3, 5, 6, 2, 1, 16, jnp.float32))
-  bias = randn(9, (3, 1, 2, 5, 6), jnp.float32)
-  ours = lambda a, c, d, bb=None: jax_dnn.dot_product_attention(a, c, d, bb, is_causal=True)
-  naive_valid = jnp.tril(jnp.ones((5, 6), bool))
-  naive = lambda a, c, d, bb=None: naive_attention(a, c, d, bb, valid=naive_valid)
-  close(jax.jit(ours)(q[0], k[0], v[0]), naive(q[0], k[0], v[0]))
-  for axes in [(0, 0, 0), (1, None, None), (None, 1, 1)]:
-    qa = q if axes[0] == 0 else (jnp.moveaxis(q, 0, 1) if axes[0] == 1 else q[0])
-    ka = k[0] if axes[1] is None else (jnp.moveaxis(k, 0, 1) if axes[1] == 1 else k)
-    va = v[0] if axes[2] is None else (jnp.moveaxis(v, 0, 1) if axes[2] == 1 else v)
-    close(jax.vmap(ours, in_axes=axes)(qa, ka, va), jax.vmap(naive, in_axes=axes)(qa, ka, va))
-  # Batched and shared bias, and per-example gradients (vmap of grad).
-  loss = lambda f: (lambda *a: jnp.sum(f(*a) ** 2))
-  for baxes, bb in [((0, 0, 0, 0), bias), ((0, 0, 0, None), bias[0])]:
-    close(jax.vmap(ours, in_axes=baxes)(q, k, v, bb), jax.vmap(naive, in_axes=baxes)(q, k, v, bb))
-    close(jax.vmap(jax.grad(loss(ours), (0, 1, 2, 3)), in_axes=baxes)(q, k, v, bb),
-          jax.vmap(jax.grad(loss(naive), (0, 1, 2, 3)), in_axes=baxes)(q, k, v, bb))
-  # Nested vmap.
-  q5 = jnp.stack([q, q * 0.5])
-  nested = lambda f: jax.vmap(jax.vmap(f, in_axes=(0, 0, 0)), in_axes=(0, None, None))
-  close(nested(ours)(q5, k, v), nested(naive)(q5, k, v))
-
-
-def test_check_grads(device):
-  q, k, v = qkv(7, 1, 3, 4, 2, 1, 8, jnp.float32)
-  bias = randn(8, (1, 2, 3, 4), jnp.float32)
-  f = lambda a, c, d, bb: jax_dnn.dot_product_attention(a, c, d, bb, is_causal=True)
-  check_grads(f, (q, k, v, bias), order=1, modes=("rev",), atol=1e-2, rtol=1e-2)
-
-
 def test_bad_inputs():
   q, k, v = qkv(8, 1, 4, 4, 4, 2, 16, jnp.float32)
   dpa = jax_dnn.dot_product_attention
@@ -297,13 +264,10 @@ def test_bad_inputs():
     dpa(q, k, v, deterministic_backward="yes")
 
 
-def test_cuda_lowering_uses_kernels():
+def test_cuda_lowering_without_a_kernel_is_the_reference():
+  """fp32 and head dims without a kernel lower to the reference (the
+  kernels' calls: tests/test_transforms.py)."""
   q, k, v = qkv(20, 2, 16, 24, 4, 2, 64, jnp.bfloat16)
-  loss = lambda q, k, v: jnp.sum(jax_dnn.dot_product_attention(
-      q, k, v, is_causal=True).astype(jnp.float32))
-  hlo = cuda_hlo(jax.grad(loss, (0, 1, 2)), q, k, v)
-  assert "jax_dnn_attention_fwd" in hlo and "jax_dnn_attention_bwd" in hlo
-  # fp32 and head dims without a kernel lower to the reference.
   q32, k32, v32 = (x.astype(jnp.float32) for x in (q, k, v))
   assert "jax_dnn_attention" not in cuda_hlo(jax_dnn.dot_product_attention, q32, k32, v32)
   assert "jax_dnn_attention" not in cuda_hlo(jax_dnn.dot_product_attention, q[..., :60],

@@ -1,17 +1,17 @@
 """layer_norm and rms_norm: against fp64 references over dtypes and awkward
-shapes, under jit/vmap/grad (including batched parameters), bad inputs, and
-the CUDA lowering."""
+shapes (including per-group parameters), the saved statistics, optional
+parameters, bad inputs. jit/vmap/grad, check_grads and the CUDA lowering:
+tests/test_transforms.py (the table in tests/op_cases.py)."""
 
 import functools
 
 import jax
-from jax.test_util import check_grads
 import jax.numpy as jnp
 import numpy as np
 import pytest
 
 import jax_dnn
-from helpers import DTYPES, check_fwd_bwd, cuda_hlo, on_gpu, randn
+from helpers import DTYPES, check_fwd_bwd, on_gpu, randn
 
 EPS = 1e-5
 
@@ -118,46 +118,6 @@ def test_fp32_params_with_bf16_input(device, name):
 
 
 @pytest.mark.parametrize("name", OPS)
-def test_jit_vmap_grad(device, name):
-  ours, naive, nparams = OPS[name]
-  tol = dict(rtol=5e-5, atol=5e-5)
-  x = randn(3, (4, 3, 40), jnp.float32)
-  params = _params(40, nparams, jnp.float32)
-  bparams = [randn(20 + i, (4, 40), jnp.float32) for i in range(nparams)]
-  close = lambda a, b: jax.tree.map(lambda u, v: np.testing.assert_allclose(u, v, **tol), a, b)
-
-  close(jax.jit(ours)(x, *params), naive(x, *params))
-  # vmap over each axis of x but the normalized one; parameters shared.
-  for axis in (0, 1):
-    f = lambda fn: jax.vmap(lambda v: fn(v, *params), in_axes=axis)
-    close(f(ours)(x), f(naive)(x))
-  # Batched parameters (per-example scale/bias), batched or shared x.
-  both = lambda fn: jax.vmap(fn, in_axes=(0,) + (0,) * nparams)
-  close(both(ours)(x, *bparams), both(naive)(x, *bparams))
-  only_params = lambda fn: jax.vmap(fn, in_axes=(None,) + (0,) * nparams)
-  close(only_params(ours)(x[0], *bparams), only_params(naive)(x[0], *bparams))
-  # Nested vmap, parameters batched on the outer level only.
-  nested = lambda fn: jax.vmap(jax.vmap(fn, in_axes=(0,) + (None,) * nparams),
-                               in_axes=(1,) + (0,) * nparams)
-  bp3 = [p[:3] for p in bparams]
-  close(nested(ours)(x, *bp3), nested(naive)(x, *bp3))
-
-  w = randn(5, (40,), jnp.float32)
-  loss = lambda fn: (lambda *a: jnp.sum(fn(*a) * w))
-  argnums = tuple(range(nparams + 1))
-  close(jax.grad(loss(ours), argnums)(x, *params), jax.grad(loss(naive), argnums)(x, *params))
-  # vmap(grad): per-example gradients, with shared and with batched parameters.
-  vg = lambda fn, axes: jax.vmap(jax.grad(loss(fn), argnums), in_axes=axes)
-  shared = (0,) + (None,) * nparams
-  close(vg(ours, shared)(x, *params), vg(naive, shared)(x, *params))
-  batched = (0,) + (0,) * nparams
-  close(vg(ours, batched)(x, *bparams), vg(naive, batched)(x, *bparams))
-  # grad of a vmapped loss: the parameter gradient sums over the batch.
-  vl = lambda fn: (lambda *a: jnp.sum(jax.vmap(loss(fn), in_axes=shared)(*a)))
-  close(jax.grad(vl(ours), argnums)(x, *params), jax.grad(vl(naive), argnums)(x, *params))
-
-
-@pytest.mark.parametrize("name", OPS)
 @pytest.mark.parametrize("groups,rows", [(3, 512), (300, 8)])
 def test_grouped_parameter_gradients(device, name, groups, rows):
   """Per-group parameters (vmap over x and the parameters) on 1024-wide bf16
@@ -255,14 +215,6 @@ def test_layer_norm_stats(device, dtype, shape):
   np.testing.assert_allclose(np.asarray(y, np.float64), want, rtol=1e-2, atol=2e-2)
 
 
-@pytest.mark.parametrize("name", OPS)
-def test_check_grads(device, name):
-  ours, _, nparams = OPS[name]
-  x = randn(4, (3, 9), jnp.float32)
-  params = _params(9, nparams, jnp.float32)
-  check_grads(ours, (x, *params), order=1, modes=("rev",), atol=1e-2, rtol=1e-2)
-
-
 def test_optional_parameters(device):
   x = randn(6, (5, 33), jnp.float32)
   scale = randn(7, (33,), jnp.float32)
@@ -290,13 +242,3 @@ def test_bad_inputs():
     jax_dnn.layer_norm(x, epsilon=0.0)
   with pytest.raises(TypeError, match="scale must be floating point"):
     jax_dnn.layer_norm(x, jnp.ones(8, jnp.int32))
-
-
-@pytest.mark.parametrize("name", OPS)
-def test_cuda_lowering_calls_kernels(name):
-  ours, _, nparams = OPS[name]
-  x = jnp.ones((4, 64), jnp.bfloat16)
-  params = [jnp.ones(64)] * nparams
-  assert f"jax_dnn_{name}_fwd" in cuda_hlo(ours, x, *params)
-  loss = lambda *a: ours(*a).astype(jnp.float32).sum()
-  assert f"jax_dnn_{name}_bwd" in cuda_hlo(jax.grad(loss, tuple(range(nparams + 1))), x, *params)

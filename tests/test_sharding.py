@@ -23,6 +23,10 @@ import pytest
 
 import jax_dnn
 from helpers import randn, require_kernels
+from op_cases import BY_NAME, one_per_family
+
+# The rules belong to the primitives: one op of each family (op_cases.py).
+SHARDED = one_per_family()
 
 
 def _cpu_mesh():
@@ -99,65 +103,53 @@ def _tol(mesh):
   return 1e-5 if mesh.devices.flat[0].platform == "cpu" else 2e-2
 
 
-# --- elementwise, softmax, norms ----------------------------------------------------
+# --- every op of op_cases.py ----------------------------------------------------------
 
 
-def test_activation_splits_everywhere(mesh):
-  x = randn(0, (8, 4, 64), jnp.float32)
-  loss = lambda x: jnp.sum(jax_dnn.gelu(x) * jnp.cos(x))
-  spec = P("data", None, "model")
-  _check(mesh, jax.value_and_grad(loss), [x], [spec], tol=_tol(mesh))
+def _case_dtype(mesh, case):
+  return jnp.float32 if mesh.devices.flat[0].platform == "cpu" else case.kernel_dtype
 
 
-def test_bias_act_columns_and_rows(mesh):
-  """Tensor-parallel MLP layout: columns split with the bias; dbias is summed
-  over the devices holding rows."""
-  x, bias = randn(1, (8, 4, 64), jnp.float32), randn(2, (64,), jnp.float32)
-  fn = jax.grad(lambda x, b: jnp.sum(jax_dnn.bias_act(x, b, "silu") * x), argnums=(0, 1))
-  coll = _check(mesh, fn, [x, bias], [P("data", None, "model"), P("model")], tol=_tol(mesh))
-  assert coll["all-reduce"] >= _split(mesh, "data"), coll
+def _case_loss(case):
+  return lambda *a: jnp.sum(jnp.sin(case.fn(*a).astype(jnp.float32)))
 
 
-@pytest.mark.parametrize("log", [False, True])
-def test_softmax_rows_split_axis_whole(mesh, log):
-  op = jax_dnn.log_softmax if log else jax_dnn.softmax
-  x = randn(3, (8, 6, 32), jnp.float32)
-  loss = lambda x: jnp.sum(op(x, axis=1) * jnp.sin(x))
-  _check(mesh, jax.value_and_grad(loss), [x], [P("data", None, "model")], tol=_tol(mesh))
+@pytest.mark.parametrize("name", SHARDED)
+def test_split_operands_run_per_shard(mesh, name):
+  """Operands split as the table's Arg.split: no gather, and a parameter
+  gradient is summed over the devices (an all-reduce) where its operand is
+  not split along a mesh axis that the leading operand is split along."""
+  case = BY_NAME[name]
+  args = case.make_args(_case_dtype(mesh, case))
+  fn = jax.value_and_grad(_case_loss(case), argnums=case.argnums)
+  coll = _check(mesh, fn, args, case.split_specs, tol=_tol(mesh))
+  leading = {ax for ax in case.args[0].split if ax is not None and _split(mesh, ax)}
+  summed = [i for i in case.argnums if leading - set(case.args[i].split)]
+  assert coll["all-reduce"] >= bool(summed), (coll, summed)
 
 
-def test_softmax_split_along_its_axis_is_gathered(mesh):
-  """Split along the softmax axis (the last): the op needs each row whole."""
-  x = randn(4, (8, 6, 32), jnp.float32)
-  _check(mesh, jax_dnn.softmax, [x], [P(None, None, "model")], gathers=_split(mesh, "model"),
-         tol=_tol(mesh))
+@pytest.mark.parametrize("name", [n for n in SHARDED if any(a.whole for a in BY_NAME[n].args)])
+def test_split_along_a_whole_dimension_is_gathered(mesh, name):
+  """Split along a dimension the op needs whole (a softmax's axis, a norm's
+  width, attention's sequences): each such operand is gathered, and the
+  result is still right."""
+  case = BY_NAME[name]
+  args = case.make_args(_case_dtype(mesh, case))
+  specs = [P(*[None] * a.whole[0], "model") if a.whole else P() for a in case.args]
+  gathers = sum(bool(a.whole) for a in case.args) * _split(mesh, "model")
+  _check(mesh, case.fn, args, specs, gathers=gathers, tol=_tol(mesh))
 
 
-@pytest.mark.parametrize("name", ["layer_norm", "rms_norm"])
-def test_norm_rows_split_param_grads_summed(mesh, name):
-  op = getattr(jax_dnn, name)
-  x = randn(5, (8, 4, 96), jnp.float32)
-  scale = randn(6, (96,), jnp.float32, offset=1.0)
-  params = [scale] if name == "rms_norm" else [scale, randn(7, (96,), jnp.float32)]
-  loss = lambda x, *p: jnp.sum(op(x, *p) * jnp.cos(x))
-  fn = jax.grad(loss, argnums=tuple(range(1 + len(params))))
-  coll = _check(mesh, fn, [x, *params], [P("data", "model")] + [P()] * len(params), tol=_tol(mesh))
-  assert coll["all-reduce"] >= 1, coll
-
-
-def test_norm_width_split_is_gathered(mesh):
-  x = randn(8, (8, 4, 96), jnp.float32)
-  _check(mesh, jax_dnn.layer_norm, [x], [P("data", None, "model")], gathers=_split(mesh, "model"),
-         tol=_tol(mesh))
-
-
-def test_norm_vmapped_params_split_with_rows(mesh):
-  """vmap over (x, scale) makes G = 8 parameter groups; rows split along the
-  vmapped axis carry their groups with them."""
-  x = randn(9, (8, 4, 32), jnp.float32)
-  scale = randn(10, (8, 32), jnp.float32, offset=1.0)
-  fn = jax.grad(lambda x, s: jnp.sum(jax.vmap(jax_dnn.rms_norm)(x, s) ** 2), argnums=(0, 1))
-  _check(mesh, fn, [x, scale], [P("data"), P("data")], tol=_tol(mesh))
+@pytest.mark.parametrize("name", SHARDED)
+def test_vmapped_axis_split(mesh, name):
+  """vmap over every operand, split along the vmapped axis: each device's
+  rows carry their own parameter copies, with no gather."""
+  case = BY_NAME[name]
+  args = [jnp.stack([a, a * 0.5, a * -0.25, a * 2])
+          for a in case.make_args(_case_dtype(mesh, case))]
+  fn = jax.value_and_grad(lambda *a: jnp.sum(jax.vmap(_case_loss(case))(*a)),
+                          argnums=case.argnums)
+  _check(mesh, fn, args, [P("data")] * len(args), tol=max(_tol(mesh), 1e-4))
 
 
 # --- attention -----------------------------------------------------------------------
@@ -184,23 +176,24 @@ def _attn_dtype(mesh):
   return jnp.float32 if mesh.devices.flat[0].platform == "cpu" else jnp.bfloat16
 
 
+# Grouped-query heads, and a bias of the batch's size, are the table's case
+# (test_split_operands_run_per_shard); here multi-head, multi-query and a
+# bias broadcast over the batch.
 @pytest.mark.parametrize("kv_heads,specs", [
     (N, [P("data", None, "model")] * 3),       # batch and heads
-    (2, [P(None, None, "model")] * 3),         # grouped: query heads go with their kv heads
     (1, [P(None, None, "model"), P(), P()]),   # multi-query: dk, dv summed over head shards
-], ids=["mha", "gqa", "mqa"])
+], ids=["mha", "mqa"])
 def test_attention_batch_and_heads(mesh, kv_heads, specs):
   args = _qkv(kv_heads, _attn_dtype(mesh))
   fn = jax.value_and_grad(_attn_grad(is_causal=True), argnums=(0, 1, 2))
   _check(mesh, fn, args, specs, tol=_tol(mesh))
 
 
-@pytest.mark.parametrize("bias_batch", [B, 1])
-def test_attention_bias_gradient(mesh, bias_batch):
+def test_attention_bias_broadcast_over_the_batch(mesh):
   q, k, v = _qkv(N, _attn_dtype(mesh))
-  bias = randn(23, (bias_batch, N, T, S), jnp.float32)
+  bias = randn(23, (1, N, T, S), jnp.float32)
   fn = jax.grad(_attn_grad(), argnums=(0, 1, 2, 3))
-  specs = [P("data", None, "model")] * 3 + [P("data" if bias_batch == B else None, "model")]
+  specs = [P("data", None, "model")] * 3 + [P(None, "model")]
   _check(mesh, fn, [q, k, v, bias], specs, tol=_tol(mesh))
 
 
@@ -220,14 +213,6 @@ def test_attention_masks_lengths_segments(mesh):
   heads = P("data", None, "model")
   _check(mesh, fn, [q, k, v, mask, lens, q_seg, kv_seg],
          [heads] * 3 + [P("data"), P("data"), P("data"), P("data")], tol=_tol(mesh))
-
-
-def test_attention_sequence_split_is_gathered(mesh):
-  """The masks count positions from each sequence's start: T and S stay whole."""
-  q, k, v = _qkv(N, _attn_dtype(mesh))
-  fn = lambda q, k, v: jax_dnn.dot_product_attention(q, k, v, is_causal=True)
-  _check(mesh, fn, [q, k, v], [P(None, "data")] * 3, gathers=3 * _split(mesh, "data"),
-         tol=_tol(mesh))
 
 
 def test_attention_after_a_reshape_with_mesh_sub_axes(mesh):
@@ -291,39 +276,46 @@ def test_vmap_with_a_bias_of_fewer_batch_groups(mesh):
 # --- inside shard_map: each device calls the op on its block --------------------------
 
 
-def _shard_map_cases(dtype):
-  x, s, b = randn(40, (8, 4, 64), dtype), randn(41, (64,), jnp.float32, offset=1.0), randn(
-      42, (64,), jnp.float32)
-  rows = P("data", "model")
+def _extra_shard_map_cases(dtype):
+  """Attention's layouts beyond the table's: (name, fn, args, specs, result spec)."""
   mha = P("data", None, "model")
-  q, k, v = _qkv(N, dtype)
   qm, km, vm = _qkv(1, dtype)
-  yield "gelu", lambda x: jax_dnn.gelu(x), [x], [rows]
-  yield "bias_act", lambda x, b: jax_dnn.bias_act(x, b.astype(x.dtype), "silu"), [x, b], [rows, P()]
-  yield "softmax", lambda x: jax_dnn.log_softmax(x, axis=1), [x], [P("data", None, "model")]
-  yield "layer_norm", lambda x, s, b: jax_dnn.layer_norm(x, s, b), [x, s, b], [rows, P(), P()]
-  yield "rms_norm", lambda x, s: jax_dnn.rms_norm(x, s), [x, s], [rows, P()]
-  yield "attention", lambda q, k, v: jax_dnn.dot_product_attention(q, k, v, is_causal=True), [
-      q, k, v], [mha] * 3
   # Multi-query: K/V the same on every device; their gradients are summed.
   yield "attention_mqa", lambda q, k, v: jax_dnn.dot_product_attention(q, k, v), [qm, km, vm], [
-      mha, P("data"), P("data")]
+      mha, P("data"), P("data")], mha
+  q, k, v = _qkv(N, dtype)
   bias = randn(43, (1, N, T, S), jnp.float32)
   yield "attention_bias", lambda q, k, v, bias: jax_dnn.dot_product_attention(q, k, v, bias), [
-      q, k, v, bias], [mha] * 3 + [P(None, "model")]
+      q, k, v, bias], [mha] * 3 + [P(None, "model")], mha
 
 
-def _block_case(mesh, case, vmapped):
-  """A case of _shard_map_cases (vmapped: over a new leading axis of every
-  operand), its loss, and the argnums of its float operands."""
-  name, fn, args, specs = next(c for c in _shard_map_cases(_attn_dtype(mesh)) if c[0] == case)
+BLOCK_CASES = SHARDED + ["attention_mqa", "attention_bias"]
+
+
+def _block_case(mesh, name, vmapped):
+  """A case of the table (or of _extra_shard_map_cases), split as its specs
+  say (vmapped: over a new leading axis of every operand): its fn, args,
+  specs, the argnums of its float operands, its loss, and its result's spec
+  under explicit mesh axes."""
+  if name in BY_NAME:
+    case = BY_NAME[name]
+    fn, args, specs = case.fn, case.make_args(_case_dtype(mesh, case)), case.split_specs
+    want_spec, keeps_batch_split = case.result_spec, case.vmap_keeps_batch_split
+  else:
+    _, fn, args, specs, want_spec = next(
+        c for c in _extra_shard_map_cases(_attn_dtype(mesh)) if c[0] == name)
+    keeps_batch_split = False
   if vmapped:
     args = [jnp.stack([a, a * 0.5]) for a in args]
     specs = [P(None, *spec) for spec in specs]
     fn = jax.vmap(fn)
+    # Where the batching rule folds the vmapped axis into the batch as its
+    # major part, a split of the inner batch alone is gathered for the op
+    # (README, limits).
+    want_spec = P(None, *want_spec) if keeps_batch_split else P(None, None, *want_spec[1:])
   argnums = tuple(i for i, a in enumerate(args) if jnp.issubdtype(a.dtype, jnp.floating))
   loss = lambda f: (lambda *a: jnp.sum(jnp.sin(f(*a).astype(jnp.float32))))
-  return name, fn, args, specs, argnums, loss
+  return fn, args, specs, argnums, loss, want_spec
 
 
 def _assert_close(mesh, got, want, name):
@@ -335,14 +327,13 @@ def _assert_close(mesh, got, want, name):
 
 
 @pytest.mark.parametrize("vmapped", [False, True], ids=["plain", "vmap"])
-@pytest.mark.parametrize("case", ["gelu", "bias_act", "softmax", "layer_norm", "rms_norm",
-                                  "attention", "attention_mqa", "attention_bias"])
-def test_inside_shard_map_with_check_vma(mesh, case, vmapped):
+@pytest.mark.parametrize("name", BLOCK_CASES)
+def test_inside_shard_map_with_check_vma(mesh, name, vmapped):
   """shard_map with JAX's default check_vma: results vary over the axes their
   operands vary over, and gradients of operands the devices share (norm
   scales, a bias, multi-query K/V) are summed over the devices by JAX (the
   transpose of the cast that makes the operands agree)."""
-  name, fn, args, specs, argnums, loss = _block_case(mesh, case, vmapped)
+  fn, args, specs, argnums, loss, _ = _block_case(mesh, name, vmapped)
   mapped = jax.shard_map(fn, mesh=mesh, in_specs=tuple(specs), out_specs=specs[0])
   got = jax.jit(jax.value_and_grad(loss(mapped), argnums=argnums))(*args)
   want = _on_one_device(mesh, jax.value_and_grad(loss(fn), argnums=argnums), args)
@@ -353,27 +344,14 @@ def _full(spec, ndim):
   return tuple(spec) + (None,) * (ndim - len(spec))
 
 
-_EXPLICIT_SPECS = {  # the result's sharding under explicit axes, per case of _shard_map_cases
-    "gelu": P("data", "model"), "bias_act": P("data", "model"),
-    "softmax": P("data", None, "model"), "layer_norm": P("data", "model"),
-    "rms_norm": P("data", "model"), "attention": P("data", None, "model"),
-    "attention_mqa": P("data", None, "model"), "attention_bias": P("data", None, "model")}
-
-
 @pytest.mark.parametrize("vmapped", [False, True], ids=["plain", "vmap"])
-@pytest.mark.parametrize("case", list(_EXPLICIT_SPECS))
-def test_explicit_mesh_axes(mesh, case, vmapped):
+@pytest.mark.parametrize("name", BLOCK_CASES)
+def test_explicit_mesh_axes(mesh, name, vmapped):
   """Under explicit mesh axes (jax.make_mesh's default) every array's type
   carries its sharding: each op's result is typed split as its rule splits
   it (so what follows it stays split), and gradients are typed as their
   primals."""
-  name, fn, args, specs, argnums, loss = _block_case(mesh, case, vmapped)
-  want_spec = _EXPLICIT_SPECS[name]
-  if vmapped:
-    # Attention folds the vmapped axis into its batch as the major part: a
-    # split of the inner batch alone is gathered for the op (README, limits).
-    want_spec = P(None, None, *want_spec[1:]) if name.startswith("attention") else P(
-        None, *want_spec)
+  fn, args, specs, argnums, loss, want_spec = _block_case(mesh, name, vmapped)
   explicit = Mesh(mesh.devices, mesh.axis_names,
                   axis_types=(jax.sharding.AxisType.Explicit,) * len(mesh.axis_names))
   want = _on_one_device(mesh, jax.value_and_grad(loss(fn), argnums=argnums), args)

@@ -1,0 +1,242 @@
+"""The table of ops that the cross-cutting tests iterate.
+
+One `OpCase` per public op says what those tests need to know about it: how
+to build small random arguments (never zeros) for a dtype, which arguments
+are differentiable, an independent reference of the same signature, the FFI
+targets of its CUDA lowering, which dimensions may be split over devices,
+and whether it has a second-order rule. The tests that read it:
+  test_transforms.py    jit, vmap (each argument axis, nested), grad,
+                        vmap(grad), check_grads; the CUDA lowering
+  test_sharding.py      split operands, shard_map, explicit mesh axes
+  test_export.py        jax.export (CUDA targets, a symbolic batch)
+  test_higher_order.py  grad of grad, check_grads of order 2
+  scripts/sanitize_ops.py  compute-sanitizer over every kernel
+A new op adds one entry to CASES (and its own tests/test_<op>.py for
+numerics over shapes and dtypes, options and bad inputs).
+
+Sharding specs name the axes of the tests' mesh, ("data", "model"); shapes
+here divide by 4 where "data" splits and by 2 where "model" does.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+import dataclasses
+import functools
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+from jax.sharding import PartitionSpec as P
+import numpy as np
+
+import jax_dnn
+
+
+def randn(key, shape, dtype, scale=1.0, offset=0.0):
+  """Random normal data (never zeros), rounded to dtype. From NumPy: no
+  compilation for each new shape, as jax.random would need."""
+  x = offset + scale * np.random.default_rng(key).standard_normal(shape, np.float32)
+  return jnp.asarray(x.astype(jnp.dtype(dtype)))
+
+
+@dataclasses.dataclass(frozen=True)
+class Arg:
+  """One array argument of an op.
+
+  shape: its shape as a function of the leading argument's shape.
+  dtype: None for the case's dtype, else this one whatever the case's.
+  scale, offset: of its random normal values.
+  differentiable: whether grad is taken with respect to it.
+  split: the PartitionSpec entries under which the op runs on each shard
+    with no gather.
+  whole: the dimensions the op needs whole (split, they are gathered).
+  batch: the dimension that follows a symbolic batch size in jax.export
+    (None: fixed).
+  """
+  shape: Callable[[tuple[int, ...]], tuple[int, ...]] = lambda s: s
+  dtype: Any = None
+  scale: float = 1.0
+  offset: float = 0.0
+  differentiable: bool = True
+  split: tuple = ()
+  whole: tuple[int, ...] = ()
+  batch: int | None = 0
+
+
+@dataclasses.dataclass(frozen=True)
+class OpCase:
+  """A public op as the cross-cutting tests see it.
+
+  fn: the op, positional array arguments only (static options bound).
+  reference: an independent plain-JAX function of the same signature (JAX's
+    own where it has one).
+  shape: the leading argument's shape in the small cases.
+  args: the array arguments, in order.
+  targets: the FFI targets its CUDA lowering calls (forward, backward) for
+    the kernel dtype's arguments.
+  kernel_dtype: a dtype whose CUDA lowering takes the kernels.
+  tol: rtol = atol of fp32 comparisons against the reference.
+  rows: the leading argument is [rows..., width] and `shape` may be any
+    such shape (the sanitizer's sweep of widths).
+  second_order: grad of grad is defined (each primitive's JVP).
+  check_grads: numerical differences hold (False at kinks such as relu's).
+  check_shape: the leading argument's shape for check_grads (None: `shape`).
+  out_split: the result's PartitionSpec when the arguments are split as
+    `Arg.split` says (None: as the leading argument's).
+  vmap_keeps_batch_split: under vmap, a split of the leading argument's
+    dimension 0 carries over to the result; False where the batching rule
+    folds the vmapped axis into that dimension as its major part (the inner
+    split is then no contiguous split of the folded one, and is gathered).
+  """
+  name: str
+  fn: Callable
+  reference: Callable
+  shape: tuple[int, ...]
+  args: tuple[Arg, ...]
+  targets: tuple[str, str]
+  kernel_dtype: Any = jnp.bfloat16
+  tol: float = 2e-5
+  rows: bool = True
+  second_order: bool = True
+  check_grads: bool = True
+  check_shape: tuple[int, ...] | None = None
+  out_split: tuple | None = None
+  vmap_keeps_batch_split: bool = True
+
+  def make_args(self, dtype=jnp.float32, *, key=0, shape=None):
+    """Random arguments for `dtype`, the leading one of `shape` (default:
+    the case's)."""
+    shape = tuple(self.shape if shape is None else shape)
+    return [randn(key + i, a.shape(shape), dtype if a.dtype is None else a.dtype,
+                  scale=a.scale, offset=a.offset) for i, a in enumerate(self.args)]
+
+  @property
+  def argnums(self) -> tuple[int, ...]:
+    return tuple(i for i, a in enumerate(self.args) if a.differentiable)
+
+  @property
+  def split_specs(self) -> list:
+    return [P(*a.split) for a in self.args]
+
+  @property
+  def result_spec(self):
+    return P(*(self.args[0].split if self.out_split is None else self.out_split))
+
+  @property
+  def family(self) -> str:
+    """The primitives' name (`jax_dnn_<family>_fwd`): ops of one family share
+    their primitives and rules, and differ only in static parameters."""
+    return self.targets[0].removeprefix("jax_dnn_").removesuffix("_fwd")
+
+
+# --- references -----------------------------------------------------------------------
+
+
+def _layer_norm(x, scale, bias, epsilon=1e-6):
+  mean = x.mean(-1, keepdims=True)
+  var = jnp.square(x - mean).mean(-1, keepdims=True)
+  return (x - mean) * jax.lax.rsqrt(var + epsilon) * scale + bias
+
+
+def _rms_norm(x, scale, epsilon=1e-6):
+  return x * jax.lax.rsqrt(jnp.square(x).mean(-1, keepdims=True) + epsilon) * scale
+
+
+# --- the table ------------------------------------------------------------------------
+
+_ROWS = (8, 4, 32)  # [batch, rows, width]: split over "data" x "model" as [4, 2]
+_ELEMENTWISE = Arg(scale=2.0, split=("data", None, "model"))
+_UNARY = {  # name: (ours, JAX's own)
+    "relu": (jax_dnn.relu, jax.nn.relu),
+    "gelu": (functools.partial(jax_dnn.gelu, approximate=False),
+             functools.partial(jax.nn.gelu, approximate=False)),
+    "gelu_tanh": (functools.partial(jax_dnn.gelu, approximate=True),
+                  functools.partial(jax.nn.gelu, approximate=True)),
+    "silu": (jax_dnn.silu, jax.nn.silu),
+    "sigmoid": (jax_dnn.sigmoid, jax.nn.sigmoid),
+    "tanh": (jax_dnn.tanh, jnp.tanh),
+}
+
+CASES: list[OpCase] = [
+    OpCase(name, ours, theirs, _ROWS, (_ELEMENTWISE,),
+           ("jax_dnn_activation_fwd", "jax_dnn_activation_bwd"),
+           check_grads=name != "relu")  # numerical differences straddle relu's kink
+    for name, (ours, theirs) in _UNARY.items()
+] + [
+    OpCase(
+        "bias_act",
+        lambda x, bias: jax_dnn.bias_act(x, bias, "silu"),
+        lambda x, bias: jax.nn.silu(x + bias),
+        _ROWS,
+        # Tensor-parallel MLP layout: columns split with the bias; dbias
+        # summed over the devices holding rows.
+        (_ELEMENTWISE, Arg(lambda s: s[-1:], split=("model",), batch=None)),
+        ("jax_dnn_bias_act_fwd", "jax_dnn_bias_act_bwd")),
+    # softmax along a middle axis (the strided kernel), log_softmax along the
+    # last (the row kernels).
+    OpCase(
+        "softmax",
+        lambda x: jax_dnn.softmax(x, axis=1),
+        lambda x: jax.nn.softmax(x, axis=1),
+        (8, 6, 32),
+        (Arg(scale=3.0, split=("data", None, "model"), whole=(1,)),),
+        ("jax_dnn_softmax_fwd", "jax_dnn_softmax_bwd")),
+    OpCase(
+        "log_softmax",
+        jax_dnn.log_softmax,
+        jax.nn.log_softmax,
+        (8, 6, 32),
+        (Arg(scale=3.0, split=("data", "model"), whole=(2,)),),
+        ("jax_dnn_softmax_fwd", "jax_dnn_softmax_bwd")),
+    OpCase(
+        "layer_norm",
+        lambda x, scale, bias: jax_dnn.layer_norm(x, scale, bias, epsilon=1e-6),
+        _layer_norm,
+        _ROWS,
+        # An offset mean; fp32 parameters (bf16 inputs take them so).
+        (Arg(scale=2.0, offset=1.0, split=("data", "model"), whole=(2,)),
+         Arg(lambda s: s[-1:], jnp.float32, scale=0.5, offset=1.0, batch=None),
+         Arg(lambda s: s[-1:], jnp.float32, scale=0.5, batch=None)),
+        ("jax_dnn_layer_norm_fwd", "jax_dnn_layer_norm_bwd"),
+        tol=5e-5),
+    OpCase(
+        "rms_norm",
+        lambda x, scale: jax_dnn.rms_norm(x, scale, epsilon=1e-6),
+        _rms_norm,
+        _ROWS,
+        (Arg(scale=2.0, split=("data", "model"), whole=(2,)),
+         Arg(lambda s: s[-1:], jnp.float32, scale=0.5, offset=1.0, batch=None)),
+        ("jax_dnn_rms_norm_fwd", "jax_dnn_rms_norm_bwd"),
+        tol=5e-5),
+    # Grouped-query attention (4 query heads on 2 key/value heads, T != S)
+    # with a bias and a causal mask. Batch and heads split; the sequences
+    # stay whole (the masks count positions from each sequence's start).
+    OpCase(
+        "dot_product_attention",
+        lambda q, k, v, bias: jax_dnn.dot_product_attention(q, k, v, bias, is_causal=True),
+        lambda q, k, v, bias: jax.nn.dot_product_attention(q, k, v, bias, is_causal=True),
+        (4, 8, 4, 32),  # [B, T, N, H]
+        (Arg(scale=0.5, split=("data", None, "model"), whole=(1,)),
+         Arg(lambda s: (s[0], 12, s[2] // 2, s[3]), scale=0.5, split=("data", None, "model"),
+             whole=(1,)),
+         Arg(lambda s: (s[0], 12, s[2] // 2, s[3]), split=("data", None, "model"), whole=(1,)),
+         Arg(lambda s: (s[0], s[2], s[1], 12), jnp.float32, split=("data", "model"))),
+        ("jax_dnn_attention_fwd", "jax_dnn_attention_bwd"),
+        tol=1e-4, rows=False, check_shape=(1, 3, 2, 8), vmap_keeps_batch_split=False),
+]
+
+BY_NAME = {c.name: c for c in CASES}
+NAMES = list(BY_NAME)
+
+
+def one_per_family(cases=CASES, where=lambda c: True) -> list[str]:
+  """The first case (satisfying `where`) of each family: for tests of the
+  primitives' rules (batching, sharding, transposition), which static
+  parameters such as the activation do not change."""
+  seen, names = set(), []
+  for c in cases:
+    if where(c) and c.family not in seen:
+      seen.add(c.family)
+      names.append(c.name)
+  return names
