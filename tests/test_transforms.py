@@ -68,12 +68,7 @@ def _vmap_variants(case):
 
 
 # Variants that fail today, each with its reason (strict: a fix shows as XPASS).
-_KNOWN_FAILURES = {
-    ("layer_norm", (None, None, 0)): "bias batched with scale shared: the batching rule "
-                                     "folds them into different parameter counts",
-    ("layer_norm", (None, None, 1)): "bias batched with scale shared: the batching rule "
-                                     "folds them into different parameter counts",
-}
+_KNOWN_FAILURES = {}  # (name, in_axes) -> reason: strict xfails while a fix is pending
 
 
 def _axes_id(in_axes):

@@ -33,7 +33,7 @@ import jax.numpy as jnp
 from jax_dnn._src import checks
 from jax_dnn._src import plans
 from jax_dnn._src import sharding
-from jax_dnn._src.batching import batch_size, fold_groups, move_to_front, split_leading
+from jax_dnn._src.batching import NOT_MAPPED, batch_size, fold_groups, move_to_front, split_leading
 from jax_dnn._src.primitive import ShapedArray, define_primitive, vjp_op
 
 
@@ -122,7 +122,10 @@ def _fwd_batch(args, dims, *, epsilon, rms):
   x, params = args[0], args[1:]
   size = batch_size(args, dims)
   x = move_to_front(x, dims[0], size)
-  params = [fold_groups(p, d, size, shared_ok=True) for p, d in zip(params, dims[1:])]
+  # The kernel takes scale and bias with the same number of parameter copies:
+  # one shared copy only while neither is batched.
+  shared = all(d is NOT_MAPPED for d in dims[1:])
+  params = [fold_groups(p, d, size, shared_ok=shared) for p, d in zip(params, dims[1:])]
   if rms:
     return rms_norm_fwd_p.bind(x, *params, epsilon=epsilon), 0
   return layer_norm_fwd_p.bind(x, *params, epsilon=epsilon), [0, 0]
