@@ -112,6 +112,10 @@ constexpr int kFlatThreads = 256;
 // blocks, half the speed), so those keep one.
 constexpr int kFlatUnits = 4;
 constexpr int kFlatMinBlocksPerSm = 8;  // below this many blocks an SM at kFlatUnits, one unit
+// On the scalar path (a bias row not a multiple of 16 bytes, or an odd total
+// size) a unit is one element, so a thread takes 16: 32-64 bytes in flight,
+// as 2-4 vectors would be.
+constexpr int kFlatScalarUnits = 16;
 
 // Where a unit's bias starts: its flat index split into (row, column) by
 // multiplication (fast_div.h), and the row into its group when there are
@@ -276,7 +280,7 @@ __device__ __forceinline__ void Widen(const Packed<T, V>& u, float (&f)[V]) {
 }
 
 template <typename T, int V, Activation kAct>
-__global__ void __launch_bounds__(kColLanes* kRowLanes, kBwdTwoRows<kAct> ? 4 : 0)
+__global__ void __launch_bounds__(kColLanes* kRowLanes, kBwdTwoRows<kAct> && V > 1 ? 4 : 0)
     BiasActBwdKernel(ActivationBwdParams p) {
   const int64_t n = p.width;
   const int64_t col = (int64_t{blockIdx.x} * kColLanes + threadIdx.x) * V;
@@ -288,7 +292,7 @@ __global__ void __launch_bounds__(kColLanes* kRowLanes, kBwdTwoRows<kAct> ? 4 : 
   if (in) {
     float b[V];
     LoadVec<float, V>(p.bias + group * n + col, b);
-    if constexpr (!kBwdTwoRows<kAct>) {
+    if constexpr (!kBwdTwoRows<kAct> && V > 1) {
       for (int64_t local = part * kRowLanes + threadIdx.y; local < rows_per_group;
            local += p.parts * kRowLanes) {
         const int64_t e = (group * rows_per_group + local) * n + col;
@@ -303,8 +307,9 @@ __global__ void __launch_bounds__(kColLanes* kRowLanes, kBwdTwoRows<kAct> ? 4 : 
         StoreVec<T, V>(static_cast<T*>(p.dx) + e, r);
       }
     } else {
-      // Two rows in flight a thread, kept packed until used.
-      constexpr int kBwdRows = 2;
+      // Two rows in flight a thread, kept packed until used; eight on the
+      // scalar path (a column an element: 2-4 bytes a row and operand).
+      constexpr int kBwdRows = V == 1 ? 8 : 2;
       const int64_t step = p.parts * kRowLanes;
       const T* x = static_cast<const T*>(p.x) + group * rows_per_group * n + col;
       const T* dy = static_cast<const T*>(p.dy) + group * rows_per_group * n + col;
@@ -377,7 +382,8 @@ cudaError_t LaunchFlat(Activation a, const void* dy, const void* x, const float*
   constexpr int kVec = 16 / sizeof(T);
   const int v = vec ? kVec : 1;
   const int64_t units = rows * width / v;
-  const int64_t wide_blocks = (units + kFlatThreads * kFlatUnits - 1) / (kFlatThreads * kFlatUnits);
+  const int64_t per_thread = vec ? kFlatUnits : kFlatScalarUnits;
+  const int64_t wide_blocks = (units + kFlatThreads * per_thread - 1) / (kFlatThreads * per_thread);
   const bool wide = wide_blocks >= int64_t{kFlatMinBlocksPerSm} * SmCount();
   const int64_t blocks = wide ? wide_blocks : (units + kFlatThreads - 1) / kFlatThreads;
   if (blocks > 0x7fffffff) return cudaErrorInvalidValue;  // gridDim.x limit
@@ -407,7 +413,8 @@ cudaError_t LaunchFlat(Activation a, const void* dy, const void* x, const float*
           return cudaGetLastError();
         }
       }
-      auto* kernel = wide ? ActivationFlatKernel<T, kV, kAct, kBwd, kBias, kFlatUnits>
+      constexpr int kUnits = kV == 1 ? kFlatScalarUnits : kFlatUnits;
+      auto* kernel = wide ? ActivationFlatKernel<T, kV, kAct, kBwd, kBias, kUnits>
                           : ActivationFlatKernel<T, kV, kAct, kBwd, kBias, 1>;
       kernel<<<grid, kFlatThreads, 0, stream>>>(static_cast<const T*>(dy),
                                                 static_cast<const T*>(x), bias,

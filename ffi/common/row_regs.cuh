@@ -188,6 +188,90 @@ struct RegRow {
   }
 };
 
+// A register-resident row of single elements, for rows whose width is not a
+// multiple of the 16-byte vector (their starts are then misaligned, so no
+// vector load can serve them). Lane l of the team holds the elements at
+// columns l + k * kTeam (k < kElems), raw (a 16-bit element in the low half
+// of a 32-bit register), all kElems loads issued before any is used: a
+// warp's load instruction reads 32 contiguous elements (64 bytes at 16 bits,
+// 128 at fp32), x is read once and y written once, and a thread's columns are
+// the same in every row (the norm backward keeps its per-column partial
+// parameter gradients across the rows a block visits). It has RegRow's
+// interface with vectors of one element (V = 1, kVecs = kElems), so the
+// register-row kernels serve these rows unchanged. The alternative, 16-byte
+// vectors over each row's aligned interior with a scalar head and tail,
+// shifts a thread's columns from row to row, which those partials cannot
+// follow.
+template <typename T, int kTeam_, int kElems, int kMinBlock = 128>
+struct ScalarRow {
+  using Layout = RegRow<T, kTeam_, 1, kMinBlock>;  // the team layout and its reduction
+  static constexpr int kTeam = kTeam_;
+  static constexpr int kVecs = kElems;
+  static constexpr int V = 1;
+  static constexpr int kBlock = Layout::kBlock;
+  static constexpr int kTeams = Layout::kTeams;
+  static constexpr int kWarps = Layout::kWarps;
+
+  T raw[kElems];
+
+  __device__ static int Lane() { return Layout::Lane(); }
+  __device__ static int Team() { return Layout::Team(); }
+  __device__ static int64_t Col(int v) { return int64_t{v} * kTeam + Lane(); }
+  __device__ static bool In(int v, int64_t n) { return Col(v) < n; }
+
+  // Elements past the row are zeros. Evict-first (last-use) loads for the
+  // 16-bit types, non-coherent ones for fp32, as RegRow's vectors.
+  __device__ void Load(const T* row, int64_t n) {
+    const T* base = row + Lane();
+#pragma unroll
+    for (int v = 0; v < kElems; ++v) {
+      if (!In(v, n)) {
+        raw[v] = FromFloat<T>(0.f);
+      } else if constexpr (sizeof(T) == 4) {
+        raw[v] = __ldg(base + v * kTeam);
+      } else {
+        raw[v] = __ldlu(base + v * kTeam);
+      }
+    }
+  }
+  __device__ void Get(int v, float (&f)[1]) const { f[0] = ToFloat(raw[v]); }
+
+  template <typename State>
+  using Slots = typename Layout::template Slots<State>;
+  template <typename State>
+  __device__ static State Reduce(State st, Slots<State>& slots, int parity) {
+    return Layout::Reduce(st, slots, parity);
+  }
+};
+
+// The widest row ScalarRow holds: kMaxTeam threads x kMaxElems elements.
+template <int kMaxElems = 32, int kMaxTeam = 512>
+constexpr int64_t ScalarRowMaxWidth() {
+  return int64_t{kMaxTeam} * kMaxElems;
+}
+
+// Calls fn(ScalarRow<T, team, elems, kMinBlock>{}) for the narrowest shape
+// that holds `width` (<= ScalarRowMaxWidth<kMaxElems, kMaxTeam>()) elements:
+// a warp with 1, 2, 4, ... kStepElems elements a thread, then teams of 64 to
+// kMaxTeam threads with kStepElems each, then kMaxTeam threads with 2, 4, ...
+// times kStepElems up to kMaxElems. Wider teams before more elements: a
+// thread's loads go out one scalar instruction each.
+template <typename T, int kStepElems, int kMaxElems, int kMinBlock = 128, int kMaxTeam = 512,
+          int kTeam = 32, int kElems = 1, typename Fn>
+auto DispatchScalarRow(int64_t width, Fn&& fn) {
+  using Row = ScalarRow<T, kTeam, kElems, kMinBlock>;
+  if constexpr (kTeam == kMaxTeam && kElems == kMaxElems) {
+    return fn(Row{});
+  } else {
+    if (width <= int64_t{kTeam} * kElems) return fn(Row{});
+    if constexpr (kElems < kStepElems || kTeam == kMaxTeam) {
+      return DispatchScalarRow<T, kStepElems, kMaxElems, kMinBlock, kMaxTeam, kTeam, kElems * 2>(width, fn);
+    } else {
+      return DispatchScalarRow<T, kStepElems, kMaxElems, kMinBlock, kMaxTeam, kTeam * 2, kElems>(width, fn);
+    }
+  }
+}
+
 // A plain sum as a mergeable State.
 struct Sum1 {
   float s;

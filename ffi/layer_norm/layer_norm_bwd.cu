@@ -206,6 +206,126 @@ __global__ void __launch_bounds__(Row::kBlock, kRegThreadsPerSM / Row::kBlock)
   }
 }
 
+// Rows not read as vectors, up to ScalarBwdMaxWidth: LayerNormRegBwdKernel's
+// scheme on ScalarRow (one element a "vector", ffi/common/row_regs.cuh).
+// Lane l of a team holds columns l + k * kTeam of every row it visits, so
+// the group's scale and the team's partial sums sit in shared memory in
+// column order (slice 0 the scale, then kSums slices a team; consecutive
+// lanes on consecutive floats: no bank conflicts), and the next row's x and
+// dy are loaded before this row is used. 16 elements a thread at most: x and
+// dy of two rows take 64 registers.
+constexpr int kScalarStepElems = 8;
+constexpr int kScalarMaxElems = 16;
+constexpr int kScalarMaxTeam = 512;
+constexpr int64_t ScalarBwdMaxWidth() {
+  return ScalarRowMaxWidth<kScalarMaxElems, kScalarMaxTeam>();
+}
+
+template <typename Row, int kSums>
+constexpr size_t ScalarBwdSmemBytes() {
+  return sizeof(float) * Row::kVecs * Row::kTeam * (1 + Row::kTeams * kSums);
+}
+
+// The group's scale in shared memory in column order (zeros past the row),
+// read by a thread at its columns.
+template <typename Row>
+struct ScalarScaleSlice {
+  const float* s;
+  int lane = Row::Lane();
+  // All the block's threads call it; the caller synchronizes.
+  __device__ static void Stage(float* s, const float* scale, int64_t n) {
+    for (int i = threadIdx.x; i < Row::kVecs * Row::kTeam; i += Row::kBlock) s[i] = i < n ? scale[i] : 0.f;
+  }
+  __device__ void Get(int v, float (&g)[1]) const { g[0] = s[v * Row::kTeam + lane]; }
+};
+
+template <typename T, typename Row, bool kRms>
+__global__ void __launch_bounds__(Row::kBlock, Row::kBlock < kRegThreadsPerSM ? kRegThreadsPerSM / Row::kBlock : 1)
+    LayerNormScalarBwdKernel(LayerNormBwdParams p) {
+  constexpr int kTeam = Row::kTeam;
+  constexpr int kSums = kRms ? 1 : 2;
+  constexpr int kSlice = Row::kVecs * kTeam;
+  using State = std::conditional_t<kRms, SumSqGrad, GradSums>;
+  __shared__ typename Row::template Slots<State> slots;
+  extern __shared__ float smem_f[];
+  const int lane = Row::Lane();
+  const int team = Row::Team();
+  float* acc = smem_f + (1 + team * kSums) * kSlice + lane;  // this thread's first accumulator
+
+  const int64_t n = p.width;
+  const int64_t rows_per_group = p.rows / p.groups;
+  const int64_t unit = blockIdx.x;
+  const int64_t group = unit / p.parts;
+  const int64_t part = unit % p.parts;
+  const float inv_n = 1.f / static_cast<float>(n);
+  const int64_t first_row = group * rows_per_group;
+  const T* x_base = static_cast<const T*>(p.x) + first_row * n;
+  const T* dy_base = static_cast<const T*>(p.dy) + first_row * n;
+  T* dx_base = static_cast<T*>(p.dx) + first_row * n;
+  const int64_t step = p.parts * Row::kTeams;
+  int64_t local = part * Row::kTeams + team;
+  Row x, dy;
+  if (local < rows_per_group) {
+    x.Load(x_base + local * n, n);
+    dy.Load(dy_base + local * n, n);
+  }
+  StatsFeed stats_feed(kRms ? nullptr : p.stats + 2 * first_row, local, step,
+                       kRms ? 0 : rows_per_group);
+  ScalarScaleSlice<Row>::Stage(smem_f, p.scale + group * n, n);
+  const ScalarScaleSlice<Row> scale{smem_f};
+#pragma unroll
+  for (int s = 0; s < kSums; ++s)
+#pragma unroll
+    for (int v = 0; v < Row::kVecs; ++v) acc[s * kSlice + v * kTeam] = 0.f;
+  __syncthreads();
+  int parity = 0;
+  for (; local < rows_per_group; local += step, parity ^= 1) {
+    Row x_next, dy_next;
+    if (local + step < rows_per_group) {
+      x_next.Load(x_base + (local + step) * n, n);
+      dy_next.Load(dy_base + (local + step) * n, n);
+    }
+    float2 stats = {0.f, 0.f};
+    if constexpr (!kRms) stats = stats_feed.Get();
+    const float mean = stats.x;  // layer norm
+    NormBwdCoeffs c;
+    if constexpr (kRms) {
+      c = BwdCoeffs(Row::Reduce(ThreadSumSqGrad(x, dy, scale, n), slots, parity), inv_n,
+                    p.epsilon);
+    } else {
+      c = BwdCoeffs(Row::Reduce(ThreadGradSums(x, dy, scale, n, mean), slots, parity), inv_n,
+                    /*rstd=*/stats.y);
+    }
+    const float rstd = c.rstd, mean_g = c.mean_g, mean_gx = c.mean_gx;
+    T* dx = dx_base + local * n + lane;
+    ForEachVec(x, dy, scale, n, [&](int v, auto& f, const auto& d, const auto& g) {
+      const float xhat = (f[0] - mean) * rstd;
+      acc[v * kTeam] += d[0] * xhat;
+      if constexpr (!kRms) acc[kSlice + v * kTeam] += d[0];
+      dx[v * kTeam] = FromFloat<T>(rstd * (d[0] * g[0] - mean_g - xhat * mean_gx));
+    });
+    x = x_next;
+    dy = dy_next;
+  }
+
+  // The block's row of partials: team 0 adds the other teams' sums in team
+  // order (fixed: deterministic).
+  if constexpr (Row::kTeams > 1) __syncthreads();
+  if (team != 0) return;
+  float* partial = p.partials + unit * kSums * n;
+#pragma unroll
+  for (int s = 0; s < kSums; ++s) {
+#pragma unroll
+    for (int v = 0; v < Row::kVecs; ++v) {
+      const int64_t col = Row::Col(v);
+      if (col >= n) continue;
+      float a = acc[s * kSlice + v * kTeam];
+      for (int t = 1; t < Row::kTeams; ++t) a += smem_f[(1 + t * kSums + s) * kSlice + v * kTeam + lane];
+      partial[s * n + col] = a;
+    }
+  }
+}
+
 // 16 fp32 per thread: x, dy, scale and two accumulators are cached, 80 values
 // (~110 registers with ptxas's choice: two 256-thread blocks per SM); more
 // would cut occupancy further.
@@ -432,6 +552,25 @@ cudaError_t LaunchReg(LayerNormBwdParams& p, cudaStream_t stream) {
   });
 }
 
+// Launches the scalar register-row kernel, persistent; sets p.parts as
+// LaunchReg does.
+template <typename T, bool kRms>
+cudaError_t LaunchScalar(LayerNormBwdParams& p, cudaStream_t stream) {
+  return DispatchScalarRow<T, kScalarStepElems, kScalarMaxElems, kRegMinBlock, kScalarMaxTeam>(
+      p.width, [&](auto row) {
+        using Row = decltype(row);
+        auto kernel = LayerNormScalarBwdKernel<T, Row, kRms>;
+        const size_t smem = ScalarBwdSmemBytes<Row, kRms ? 1 : 2>();
+        unsigned resident = 0;
+        cudaError_t e = PersistentGrid(kernel, Row::kBlock, smem, 1LL << 30, &resident);
+        if (e != cudaSuccess) return e;
+        p.parts = BwdParts(p, resident, Row::kTeams);
+        if (p.groups * p.parts > (int64_t{1} << 31) - 1) return cudaErrorInvalidValue;
+        kernel<<<static_cast<unsigned>(p.groups * p.parts), Row::kBlock, smem, stream>>>(p);
+        return cudaGetLastError();
+      });
+}
+
 // The fallback: one block per (group, part) of the workspace.
 template <typename T, int V, bool kRms>
 cudaError_t Launch(const LayerNormBwdParams& p, cudaStream_t stream) {
@@ -465,6 +604,8 @@ cudaError_t LaunchLayerNormBwd(const LayerNormBwdParams& params, cudaStream_t st
     if (vec && p.width <= RegBwdMaxWidth<T>())
       return p.rms ? LaunchReg<T, true>(p, stream) : LaunchReg<T, false>(p, stream);
     if (vec && p.width <= LayerNormStreamBwdMaxWidth(sizeof(T))) return LaunchLayerNormStreamBwd(p, stream);
+    if (!vec && p.width <= ScalarBwdMaxWidth())
+      return p.rms ? LaunchScalar<T, true>(p, stream) : LaunchScalar<T, false>(p, stream);
     if (p.rms) return vec ? Launch<T, kVec, true>(p, stream) : Launch<T, 1, true>(p, stream);
     return vec ? Launch<T, kVec, false>(p, stream) : Launch<T, 1, false>(p, stream);
   });

@@ -357,8 +357,35 @@ __global__ void __launch_bounds__(RowTeam<kTeam>::kBlock)
   }
 }
 
+// Rows of any width up to 16384 (ScalarRow: 512 threads x 32 elements) that
+// are not read as vectors take LayerNormRegFwdKernel with one element a
+// "vector"; up to 8 times 16384 (512 x 32 a block), the same over a cluster.
+// The rest take the fallback.
+constexpr int kScalarStepElems = 16;
+constexpr int kScalarMaxElems = 32;
+constexpr int kScalarClusterElems = 32;
+
+template <typename T, bool kRms>
+cudaError_t LaunchScalar(const LayerNormFwdParams& p, cudaStream_t stream) {
+  if (p.width <= ScalarRowMaxWidth<kScalarMaxElems>()) {
+    return DispatchScalarRow<T, kScalarStepElems, kScalarMaxElems>(p.width, [&](auto row) {
+      using Row = decltype(row);
+      LayerNormRegFwdKernel<T, Row, kRms><<<RowGrid(Row::kTeams, p.rows), Row::kBlock, 0, stream>>>(p);
+      return cudaGetLastError();
+    });
+  }
+  using Row = ScalarRow<T, 512, kScalarClusterElems>;
+  return LaunchRowClusters(LayerNormRegFwdKernel<T, Row, kRms, true>,
+                           ClusterBlocks(p.width, RowSplit<Row, true>::kSegment), Row::kBlock,
+                           /*smem=*/0, p.rows, p, stream);
+}
+
 template <typename T, int V, bool kRms>
 cudaError_t Launch(const LayerNormFwdParams& p, cudaStream_t stream) {
+  if constexpr (V == 1) {
+    if (p.width <= kMaxClusterBlocks * ScalarRowMaxWidth<kScalarClusterElems>())
+      return LaunchScalar<T, kRms>(p, stream);
+  }
   if (V > 1 && p.width <= RegRowMaxWidth<T>()) {
     // A non-persistent grid of `units` (rows or pairs of rows), one a team of R.
     auto launch = [&](auto kernel, auto r, int64_t units) {

@@ -39,6 +39,15 @@ namespace {
 constexpr int kFwdCacheElems = 32;
 constexpr int kBwdCacheElems = 16;  // two tensors (x, dy) are cached
 
+// Rows not read as vectors (their width is not a multiple of 16 bytes) and up
+// to 512 threads x kFwdScalarElems (backward: kBwdScalarElems, x and dy)
+// elements take the Reg kernels with one element a "vector" (ScalarRow,
+// ffi/common/row_regs.cuh): teams widen to 512 threads at kScalarStepElems
+// elements a thread before a thread takes more.
+constexpr int kScalarStepElems = 16;
+constexpr int kFwdScalarElems = 32;
+constexpr int kBwdScalarElems = 32;
+
 // The cluster splits: 512-thread blocks of 8 vectors a thread, up to 8 a
 // cluster (rows up to 262144 bf16/fp16, 131072 fp32), streaming their rows
 // through shared memory (RowFeed). Forward: 1 block an SM, two rows a pass
@@ -560,13 +569,15 @@ using Int = std::integral_constant<int, N>;
 // kClusterVecs vectors a thread, the same kernel over a cluster of them
 // (cluster(Row{}, blocks)); the fallback row kernel otherwise (widest team
 // for aligned long rows).
-template <typename T, int kCacheElems, typename Params, typename Reg, typename Cluster,
-          typename Row, typename Strided>
+template <typename T, int kCacheElems, int kScalarMaxElems, typename Params, typename Reg,
+          typename Cluster, typename Row, typename Strided>
 cudaError_t LaunchAny(const Params& p, bool vec, int64_t min_cluster_width, Reg reg,
                       Cluster cluster, Row row, Strided strided) {
   constexpr int kVec = 16 / sizeof(T);
   if (p.inner != 1) return vec ? strided(Int<kVec>{}) : strided(Int<1>{});
   if (vec && p.n <= RegRowMaxWidth<T>()) return DispatchRegRow<T>(p.n, reg);
+  if (!vec && p.n <= ScalarRowMaxWidth<kScalarMaxElems>())
+    return DispatchScalarRow<T, kScalarStepElems, kScalarMaxElems>(p.n, reg);
   using ClusterRow = RegRow<T, 512, kClusterVecs>;
   constexpr int64_t kSegment = RowSplit<ClusterRow, true>::kSegment;
   if (vec && p.n >= min_cluster_width && p.n <= kMaxClusterBlocks * kSegment)
@@ -591,7 +602,7 @@ cudaError_t LaunchSoftmaxFwd(const SoftmaxFwdParams& p, cudaStream_t stream) {
     const bool vec = span % kVec == 0 && IsAligned(p.x, 16) && IsAligned(p.y, 16);
     auto run = [&](auto log) {
       constexpr bool kLog = decltype(log)::value;
-      return LaunchAny<T, kFwdCacheElems>(
+      return LaunchAny<T, kFwdCacheElems, kFwdScalarElems>(
           p, vec, /*min_cluster_width=*/0,
           [&](auto row) {
             using Row = decltype(row);
@@ -631,7 +642,7 @@ cudaError_t LaunchSoftmaxBwd(const SoftmaxBwdParams& p, cudaStream_t stream) {
                      IsAligned(p.dx, 16);
     auto run = [&](auto log) {
       constexpr bool kLog = decltype(log)::value;
-      return LaunchAny<T, kBwdCacheElems>(
+      return LaunchAny<T, kBwdCacheElems, kBwdScalarElems>(
           p, vec, kBwdMinClusterWidth<T>,
           [&](auto row) {
             using Row = decltype(row);
