@@ -38,22 +38,6 @@ __device__ __forceinline__ void LoadVec(const T* p, float (&out)[V]) {
   for (int i = 0; i < V; ++i) out[i] = ToFloat(pack.v[i]);
 }
 
-// Streaming variant for data read exactly once: evict-first keeps L2 for
-// what is re-read (the residuals of a backward pass, a second pass over a row).
-template <typename T, int V>
-__device__ __forceinline__ void LoadVecStreaming(const T* p, float (&out)[V]) {
-  static_assert(sizeof(Packed<T, V>) == 16 || sizeof(Packed<T, V>) <= 8, "");
-  Packed<T, V> pack;
-  if constexpr (sizeof(Packed<T, V>) == 16) {
-    int4 raw = __ldcs(reinterpret_cast<const int4*>(p));
-    pack = *reinterpret_cast<Packed<T, V>*>(&raw);
-  } else {
-    pack = *reinterpret_cast<const Packed<T, V>*>(p);
-  }
-#pragma unroll
-  for (int i = 0; i < V; ++i) out[i] = ToFloat(pack.v[i]);
-}
-
 // A 16-byte store is a streaming (evict-first) one: the kernels write each
 // output once (see LoadStream16 below for the measurement).
 template <typename T, int V>

@@ -212,6 +212,12 @@ struct ScalarRow {
   static constexpr int kTeams = Layout::kTeams;
   static constexpr int kWarps = Layout::kWarps;
 
+  // Blocks an SM that __launch_bounds__ asks registers for: 1024 threads (64
+  // registers a thread) up to 16 elements a thread (no spills), none past
+  // that. A thread's loads are single elements (2-4 bytes), so the bytes in
+  // flight come from resident threads.
+  static constexpr int kMinBlocks = kElems > 16 ? 0 : kBlock >= 1024 ? 1 : 1024 / kBlock;
+
   T raw[kElems];
 
   __device__ static int Lane() { return Layout::Lane(); }
@@ -243,6 +249,17 @@ struct ScalarRow {
     return Layout::Reduce(st, slots, parity);
   }
 };
+
+// __launch_bounds__'s blocks an SM for a register-row kernel: ScalarRow's
+// kMinBlocks, none asked for RegRow.
+template <typename Row>
+constexpr int RowMinBlocks() {
+  if constexpr (Row::V == 1) {
+    return Row::kMinBlocks;
+  } else {
+    return 0;
+  }
+}
 
 // The widest row ScalarRow holds: kMaxTeam threads x kMaxElems elements.
 template <int kMaxElems = 32, int kMaxTeam = 512>

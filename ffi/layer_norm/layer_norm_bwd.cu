@@ -302,7 +302,9 @@ __global__ void __launch_bounds__(Row::kBlock, Row::kBlock < kRegThreadsPerSM ? 
       const float xhat = (f[0] - mean) * rstd;
       acc[v * kTeam] += d[0] * xhat;
       if constexpr (!kRms) acc[kSlice + v * kTeam] += d[0];
-      dx[v * kTeam] = FromFloat<T>(rstd * (d[0] * g[0] - mean_g - xhat * mean_gx));
+      // dy * scale rounded as in the row sum (not contracted into an FMA):
+      // a row whose values are all equal (width 1) gets exactly 0.
+      dx[v * kTeam] = FromFloat<T>(rstd * (__fmul_rn(d[0], g[0]) - mean_g - xhat * mean_gx));
     });
     x = x_next;
     dy = dy_next;

@@ -47,7 +47,7 @@ constexpr int kCacheElems = 32;
 // cluster (ffi/common/row_cluster.cuh), the blocks' sums (layer norm: their
 // (count, mean, M2) states) combined over them.
 template <typename T, typename Row, bool kRms, bool kCluster = false>
-__global__ void __launch_bounds__(Row::kBlock, kCluster ? 1024 / Row::kBlock : 0)
+__global__ void __launch_bounds__(Row::kBlock, kCluster ? 1024 / Row::kBlock : RowMinBlocks<Row>())
     LayerNormRegFwdKernel(LayerNormFwdParams p) {
   constexpr int V = Row::V;
   // Layer norm's two reductions alternate between two slot sets, so each set

@@ -250,7 +250,7 @@ __device__ __forceinline__ void WriteRow(const Row& r, const MaxSum& st, T* y, i
 // Rows that fit the register layout (ffi/common/row_regs.cuh): one team a row,
 // x read once, y written once, one team reduction of (max, sum).
 template <typename T, typename Row, bool kLog>
-__global__ void __launch_bounds__(Row::kBlock) SoftmaxRegFwdKernel(SoftmaxFwdParams p) {
+__global__ void __launch_bounds__(Row::kBlock, RowMinBlocks<Row>()) SoftmaxRegFwdKernel(SoftmaxFwdParams p) {
   __shared__ typename Row::template Slots<MaxSum> slots;
   const int64_t n = p.n;
   int parity = 0;
