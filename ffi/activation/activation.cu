@@ -213,9 +213,9 @@ inline bool MakeColumnTiles(int64_t rows, int64_t row_units, ColumnTiles* t) {
   return true;
 }
 
-// At most 40 registers, 6 blocks an SM, as the flat kernel has (ptxas gave
-// the bf16 GELU 46-48 unbounded with tanhf; SiLU and sigmoid, unbounded
-// before their MUFU sigmoid, now take 32-40 under the bound, no spills).
+// At most 40 registers, 6 blocks an SM, as the flat kernel has (the bf16
+// GELU takes 46-48 unbounded; under the bound every activation takes 32-40,
+// no spills).
 template <typename T, int V, Activation kAct>
 __global__ void __launch_bounds__(kFlatThreads, 6)
     BiasActFwdColumnKernel(const T* __restrict__ x, const float* __restrict__ bias,
@@ -249,13 +249,14 @@ __global__ void __launch_bounds__(kFlatThreads, 6)
 }
 
 // The bias + activation forward on rows that are not a multiple of 16 bytes
-// (one parameter group; 1000 or more wide): a block takes kFlatThreads consecutive columns of
-// kScalarTileRows consecutive rows, a thread one column, its bias loaded once
-// and its rows' loads all issued before any is used (a warp's load reads 32
-// consecutive elements of a row). Why: the flat kernel's scalar path splits
-// every element's flat index into row and column (a 64-bit multiply-high)
-// and loads its bias after that, which set its pace (bf16 16384 x 4097: 0.13
-// ms against XLA's 0.106).
+// (one parameter group, rows that fill their blocks' threads at least 3/4): a
+// block takes kFlatThreads consecutive columns of kScalarTileRows
+// consecutive rows, a thread one column, its bias loaded once and its rows'
+// loads all issued before any is used (a warp's load reads 32 consecutive
+// elements of a row). Why: the flat kernel's scalar path splits every
+// element's flat index into row and column (a 64-bit multiply-high) and loads
+// its bias after that, which sets its pace: at bf16 16384 x 4097 it takes
+// 0.130 ms, this 0.103 (XLA 0.106; H200).
 constexpr int kScalarTileRows = 16;
 
 template <typename T, Activation kAct>
@@ -282,13 +283,13 @@ __global__ void __launch_bounds__(kFlatThreads)
 constexpr int kColLanes = 32;  // threadIdx.x: vectors of columns
 constexpr int kRowLanes = 8;   // threadIdx.y: rows
 // Rows in flight a thread in the bias + activation backward. Two rows, kept
-// packed, at 64 registers (4 blocks an SM, as one row had at 59): H200 A/B
-// against one row, GELU (tanh) 16384 x 4096 fp32 0.951-0.956, bf16 at
-// 1024-8192 wide 0.973-1.008 (two runs).
-// The erf GELU needs more registers for its gradient and would spill with
-// two: it keeps the one-row loop (SiLU and sigmoid did too until their
-// sigmoid left IEEE division, ExpNeg). (Five blocks an SM with one row, 48
-// registers, ran 16-18% slower at bf16.)
+// packed, at 64 registers (4 blocks an SM, as one row takes at 59): 0.95 of
+// one row's time for the tanh GELU at 16384 x 4096 fp32 (H200; bf16
+// 0.97-1.01). The erf GELU needs more registers for its gradient and would
+// spill with two: it keeps the one-row loop (five blocks an SM with one row,
+// 48 registers, run 16-18% slower at bf16). On the scalar path (a column an
+// element: 2-4 bytes a row and operand) eight rows, unbounded: ~0.82 of two
+// rows' time at 16384 x 4097 bf16 (H200, bwd).
 template <Activation kAct>
 constexpr bool kBwdTwoRows = kAct != Activation::kGelu;
 
@@ -334,8 +335,7 @@ __global__ void __launch_bounds__(kColLanes* kRowLanes, kBwdTwoRows<kAct> && V >
         StoreVec<T, V>(static_cast<T*>(p.dx) + e, r);
       }
     } else {
-      // Two rows in flight a thread, kept packed until used; eight on the
-      // scalar path (a column an element: 2-4 bytes a row and operand).
+      // Rows in flight a thread (kBwdRows), kept packed until used.
       constexpr int kBwdRows = V == 1 ? 8 : 2;
       const int64_t step = p.parts * kRowLanes;
       const T* x = static_cast<const T*>(p.x) + group * rows_per_group * n + col;

@@ -9,11 +9,13 @@
 // soon as one retires. (The norm backward keeps its blocks, which hold
 // partial parameter gradients: ffi/layer_norm/layer_norm_bwd.cu.)
 //
-// Why (benchmarks/micro/row_fwd.cu, H200, bf16 softmax 16384 x 4096, against a
-// streaming copy kernel): this layout with 8 vectors a thread (128 bytes in
-// flight per thread) ran at ~100% of that copy; with 4 vectors 89%; the
-// earlier persistent kernel that streamed rows through shared memory with the
-// bulk copy engine, 3 block barriers a row, stayed near 80%.
+// Why: with 8 vectors a thread (128 bytes in flight a thread) the bf16
+// softmax at 16384 x 4096 runs at ~100% of a streaming copy's bandwidth
+// (H200); with 4 vectors, 89%; a persistent kernel streaming rows through
+// shared memory with the bulk copy engine (3 block barriers a row), ~80%.
+//
+// Rows whose width is not a multiple of the vector take ScalarRow below: the
+// same interface with one element a "vector".
 //
 // The team reduction is shuffles down to lane 0 and a broadcast (every lane
 // gets the same bits: merges need not be symmetric), then for teams wider
@@ -61,8 +63,8 @@ __device__ __forceinline__ void Unpack16(uint4 r, float (&f)[16 / sizeof(T)]) {
 // Narrows 16 / sizeof(T) fp32 values to T and stores them as one 16-byte
 // vector, in program order with the other volatile accesses here: a kernel
 // that loads its next row early (the norm backward) must not have ptxas hoist
-// those loads above this row's stores, which kept the whole widened row live
-// (measured in benchmarks/micro/row_bwd.cu: 185-233 registers uncapped).
+// those loads above this row's stores, which keeps the whole widened row live
+// (185-233 registers uncapped in the norm backward).
 template <typename T>
 __device__ __forceinline__ void StoreOrdered16(T* p, const float (&f)[16 / sizeof(T)]) {
   Packed<T, 16 / sizeof(T)> pack;
@@ -138,13 +140,12 @@ struct RegRow {
     if constexpr (kWarps >= 4) {
       // Lane w reads warp w's total and the warp merges them as a tree: a
       // thread does one shared load and log2(kWarps) merges, not kWarps of
-      // each. ncu (H200, 4096 x 131072 bf16 layer-norm backward, 16 warps a
-      // team): 41 instructions an element, ~5 of them these reductions and
-      // the cluster exchange's merges, every thread doing all of them. With
-      // the tree (and ClusterExchange's), A/B: that backward 0.88-0.89 of
-      // the time, 4096 x 40000 softmax backward 0.92, long-row forwards
-      // 0.96-0.98; 4096/8192-wide rows within 1.5%. Under 4 warps the serial
-      // form's shorter chain of dependent steps is as cheap.
+      // each. With kWarps of each (every thread doing all of them), these
+      // reductions and the cluster exchange's merges were ~5 of the 41
+      // instructions an element of the 4096 x 131072 bf16 layer-norm backward
+      // (16 warps a team); the tree takes it to 0.88 of that time (H200).
+      // Under 4 warps the serial form's shorter chain of dependent steps is
+      // as cheap.
       if (threadIdx.x % 32 == 0) slots.s[parity][Team()][Lane() / 32] = st;
       TeamSync();
       const int lane = threadIdx.x % 32;
@@ -271,8 +272,8 @@ constexpr int64_t ScalarRowMaxWidth() {
 // that holds `width` (<= ScalarRowMaxWidth<kMaxElems, kMaxTeam>()) elements:
 // a warp with 1, 2, 4, ... kStepElems elements a thread, then teams of 64 to
 // kMaxTeam threads with kStepElems each, then kMaxTeam threads with 2, 4, ...
-// times kStepElems up to kMaxElems. Wider teams before more elements: a
-// thread's loads go out one scalar instruction each.
+// times kStepElems up to kMaxElems (kStepElems bounds a thread's registers
+// for the rows that fit a 512-thread team).
 template <typename T, int kStepElems, int kMaxElems, int kMinBlock = 128, int kMaxTeam = 512,
           int kTeam = 32, int kElems = 1, typename Fn>
 auto DispatchScalarRow(int64_t width, Fn&& fn) {

@@ -24,27 +24,26 @@
 // row, two or more teams a 256-thread block, each thread holding up to 4
 // vectors of x and of dy as packed elements (ffi/common/row_regs.cuh), the
 // next row's loads issued before the current row is used, scale and the
-// partial sums in shared memory. Why: in benchmarks/micro/row_bwd.cu and in
-// the library (H200, 16384 x 4096 bf16) this beat partial sums in registers
-// (which spill under the 128-register bound) and wider teams with fewer
-// vectors; the earlier bulk-copy pipeline kernel (now gone) took 194 us under
-// ncu where this takes 112-114 us (80% of copy in benchmarks/RESULTS.md, with
-// the column sums); a streamed form with several teams a block (not kept)
-// took 1.007-1.12 of its time at 1024-4096 wide.
+// partial sums in shared memory. Why: at 16384 x 4096 bf16 (H200) this beats
+// partial sums in registers (which spill under the 128-register bound),
+// wider teams with fewer vectors, a bulk-copy pipeline (194 us under ncu,
+// against 112-114 us), and a streamed form with several teams a block
+// (1.007-1.12 of its time at 1024-4096 wide).
 // Teams of 128 threads (rows of 2049-4096 bf16/fp16, 1025-2048 fp32) also
 // prefetch the row after next into L2 with one bulk request a row and
-// operand (PrefetchL2): a third row in flight that holds no registers (the
-// kernels gained 0-5 for the addresses, no spills). H200
-// A/B (bwd, 3 rounds, without / with): layer norm 16384 x 4096 bf16 121.7 ->
-// 115.4 us (0.949), x 3072 0.929, fp16 x 4096 0.965, 8192 x 4096 0.976, fp32
-// x 2048 0.982; RMS norm 0.945-1.006. Narrower teams lost with it (1024 wide
-// bf16 1.04-1.07, 2048 1.00-1.04, 1024 fp32 1.02-1.04: many small requests,
+// operand (PrefetchL2): a third row in flight that holds no registers. H200,
+// bwd: layer norm 16384 x 4096 bf16 0.949 of the time without it (RMS norm
+// 0.945-1.006); narrower teams lose with it (1.00-1.07: many small requests,
 // one a 32- or 64-thread team).
 // Wider aligned rows, up to 32 times (131072 bf16/fp16, 65536 fp32), take the
 // streamed kernel (layer_norm_bwd_stream.cu): one block a row, or a cluster
-// for rows wider than one block's layout. Other rows take LayerNormBwdKernel,
-// a row team caching kCacheElems fp32 a thread that re-reads the uncached
-// tail of a wide row (4096 x 131072 bf16: 7% of copy).
+// for rows wider than one block's layout.
+// Rows not read as vectors (a width not a multiple of 16 bytes) up to 8192
+// wide take LayerNormScalarBwdKernel, the register-row kernel's scheme on
+// rows of single elements (ScalarRow). Other rows take LayerNormBwdKernel, a
+// row team caching kCacheElems fp32 a thread that re-reads the uncached tail
+// of a wide row (4096 x 131072 bf16: 7% of copy; 1024 x 65537 bf16: 0.32 of
+// XLA's speed, H200).
 #include <type_traits>
 
 #include "ffi/common/column_sum.h"
