@@ -218,9 +218,10 @@ def test_cuda_lowering_calls_kernels():
 
 
 # bias_act on rows that are not a multiple of the 16-byte vector (the scalar
-# path: 16 elements a thread forward, 8 rows in flight a thread backward):
-# small odd and prime widths on both devices; on the GPU enough rows for the
-# forward's wide layout and the backward's row loop, and prime widths.
+# path: the forward's row tiles, or its flat kernel where a tile's threads
+# would idle (33 wide); 8 rows in flight a thread backward): small odd and
+# prime widths on both devices; on the GPU row counts that end inside a
+# tile, many rows a thread backward, and prime widths.
 ODD_WIDTHS = [(5, 7), (3, 1025)]
 ODD_WIDTHS_GPU = [(20001, 33), (3000, 1000), (900, 4097), (300, 12289), (20, 65537)]
 
