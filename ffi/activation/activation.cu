@@ -287,11 +287,14 @@ constexpr int kRowLanes = 8;   // threadIdx.y: rows
 // one row's time for the tanh GELU at 16384 x 4096 fp32 (H200; bf16
 // 0.97-1.01). The erf GELU needs more registers for its gradient and would
 // spill with two: it keeps the one-row loop (five blocks an SM with one row,
-// 48 registers, run 16-18% slower at bf16). On the scalar path (a column an
-// element: 2-4 bytes a row and operand) eight rows, unbounded: ~0.82 of two
-// rows' time at 16384 x 4097 bf16 (H200, bwd).
+// 48 registers, run 16-18% slower at bf16). On the 16-bit scalar path (a
+// column an element: 2 bytes a row and operand) eight rows, unbounded: ~0.82
+// of two rows' time at 16384 x 4097 bf16 (H200, bwd); fp32 keeps two (eight
+// took ~1.1 of their time).
 template <Activation kAct>
 constexpr bool kBwdTwoRows = kAct != Activation::kGelu;
+template <typename T, int V>
+constexpr bool kBwdScalarRows = V == 1 && sizeof(T) == 2;
 
 // A packed unit to fp32 where it is used: 16-byte units through Unpack16,
 // whose bf16 widening ptxas may not hoist (row_regs.cuh), so that the rows in
@@ -308,7 +311,7 @@ __device__ __forceinline__ void Widen(const Packed<T, V>& u, float (&f)[V]) {
 }
 
 template <typename T, int V, Activation kAct>
-__global__ void __launch_bounds__(kColLanes* kRowLanes, kBwdTwoRows<kAct> && V > 1 ? 4 : 0)
+__global__ void __launch_bounds__(kColLanes* kRowLanes, kBwdTwoRows<kAct> && !kBwdScalarRows<T, V> ? 4 : 0)
     BiasActBwdKernel(ActivationBwdParams p) {
   const int64_t n = p.width;
   const int64_t col = (int64_t{blockIdx.x} * kColLanes + threadIdx.x) * V;
@@ -320,7 +323,7 @@ __global__ void __launch_bounds__(kColLanes* kRowLanes, kBwdTwoRows<kAct> && V >
   if (in) {
     float b[V];
     LoadVec<float, V>(p.bias + group * n + col, b);
-    if constexpr (!kBwdTwoRows<kAct> && V > 1) {
+    if constexpr (!kBwdTwoRows<kAct> && !kBwdScalarRows<T, V>) {
       for (int64_t local = part * kRowLanes + threadIdx.y; local < rows_per_group;
            local += p.parts * kRowLanes) {
         const int64_t e = (group * rows_per_group + local) * n + col;
@@ -336,7 +339,7 @@ __global__ void __launch_bounds__(kColLanes* kRowLanes, kBwdTwoRows<kAct> && V >
       }
     } else {
       // Rows in flight a thread (kBwdRows), kept packed until used.
-      constexpr int kBwdRows = V == 1 ? 8 : 2;
+      constexpr int kBwdRows = kBwdScalarRows<T, V> ? 8 : 2;
       const int64_t step = p.parts * kRowLanes;
       const T* x = static_cast<const T*>(p.x) + group * rows_per_group * n + col;
       const T* dy = static_cast<const T*>(p.dy) + group * rows_per_group * n + col;
