@@ -178,3 +178,51 @@ def test_bad_inputs():
     jax_dnn.bias_act(x, jnp.ones(3))
   with pytest.raises(TypeError, match="approximate must be a bool"):
     jax_dnn.gelu(x, approximate="yes")
+<<<<<<< HEAD
+=======
+
+
+def test_cuda_lowering_calls_kernels():
+  x = jnp.ones((4, 64), jnp.bfloat16)
+  b = jnp.ones(64, jnp.bfloat16)
+  assert "jax_dnn_activation_fwd" in cuda_hlo(jax_dnn.silu, x)
+  assert "jax_dnn_activation_bwd" in cuda_hlo(
+      jax.grad(lambda v: jax_dnn.silu(v).astype(jnp.float32).sum()), x)
+  assert "jax_dnn_bias_act_fwd" in cuda_hlo(jax_dnn.bias_act, x, b)
+  assert "jax_dnn_bias_act_bwd" in cuda_hlo(
+      jax.grad(lambda v, c: jax_dnn.bias_act(v, c).astype(jnp.float32).sum(), (0, 1)), x, b)
+
+
+# bias_act on rows that are not a multiple of the 16-byte vector (the scalar
+# path: the forward's row tiles, or its flat kernel where a tile's threads
+# would idle (33 wide); 8 rows in flight a thread backward): small odd and
+# prime widths on both devices; on the GPU row counts that end inside a
+# tile, many rows a thread backward, and prime widths.
+ODD_WIDTHS = [(5, 7), (3, 1025)]
+ODD_WIDTHS_GPU = [(20001, 33), (3000, 1000), (900, 4097), (300, 12289), (20, 65537)]
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: jnp.dtype(d).name)
+@pytest.mark.parametrize("shape", ODD_WIDTHS, ids=str)
+def test_bias_act_odd_widths(device, dtype, shape):
+  x = randn(41, shape, dtype, scale=2.0)
+  bias = randn(42, shape[-1:], dtype)
+  reused = check_fwd_bwd(device, functools.partial(jax_dnn.bias_act, activation="gelu_tanh"),
+                         functools.partial(naive_bias_act, activation="gelu_tanh"), (x, bias),
+                         dtype, what=f"bias_act {shape}")
+  if on_gpu(device):
+    assert reused >= 1
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: jnp.dtype(d).name)
+@pytest.mark.parametrize("shape", ODD_WIDTHS_GPU, ids=str)
+def test_bias_act_odd_widths_gpu(gpu, dtype, shape):
+  x = randn(43, shape, dtype, scale=2.0)
+  bias = randn(44, shape[-1:], dtype)
+  for activation in ("gelu_tanh", "gelu"):
+    reused = check_fwd_bwd(gpu, functools.partial(jax_dnn.bias_act, activation=activation),
+                           functools.partial(naive_bias_act, activation=activation), (x, bias),
+                           dtype, what=f"bias_act {activation} {shape}")
+    assert reused >= 1
+>>>>>>> oddwidth

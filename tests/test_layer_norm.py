@@ -242,3 +242,57 @@ def test_bad_inputs():
     jax_dnn.layer_norm(x, epsilon=0.0)
   with pytest.raises(TypeError, match="scale must be floating point"):
     jax_dnn.layer_norm(x, jnp.ones(8, jnp.int32))
+<<<<<<< HEAD
+=======
+
+
+@pytest.mark.parametrize("name", OPS)
+def test_cuda_lowering_calls_kernels(name):
+  ours, _, nparams = OPS[name]
+  x = jnp.ones((4, 64), jnp.bfloat16)
+  params = [jnp.ones(64)] * nparams
+  assert f"jax_dnn_{name}_fwd" in cuda_hlo(ours, x, *params)
+  loss = lambda *a: ours(*a).astype(jnp.float32).sum()
+  assert f"jax_dnn_{name}_bwd" in cuda_hlo(jax.grad(loss, tuple(range(nparams + 1))), x, *params)
+
+
+# Widths that are not a multiple of the 16-byte vector (one element a
+# "vector": ScalarRow, ffi/common/row_regs.cuh): small odd and prime widths
+# on both devices; on the GPU each team size and elements a thread, many rows
+# (teams of the backward's persistent blocks visit several, 1000 and 33
+# wide), the forward's rows split over a cluster (20001, 65537) and past it
+# (131073: the fallback), the backward's widest scalar rows (8191) and past
+# them (12289, 65537: the fallback), and vmapped parameters (groups).
+ODD_WIDTHS = [(5, 7), (3, 1025)]
+ODD_WIDTHS_GPU = [(700, 1), (3000, 33), (3000, 1000), (40, 1025), (300, 4097), (9, 8191),
+                  (5, 12289), (3, 20001), (3, 65537), (2, 131073), (3, 100, 1001)]
+
+
+def _check_odd(device, name, shape, dtype):
+  ours, naive, nparams = OPS[name]
+  x = randn(21, shape, dtype, scale=2.0, offset=3.0)
+  if len(shape) == 3:
+    ours, naive = jax.vmap(ours), jax.vmap(naive)
+    params = [randn(50 + i, (shape[0], shape[-1]), dtype, scale=0.5, offset=1.0 - i)
+              for i in range(nparams)]
+  else:
+    params = _params(shape[-1], nparams, dtype)
+  reused = check_fwd_bwd(device, ours, naive, (x, *params), dtype, what=f"{name} {shape}")
+  if on_gpu(device):
+    assert reused >= 1, "the output did not land in a poisoned buffer"
+
+
+@pytest.mark.parametrize("name", OPS)
+@pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: jnp.dtype(d).name)
+@pytest.mark.parametrize("shape", ODD_WIDTHS, ids=str)
+def test_odd_widths(device, name, dtype, shape):
+  _check_odd(device, name, shape, dtype)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("name", OPS)
+@pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: jnp.dtype(d).name)
+@pytest.mark.parametrize("shape", ODD_WIDTHS_GPU, ids=str)
+def test_odd_widths_gpu(gpu, name, dtype, shape):
+  _check_odd(gpu, name, shape, dtype)
+>>>>>>> oddwidth

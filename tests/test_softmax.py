@@ -92,3 +92,34 @@ def test_bad_inputs():
     jax_dnn.log_softmax(x, axis=(0, 1))
   with pytest.raises(ValueError, match="rank >= 1"):
     jax_dnn.softmax(jnp.float32(1.0))
+
+
+# Widths that are not a multiple of the 16-byte vector (one element a
+# "vector": ScalarRow, ffi/common/row_regs.cuh): small odd and prime widths
+# on both devices; on the GPU each team size and elements a thread, many rows
+# a launch, the widest scalar rows (16383 forward, 16381 backward) and past
+# them (65537: the fallback).
+ODD_WIDTHS = [(5, 7), (3, 1025)]
+ODD_WIDTHS_GPU = [(700, 1), (3000, 33), (3000, 1000), (40, 1025), (300, 4097), (5, 12289),
+                  (3, 16381), (3, 65537)]
+
+
+@pytest.mark.parametrize("name", OPS)
+@pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: jnp.dtype(d).name)
+@pytest.mark.parametrize("shape", ODD_WIDTHS, ids=str)
+def test_odd_widths(device, name, dtype, shape):
+  ours, naive = OPS[name]
+  x = randn(31, shape, dtype, scale=3.0)
+  reused = check_fwd_bwd(device, ours, naive, (x,), dtype, what=f"{name} {shape}")
+  if on_gpu(device):
+    assert reused >= 1
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("name", OPS)
+@pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: jnp.dtype(d).name)
+@pytest.mark.parametrize("shape", ODD_WIDTHS_GPU, ids=str)
+def test_odd_widths_gpu(gpu, name, dtype, shape):
+  ours, naive = OPS[name]
+  x = randn(32, shape, dtype, scale=3.0)
+  assert check_fwd_bwd(gpu, ours, naive, (x,), dtype, what=f"{name} {shape}") >= 1

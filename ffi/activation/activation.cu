@@ -213,9 +213,9 @@ inline bool MakeColumnTiles(int64_t rows, int64_t row_units, ColumnTiles* t) {
   return true;
 }
 
-// At most 40 registers, 6 blocks an SM, as the flat kernel has (ptxas gave
-// the bf16 GELU 46-48 unbounded with tanhf; SiLU and sigmoid, unbounded
-// before their MUFU sigmoid, now take 32-40 under the bound, no spills).
+// At most 40 registers, 6 blocks an SM, as the flat kernel has (the bf16
+// GELU takes 46-48 unbounded; under the bound every activation takes 32-40,
+// no spills).
 template <typename T, int V, Activation kAct>
 __global__ void __launch_bounds__(kFlatThreads, 6)
     BiasActFwdColumnKernel(const T* __restrict__ x, const float* __restrict__ bias,
@@ -248,18 +248,53 @@ __global__ void __launch_bounds__(kFlatThreads, 6)
   }
 }
 
+// The bias + activation forward on rows that are not a multiple of 16 bytes
+// (one parameter group, rows that fill their blocks' threads at least 3/4): a
+// block takes kFlatThreads consecutive columns of kScalarTileRows
+// consecutive rows, a thread one column, its bias loaded once and its rows'
+// loads all issued before any is used (a warp's load reads 32 consecutive
+// elements of a row). Why: the flat kernel's scalar path splits every
+// element's flat index into row and column (a 64-bit multiply-high) and loads
+// its bias after that, which sets its pace: at bf16 16384 x 4097 it takes
+// 0.130 ms, this 0.103 (XLA 0.106; H200).
+constexpr int kScalarTileRows = 16;
+
+template <typename T, Activation kAct>
+__global__ void __launch_bounds__(kFlatThreads)
+    BiasActFwdRowsKernel(const T* __restrict__ x, const float* __restrict__ bias,
+                         T* __restrict__ out, int64_t rows, int64_t n) {
+  const int64_t col = int64_t{blockIdx.x} * kFlatThreads + threadIdx.x;
+  if (col >= n) return;
+  const float b = bias[col];
+  for (int64_t row0 = int64_t{blockIdx.y} * kScalarTileRows; row0 < rows;
+       row0 += int64_t{gridDim.y} * kScalarTileRows) {
+    const T* xr = x + row0 * n + col;
+    T* yr = out + row0 * n + col;
+    T v[kScalarTileRows];
+#pragma unroll
+    for (int r = 0; r < kScalarTileRows; ++r)
+      if (row0 + r < rows) v[r] = xr[r * n];
+#pragma unroll
+    for (int r = 0; r < kScalarTileRows; ++r)
+      if (row0 + r < rows) yr[r * n] = FromFloat<T>(Act<kAct>(ToFloat(v[r]) + b));
+  }
+}
+
 constexpr int kColLanes = kBiasActColLanes;  // threadIdx.x: vectors of columns (activation_plan.h)
 constexpr int kRowLanes = kBiasActRowLanes;  // threadIdx.y: rows
 // Rows in flight a thread in the bias + activation backward. Two rows, kept
-// packed, at 64 registers (4 blocks an SM, as one row had at 59): H200 A/B
-// against one row, GELU (tanh) 16384 x 4096 fp32 0.951-0.956, bf16 at
-// 1024-8192 wide 0.973-1.008 (two runs).
-// The erf GELU needs more registers for its gradient and would spill with
-// two: it keeps the one-row loop (SiLU and sigmoid did too until their
-// sigmoid left IEEE division, ExpNeg). (Five blocks an SM with one row, 48
-// registers, ran 16-18% slower at bf16.)
+// packed, at 64 registers (4 blocks an SM, as one row takes at 59): 0.95 of
+// one row's time for the tanh GELU at 16384 x 4096 fp32 (H200; bf16
+// 0.97-1.01). The erf GELU needs more registers for its gradient and would
+// spill with two: it keeps the one-row loop (five blocks an SM with one row,
+// 48 registers, run 16-18% slower at bf16). On the 16-bit scalar path (a
+// column an element: 2 bytes a row and operand) eight rows, unbounded: ~0.82
+// of two rows' time at 16384 x 4097 bf16 (H200, bwd); fp32 keeps two (eight
+// took ~1.1 of their time).
 template <Activation kAct>
 constexpr bool kBwdTwoRows = kAct != Activation::kGelu;
+template <typename T, int V>
+constexpr bool kBwdScalarRows = V == 1 && sizeof(T) == 2;
 
 // A packed unit to fp32 where it is used: 16-byte units through Unpack16,
 // whose bf16 widening ptxas may not hoist (row_regs.cuh), so that the rows in
@@ -276,7 +311,7 @@ __device__ __forceinline__ void Widen(const Packed<T, V>& u, float (&f)[V]) {
 }
 
 template <typename T, int V, Activation kAct>
-__global__ void __launch_bounds__(kColLanes* kRowLanes, kBwdTwoRows<kAct> ? 4 : 0)
+__global__ void __launch_bounds__(kColLanes* kRowLanes, kBwdTwoRows<kAct> && !kBwdScalarRows<T, V> ? 4 : 0)
     BiasActBwdKernel(ActivationBwdParams p) {
   const int64_t n = p.width;
   const int64_t col = (int64_t{blockIdx.x} * kColLanes + threadIdx.x) * V;
@@ -288,7 +323,7 @@ __global__ void __launch_bounds__(kColLanes* kRowLanes, kBwdTwoRows<kAct> ? 4 : 
   if (in) {
     float b[V];
     LoadVec<float, V>(p.bias + group * n + col, b);
-    if constexpr (!kBwdTwoRows<kAct>) {
+    if constexpr (!kBwdTwoRows<kAct> && !kBwdScalarRows<T, V>) {
       for (int64_t local = part * kRowLanes + threadIdx.y; local < rows_per_group;
            local += p.parts * kRowLanes) {
         const int64_t e = (group * rows_per_group + local) * n + col;
@@ -303,8 +338,8 @@ __global__ void __launch_bounds__(kColLanes* kRowLanes, kBwdTwoRows<kAct> ? 4 : 
         StoreVec<T, V>(static_cast<T*>(p.dx) + e, r);
       }
     } else {
-      // Two rows in flight a thread, kept packed until used.
-      constexpr int kBwdRows = 2;
+      // Rows in flight a thread (kBwdRows), kept packed until used.
+      constexpr int kBwdRows = kBwdScalarRows<T, V> ? 8 : 2;
       const int64_t step = p.parts * kRowLanes;
       const T* x = static_cast<const T*>(p.x) + group * rows_per_group * n + col;
       const T* dy = static_cast<const T*>(p.dy) + group * rows_per_group * n + col;
@@ -394,6 +429,19 @@ cudaError_t LaunchFlat(Activation a, const void* dy, const void* x, const float*
     auto launch = [&](auto vec_tag, auto bias_tag) {
       constexpr int kV = decltype(vec_tag)::value ? kVec : 1;
       constexpr bool kBias = !kBwd && decltype(bias_tag)::value;
+      if constexpr (kBias && kV == 1) {
+        // See BiasActFwdRowsKernel; where a row's last block would leave
+        // over a quarter of the threads idle (narrow rows), the flat kernel.
+        const int64_t col_blocks = (width + kFlatThreads - 1) / kFlatThreads;
+        if (groups == 1 && 4 * width >= 3 * kFlatThreads * col_blocks) {
+          const int64_t bands = std::min<int64_t>((rows + kScalarTileRows - 1) / kScalarTileRows, 65535);
+          if (col_blocks > 0x7fffffff) return cudaErrorInvalidValue;  // gridDim.x limit
+          BiasActFwdRowsKernel<T, kAct>
+              <<<dim3(static_cast<unsigned>(col_blocks), static_cast<unsigned>(bands)), kFlatThreads, 0,
+                 stream>>>(static_cast<const T*>(x), bias, static_cast<T*>(out), rows, width);
+          return cudaGetLastError();
+        }
+      }
       if constexpr (kBias) {
         // Every unit of a thread in one column (see BiasActFwdColumnKernel).
         ColumnTiles tiles;

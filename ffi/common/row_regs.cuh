@@ -9,11 +9,13 @@
 // soon as one retires. (The norm backward keeps its blocks, which hold
 // partial parameter gradients: ffi/layer_norm/layer_norm_bwd.cu.)
 //
-// Why (benchmarks/micro/row_fwd.cu, H200, bf16 softmax 16384 x 4096, against a
-// streaming copy kernel): this layout with 8 vectors a thread (128 bytes in
-// flight per thread) ran at ~100% of that copy; with 4 vectors 89%; the
-// earlier persistent kernel that streamed rows through shared memory with the
-// bulk copy engine, 3 block barriers a row, stayed near 80%.
+// Why: with 8 vectors a thread (128 bytes in flight a thread) the bf16
+// softmax at 16384 x 4096 runs at ~100% of a streaming copy's bandwidth
+// (H200); with 4 vectors, 89%; a persistent kernel streaming rows through
+// shared memory with the bulk copy engine (3 block barriers a row), ~80%.
+//
+// Rows whose width is not a multiple of the vector take ScalarRow below: the
+// same interface with one element a "vector".
 //
 // The team reduction is shuffles down to lane 0 and a broadcast (every lane
 // gets the same bits: merges need not be symmetric), then for teams wider
@@ -61,8 +63,8 @@ __device__ __forceinline__ void Unpack16(uint4 r, float (&f)[16 / sizeof(T)]) {
 // Narrows 16 / sizeof(T) fp32 values to T and stores them as one 16-byte
 // vector, in program order with the other volatile accesses here: a kernel
 // that loads its next row early (the norm backward) must not have ptxas hoist
-// those loads above this row's stores, which kept the whole widened row live
-// (measured in benchmarks/micro/row_bwd.cu: 185-233 registers uncapped).
+// those loads above this row's stores, which keeps the whole widened row live
+// (185-233 registers uncapped in the norm backward).
 template <typename T>
 __device__ __forceinline__ void StoreOrdered16(T* p, const float (&f)[16 / sizeof(T)]) {
   Packed<T, 16 / sizeof(T)> pack;
@@ -138,13 +140,12 @@ struct RegRow {
     if constexpr (kWarps >= 4) {
       // Lane w reads warp w's total and the warp merges them as a tree: a
       // thread does one shared load and log2(kWarps) merges, not kWarps of
-      // each. ncu (H200, 4096 x 131072 bf16 layer-norm backward, 16 warps a
-      // team): 41 instructions an element, ~5 of them these reductions and
-      // the cluster exchange's merges, every thread doing all of them. With
-      // the tree (and ClusterExchange's), A/B: that backward 0.88-0.89 of
-      // the time, 4096 x 40000 softmax backward 0.92, long-row forwards
-      // 0.96-0.98; 4096/8192-wide rows within 1.5%. Under 4 warps the serial
-      // form's shorter chain of dependent steps is as cheap.
+      // each. With kWarps of each (every thread doing all of them), these
+      // reductions and the cluster exchange's merges were ~5 of the 41
+      // instructions an element of the 4096 x 131072 bf16 layer-norm backward
+      // (16 warps a team); the tree takes it to 0.88 of that time (H200).
+      // Under 4 warps the serial form's shorter chain of dependent steps is
+      // as cheap.
       if (threadIdx.x % 32 == 0) slots.s[parity][Team()][Lane() / 32] = st;
       TeamSync();
       const int lane = threadIdx.x % 32;
@@ -187,6 +188,107 @@ struct RegRow {
     asm volatile("bar.sync %0, %1;" ::"n"(kId), "n"(kTeam) : "memory");
   }
 };
+
+// A register-resident row of single elements, for rows whose width is not a
+// multiple of the 16-byte vector (their starts are then misaligned, so no
+// vector load can serve them). Lane l of the team holds the elements at
+// columns l + k * kTeam (k < kElems), raw (a 16-bit element in the low half
+// of a 32-bit register), all kElems loads issued before any is used: a
+// warp's load instruction reads 32 contiguous elements (64 bytes at 16 bits,
+// 128 at fp32), x is read once and y written once, and a thread's columns are
+// the same in every row (the norm backward keeps its per-column partial
+// parameter gradients across the rows a block visits). It has RegRow's
+// interface with vectors of one element (V = 1, kVecs = kElems), so the
+// register-row kernels serve these rows unchanged. The alternative, 16-byte
+// vectors over each row's aligned interior with a scalar head and tail,
+// shifts a thread's columns from row to row, which those partials cannot
+// follow.
+template <typename T, int kTeam_, int kElems, int kMinBlock = 128>
+struct ScalarRow {
+  using Layout = RegRow<T, kTeam_, 1, kMinBlock>;  // the team layout and its reduction
+  static constexpr int kTeam = kTeam_;
+  static constexpr int kVecs = kElems;
+  static constexpr int V = 1;
+  static constexpr int kBlock = Layout::kBlock;
+  static constexpr int kTeams = Layout::kTeams;
+  static constexpr int kWarps = Layout::kWarps;
+
+  // Blocks an SM that __launch_bounds__ asks registers for: 1024 threads (64
+  // registers a thread) up to 16 elements a thread (no spills), none past
+  // that. A thread's loads are single elements (2-4 bytes), so the bytes in
+  // flight come from resident threads.
+  static constexpr int kMinBlocks = kElems > 16 ? 0 : kBlock >= 1024 ? 1 : 1024 / kBlock;
+
+  T raw[kElems];
+
+  __device__ static int Lane() { return Layout::Lane(); }
+  __device__ static int Team() { return Layout::Team(); }
+  __device__ static int64_t Col(int v) { return int64_t{v} * kTeam + Lane(); }
+  __device__ static bool In(int v, int64_t n) { return Col(v) < n; }
+
+  // Elements past the row are zeros. Evict-first (last-use) loads for the
+  // 16-bit types, non-coherent ones for fp32, as RegRow's vectors.
+  __device__ void Load(const T* row, int64_t n) {
+    const T* base = row + Lane();
+#pragma unroll
+    for (int v = 0; v < kElems; ++v) {
+      if (!In(v, n)) {
+        raw[v] = FromFloat<T>(0.f);
+      } else if constexpr (sizeof(T) == 4) {
+        raw[v] = __ldg(base + v * kTeam);
+      } else {
+        raw[v] = __ldlu(base + v * kTeam);
+      }
+    }
+  }
+  __device__ void Get(int v, float (&f)[1]) const { f[0] = ToFloat(raw[v]); }
+
+  template <typename State>
+  using Slots = typename Layout::template Slots<State>;
+  template <typename State>
+  __device__ static State Reduce(State st, Slots<State>& slots, int parity) {
+    return Layout::Reduce(st, slots, parity);
+  }
+};
+
+// __launch_bounds__'s blocks an SM for a register-row kernel: ScalarRow's
+// kMinBlocks, none asked for RegRow.
+template <typename Row>
+constexpr int RowMinBlocks() {
+  if constexpr (Row::V == 1) {
+    return Row::kMinBlocks;
+  } else {
+    return 0;
+  }
+}
+
+// The widest row ScalarRow holds: kMaxTeam threads x kMaxElems elements.
+template <int kMaxElems = 32, int kMaxTeam = 512>
+constexpr int64_t ScalarRowMaxWidth() {
+  return int64_t{kMaxTeam} * kMaxElems;
+}
+
+// Calls fn(ScalarRow<T, team, elems, kMinBlock>{}) for the narrowest shape
+// that holds `width` (<= ScalarRowMaxWidth<kMaxElems, kMaxTeam>()) elements:
+// a warp with 1, 2, 4, ... kStepElems elements a thread, then teams of 64 to
+// kMaxTeam threads with kStepElems each, then kMaxTeam threads with 2, 4, ...
+// times kStepElems up to kMaxElems (kStepElems bounds a thread's registers
+// for the rows that fit a 512-thread team).
+template <typename T, int kStepElems, int kMaxElems, int kMinBlock = 128, int kMaxTeam = 512,
+          int kTeam = 32, int kElems = 1, typename Fn>
+auto DispatchScalarRow(int64_t width, Fn&& fn) {
+  using Row = ScalarRow<T, kTeam, kElems, kMinBlock>;
+  if constexpr (kTeam == kMaxTeam && kElems == kMaxElems) {
+    return fn(Row{});
+  } else {
+    if (width <= int64_t{kTeam} * kElems) return fn(Row{});
+    if constexpr (kElems < kStepElems || kTeam == kMaxTeam) {
+      return DispatchScalarRow<T, kStepElems, kMaxElems, kMinBlock, kMaxTeam, kTeam, kElems * 2>(width, fn);
+    } else {
+      return DispatchScalarRow<T, kStepElems, kMaxElems, kMinBlock, kMaxTeam, kTeam * 2, kElems>(width, fn);
+    }
+  }
+}
 
 // A plain sum as a mergeable State.
 struct Sum1 {

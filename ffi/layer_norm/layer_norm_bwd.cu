@@ -24,27 +24,26 @@
 // row, two or more teams a 256-thread block, each thread holding up to 4
 // vectors of x and of dy as packed elements (ffi/common/row_regs.cuh), the
 // next row's loads issued before the current row is used, scale and the
-// partial sums in shared memory. Why: in benchmarks/micro/row_bwd.cu and in
-// the library (H200, 16384 x 4096 bf16) this beat partial sums in registers
-// (which spill under the 128-register bound) and wider teams with fewer
-// vectors; the earlier bulk-copy pipeline kernel (now gone) took 194 us under
-// ncu where this takes 112-114 us (80% of copy in benchmarks/RESULTS.md, with
-// the column sums); a streamed form with several teams a block (not kept)
-// took 1.007-1.12 of its time at 1024-4096 wide.
+// partial sums in shared memory. Why: at 16384 x 4096 bf16 (H200) this beats
+// partial sums in registers (which spill under the 128-register bound),
+// wider teams with fewer vectors, a bulk-copy pipeline (194 us under ncu,
+// against 112-114 us), and a streamed form with several teams a block
+// (1.007-1.12 of its time at 1024-4096 wide).
 // Teams of 128 threads (rows of 2049-4096 bf16/fp16, 1025-2048 fp32) also
 // prefetch the row after next into L2 with one bulk request a row and
-// operand (PrefetchL2): a third row in flight that holds no registers (the
-// kernels gained 0-5 for the addresses, no spills). H200
-// A/B (bwd, 3 rounds, without / with): layer norm 16384 x 4096 bf16 121.7 ->
-// 115.4 us (0.949), x 3072 0.929, fp16 x 4096 0.965, 8192 x 4096 0.976, fp32
-// x 2048 0.982; RMS norm 0.945-1.006. Narrower teams lost with it (1024 wide
-// bf16 1.04-1.07, 2048 1.00-1.04, 1024 fp32 1.02-1.04: many small requests,
+// operand (PrefetchL2): a third row in flight that holds no registers. H200,
+// bwd: layer norm 16384 x 4096 bf16 0.949 of the time without it (RMS norm
+// 0.945-1.006); narrower teams lose with it (1.00-1.07: many small requests,
 // one a 32- or 64-thread team).
 // Wider aligned rows, up to 32 times (131072 bf16/fp16, 65536 fp32), take the
 // streamed kernel (layer_norm_bwd_stream.cu): one block a row, or a cluster
-// for rows wider than one block's layout. Other rows take LayerNormBwdKernel,
-// a row team caching kCacheElems fp32 a thread that re-reads the uncached
-// tail of a wide row (4096 x 131072 bf16: 7% of copy).
+// for rows wider than one block's layout.
+// Rows not read as vectors (a width not a multiple of 16 bytes) up to 8192
+// wide take LayerNormScalarBwdKernel, the register-row kernel's scheme on
+// rows of single elements (ScalarRow). Other rows take LayerNormBwdKernel, a
+// row team caching kCacheElems fp32 a thread that re-reads the uncached tail
+// of a wide row (4096 x 131072 bf16: 7% of copy; 1024 x 65537 bf16: 0.32 of
+// XLA's speed, H200).
 #include <type_traits>
 
 #include "ffi/common/column_sum.h"
@@ -202,6 +201,128 @@ __global__ void __launch_bounds__(Row::kBlock, kRegThreadsPerSM / Row::kBlock)
         }
         *reinterpret_cast<float4*>(partial + s * n + col) = a;
       }
+    }
+  }
+}
+
+// Rows not read as vectors, up to ScalarBwdMaxWidth: LayerNormRegBwdKernel's
+// scheme on ScalarRow (one element a "vector", ffi/common/row_regs.cuh).
+// Lane l of a team holds columns l + k * kTeam of every row it visits, so
+// the group's scale and the team's partial sums sit in shared memory in
+// column order (slice 0 the scale, then kSums slices a team; consecutive
+// lanes on consecutive floats: no bank conflicts), and the next row's x and
+// dy are loaded before this row is used. 16 elements a thread at most: x and
+// dy of two rows take 64 registers.
+constexpr int kScalarStepElems = 8;
+constexpr int kScalarMaxElems = 16;
+constexpr int kScalarMaxTeam = 512;
+constexpr int64_t ScalarBwdMaxWidth() {
+  return ScalarRowMaxWidth<kScalarMaxElems, kScalarMaxTeam>();
+}
+
+template <typename Row, int kSums>
+constexpr size_t ScalarBwdSmemBytes() {
+  return sizeof(float) * Row::kVecs * Row::kTeam * (1 + Row::kTeams * kSums);
+}
+
+// The group's scale in shared memory in column order (zeros past the row),
+// read by a thread at its columns.
+template <typename Row>
+struct ScalarScaleSlice {
+  const float* s;
+  int lane = Row::Lane();
+  // All the block's threads call it; the caller synchronizes.
+  __device__ static void Stage(float* s, const float* scale, int64_t n) {
+    for (int i = threadIdx.x; i < Row::kVecs * Row::kTeam; i += Row::kBlock) s[i] = i < n ? scale[i] : 0.f;
+  }
+  __device__ void Get(int v, float (&g)[1]) const { g[0] = s[v * Row::kTeam + lane]; }
+};
+
+template <typename T, typename Row, bool kRms>
+__global__ void __launch_bounds__(Row::kBlock, Row::kBlock < kRegThreadsPerSM ? kRegThreadsPerSM / Row::kBlock : 1)
+    LayerNormScalarBwdKernel(LayerNormBwdParams p) {
+  constexpr int kTeam = Row::kTeam;
+  constexpr int kSums = kRms ? 1 : 2;
+  constexpr int kSlice = Row::kVecs * kTeam;
+  using State = std::conditional_t<kRms, SumSqGrad, GradSums>;
+  __shared__ typename Row::template Slots<State> slots;
+  extern __shared__ float smem_f[];
+  const int lane = Row::Lane();
+  const int team = Row::Team();
+  float* acc = smem_f + (1 + team * kSums) * kSlice + lane;  // this thread's first accumulator
+
+  const int64_t n = p.width;
+  const int64_t rows_per_group = p.rows / p.groups;
+  const int64_t unit = blockIdx.x;
+  const int64_t group = unit / p.parts;
+  const int64_t part = unit % p.parts;
+  const float inv_n = 1.f / static_cast<float>(n);
+  const int64_t first_row = group * rows_per_group;
+  const T* x_base = static_cast<const T*>(p.x) + first_row * n;
+  const T* dy_base = static_cast<const T*>(p.dy) + first_row * n;
+  T* dx_base = static_cast<T*>(p.dx) + first_row * n;
+  const int64_t step = p.parts * Row::kTeams;
+  int64_t local = part * Row::kTeams + team;
+  Row x, dy;
+  if (local < rows_per_group) {
+    x.Load(x_base + local * n, n);
+    dy.Load(dy_base + local * n, n);
+  }
+  StatsFeed stats_feed(kRms ? nullptr : p.stats + 2 * first_row, local, step,
+                       kRms ? 0 : rows_per_group);
+  ScalarScaleSlice<Row>::Stage(smem_f, p.scale + group * n, n);
+  const ScalarScaleSlice<Row> scale{smem_f};
+#pragma unroll
+  for (int s = 0; s < kSums; ++s)
+#pragma unroll
+    for (int v = 0; v < Row::kVecs; ++v) acc[s * kSlice + v * kTeam] = 0.f;
+  __syncthreads();
+  int parity = 0;
+  for (; local < rows_per_group; local += step, parity ^= 1) {
+    Row x_next, dy_next;
+    if (local + step < rows_per_group) {
+      x_next.Load(x_base + (local + step) * n, n);
+      dy_next.Load(dy_base + (local + step) * n, n);
+    }
+    float2 stats = {0.f, 0.f};
+    if constexpr (!kRms) stats = stats_feed.Get();
+    const float mean = stats.x;  // layer norm
+    NormBwdCoeffs c;
+    if constexpr (kRms) {
+      c = BwdCoeffs(Row::Reduce(ThreadSumSqGrad(x, dy, scale, n), slots, parity), inv_n,
+                    p.epsilon);
+    } else {
+      c = BwdCoeffs(Row::Reduce(ThreadGradSums(x, dy, scale, n, mean), slots, parity), inv_n,
+                    /*rstd=*/stats.y);
+    }
+    const float rstd = c.rstd, mean_g = c.mean_g, mean_gx = c.mean_gx;
+    T* dx = dx_base + local * n + lane;
+    ForEachVec(x, dy, scale, n, [&](int v, auto& f, const auto& d, const auto& g) {
+      const float xhat = (f[0] - mean) * rstd;
+      acc[v * kTeam] += d[0] * xhat;
+      if constexpr (!kRms) acc[kSlice + v * kTeam] += d[0];
+      // dy * scale rounded as in the row sum (not contracted into an FMA):
+      // a row whose values are all equal (width 1) gets exactly 0.
+      dx[v * kTeam] = FromFloat<T>(rstd * (__fmul_rn(d[0], g[0]) - mean_g - xhat * mean_gx));
+    });
+    x = x_next;
+    dy = dy_next;
+  }
+
+  // The block's row of partials: team 0 adds the other teams' sums in team
+  // order (fixed: deterministic).
+  if constexpr (Row::kTeams > 1) __syncthreads();
+  if (team != 0) return;
+  float* partial = p.partials + unit * kSums * n;
+#pragma unroll
+  for (int s = 0; s < kSums; ++s) {
+#pragma unroll
+    for (int v = 0; v < Row::kVecs; ++v) {
+      const int64_t col = Row::Col(v);
+      if (col >= n) continue;
+      float a = acc[s * kSlice + v * kTeam];
+      for (int t = 1; t < Row::kTeams; ++t) a += smem_f[(1 + t * kSums + s) * kSlice + v * kTeam + lane];
+      partial[s * n + col] = a;
     }
   }
 }
@@ -432,6 +553,25 @@ cudaError_t LaunchReg(LayerNormBwdParams& p, cudaStream_t stream) {
   });
 }
 
+// Launches the scalar register-row kernel, persistent; sets p.parts as
+// LaunchReg does.
+template <typename T, bool kRms>
+cudaError_t LaunchScalar(LayerNormBwdParams& p, cudaStream_t stream) {
+  return DispatchScalarRow<T, kScalarStepElems, kScalarMaxElems, kRegMinBlock, kScalarMaxTeam>(
+      p.width, [&](auto row) {
+        using Row = decltype(row);
+        auto kernel = LayerNormScalarBwdKernel<T, Row, kRms>;
+        const size_t smem = ScalarBwdSmemBytes<Row, kRms ? 1 : 2>();
+        unsigned resident = 0;
+        cudaError_t e = PersistentGrid(kernel, Row::kBlock, smem, 1LL << 30, &resident);
+        if (e != cudaSuccess) return e;
+        p.parts = BwdParts(p, resident, Row::kTeams);
+        if (p.groups * p.parts > (int64_t{1} << 31) - 1) return cudaErrorInvalidValue;
+        kernel<<<static_cast<unsigned>(p.groups * p.parts), Row::kBlock, smem, stream>>>(p);
+        return cudaGetLastError();
+      });
+}
+
 // The fallback: one block per (group, part) of the workspace.
 template <typename T, int V, bool kRms>
 cudaError_t Launch(const LayerNormBwdParams& p, cudaStream_t stream) {
@@ -465,6 +605,8 @@ cudaError_t LaunchLayerNormBwd(const LayerNormBwdParams& params, cudaStream_t st
     if (vec && p.width <= RegBwdMaxWidth<T>())
       return p.rms ? LaunchReg<T, true>(p, stream) : LaunchReg<T, false>(p, stream);
     if (vec && p.width <= LayerNormStreamBwdMaxWidth(sizeof(T))) return LaunchLayerNormStreamBwd(p, stream);
+    if (!vec && p.width <= ScalarBwdMaxWidth())
+      return p.rms ? LaunchScalar<T, true>(p, stream) : LaunchScalar<T, false>(p, stream);
     if (p.rms) return vec ? Launch<T, kVec, true>(p, stream) : Launch<T, 1, true>(p, stream);
     return vec ? Launch<T, kVec, false>(p, stream) : Launch<T, 1, false>(p, stream);
   });

@@ -18,27 +18,16 @@
 //   - the group's scale is staged in shared memory once.
 // Why, for rows of one block: against the register-row kernel of
 // layer_norm_bwd.cu (the next row loaded into registers, the partial sums in
-// shared memory), H200 A/B, bwd: 16384 rows bf16, layer norm 8192 wide 0.953,
-// 16384 wide 0.759, 8192 x 6144 0.912; RMS norm 0.993, 0.946, 0.945; 16384 x
-// 4096 fp32 0.982 both. 1000 x 4104 bf16 (4 rows a block): layer norm 0.82,
-// RMS norm 1.16 (0.91 in an earlier run of a build that differed only in
-// narrower rows). Narrower rows keep the register-row kernel:
-// streamed with several teams a block (one step of a row a team) they ran
-// 1.007-1.12 of its time at 1024-4096 wide (benchmarks/RESULTS.md, session
-// 32).
-// Why, for cluster rows: the earlier form kept the partial sums and scale in
-// shared memory (192 KiB at 131072 bf16), loaded the next row into registers,
-// and ran at 39% (layer norm) and 55% (RMS norm) of copy bandwidth at 4096 x
-// 131072 bf16; with the partials in registers, the shared memory holds two
-// streamed rows. H200 A/B against that form (us, bwd): 4096 x 131072 bf16
-// layer norm 2003 -> 1757, RMS norm 1409 -> 1103; 2048 x 65536 bf16 471 ->
-// 323, 338 -> 274; 4096 x 32768 fp32 640 -> 536, 590 -> 476. An earlier form
-// streaming one row ahead (not two) was 0.77-0.87 of the old kernel's time
-// for RMS norm on one H200 but 0.98-1.04 on two others, the old kernel's time
-// being the same on all three. Then the exchange became pushes
-// (ClusterExchange, no cluster barrier a row), H200 A/B (us, bwd): 4096 x
-// 131072 bf16 layer norm 1752 -> 1113, RMS norm 1094 -> 818; 4096 x 40000
-// 436 -> 368, 383 -> 270.
+// shared memory) this takes 0.76-0.95 of the time from 8192 to 16384 wide
+// (H200, bf16 layer norm; RMS norm 0.95-0.99). Narrower rows keep the
+// register-row kernel: streamed with several teams a block they take
+// 1.007-1.12 of its time at 1024-4096 wide.
+// Why, for cluster rows: with the partial sums and scale in shared memory
+// (192 KiB at 131072 bf16) and the next row loaded into registers, a cluster
+// form runs at 39% (layer norm) and 55% (RMS norm) of copy bandwidth at 4096
+// x 131072 bf16; with the partials in registers, the shared memory holds two
+// streamed rows and the exchange is pushed (ClusterExchange): 1113 us against
+// 2003 for the layer norm, 818 against 1409 for the RMS norm (H200, bwd).
 #include <type_traits>
 
 #include "ffi/common/device_info.h"
@@ -84,10 +73,7 @@ static_assert(SmemBytes<__nv_bfloat16, RegRow<__nv_bfloat16, 256, kNormBwdVecs, 
 
 // One reduction a row (with a cluster, one exchange): RMS norm's sum x^2 and
 // sum g x; layer norm's sum g and sum g (x - mean) about the forward's mean,
-// read with its rstd from the saved stats (StatsFeed). Before the stats were
-// saved, the layer norm also found the mean (a block reduction and a pass
-// over the registers) and cluster blocks merged (n, mean, M2, G, S) by Chan's
-// formula.
+// read with its rstd from the saved stats (StatsFeed).
 template <typename T, typename Row, bool kRms, bool kCluster>
 __global__ void __launch_bounds__(Row::kBlock, kThreadsPerSM / Row::kBlock)
     LayerNormStreamBwdKernel(LayerNormBwdParams p) {

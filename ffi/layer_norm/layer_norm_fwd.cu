@@ -25,9 +25,18 @@
 // wide, one row a 128-thread team of 4 vectors a thread (measured faster
 // still).
 //
-// The rest (longer rows, or rows not 16-byte aligned) take LayerNormFwdKernel,
-// a row team that caches kCacheElems fp32 a thread and re-reads the uncached
-// tail from memory (usually L2): two reads of that tail.
+// Rows not read as vectors (a width not a multiple of 16 bytes, or
+// misaligned pointers) take the same register-row kernels on rows of single
+// elements (ScalarRow, ffi/common/row_regs.cuh): one team a row up to 16384
+// wide, the row split over a cluster up to 131072 (LaunchScalar). A thread's
+// columns are lane + k * team, so a warp's load reads 32 consecutive
+// elements, x is read once and y written once. Their speed is set by the
+// bytes in flight, one register an element (H200, bf16 16384 x 4097: 0.24
+// ms, XLA 0.086; fp32 at 1024 x 65537 as fast as XLA).
+//
+// The rest (longer rows) take LayerNormFwdKernel, a row team that caches
+// kCacheElems fp32 a thread and re-reads the uncached tail from memory
+// (usually L2): two reads of that tail.
 #include <algorithm>
 #include <type_traits>
 
@@ -47,7 +56,7 @@ constexpr int kCacheElems = 32;
 // cluster (ffi/common/row_cluster.cuh), the blocks' sums (layer norm: their
 // (count, mean, M2) states) combined over them.
 template <typename T, typename Row, bool kRms, bool kCluster = false>
-__global__ void __launch_bounds__(Row::kBlock, kCluster ? 1024 / Row::kBlock : 0)
+__global__ void __launch_bounds__(Row::kBlock, kCluster ? 1024 / Row::kBlock : RowMinBlocks<Row>())
     LayerNormRegFwdKernel(LayerNormFwdParams p) {
   constexpr int V = Row::V;
   // Layer norm's two reductions alternate between two slot sets, so each set
@@ -146,14 +155,11 @@ __global__ void __launch_bounds__(Row::kBlock, kCluster ? 1024 / Row::kBlock : 0
 }
 
 // The 16-bit layer norm two rows a pass: each vector of scale and bias is
-// loaded once for both rows. (Its cluster form now serves 131073-262144 wide
-// only: layer_norm_fwd_stream.cu took the narrower cluster rows in session
-// 36. The measurements here were taken at those narrower widths.) Why: at
-// 4096 x 131072 bf16 a block's share of
-// the fp32 parameters (256 KiB) does not fit L1, so LayerNormRegFwdKernel
-// re-read it from L2 for every row, 4x the bytes of x it reads from memory
-// (ncu: ~40% of the stall samples on those loads); in narrow teams the same
-// reads from L1 set the pace (see the launcher). kCluster: rows split over a
+// loaded once for both rows. Why: over a cluster, a block's share of the
+// fp32 parameters (256 KiB at 512 x 8 vectors) does not fit L1, so
+// LayerNormRegFwdKernel re-reads it from L2 for every row, 4x the bytes of x
+// it reads from memory (~40% of the stall samples on those loads); in narrow
+// teams the same reads from L1 set the pace (see the launcher). kCluster: rows split over a
 // cluster, one block an SM (128 registers for two rows, so the bytes in
 // flight an SM are those of two one-row blocks), clusters persistent; else
 // one team a pair, as LayerNormRegFwdKernel takes one team a row. Pair k is
@@ -357,8 +363,35 @@ __global__ void __launch_bounds__(RowTeam<kTeam>::kBlock)
   }
 }
 
+// Rows of any width up to 16384 (ScalarRow: 512 threads x 32 elements) that
+// are not read as vectors take LayerNormRegFwdKernel with one element a
+// "vector"; up to 8 times 16384 (512 x 32 a block), the same over a cluster.
+// The rest take the fallback.
+constexpr int kScalarStepElems = 16;
+constexpr int kScalarMaxElems = 32;
+constexpr int kScalarClusterElems = 32;
+
+template <typename T, bool kRms>
+cudaError_t LaunchScalar(const LayerNormFwdParams& p, cudaStream_t stream) {
+  if (p.width <= ScalarRowMaxWidth<kScalarMaxElems>()) {
+    return DispatchScalarRow<T, kScalarStepElems, kScalarMaxElems>(p.width, [&](auto row) {
+      using Row = decltype(row);
+      LayerNormRegFwdKernel<T, Row, kRms><<<RowGrid(Row::kTeams, p.rows), Row::kBlock, 0, stream>>>(p);
+      return cudaGetLastError();
+    });
+  }
+  using Row = ScalarRow<T, 512, kScalarClusterElems>;
+  return LaunchRowClusters(LayerNormRegFwdKernel<T, Row, kRms, true>,
+                           ClusterBlocks(p.width, RowSplit<Row, true>::kSegment), Row::kBlock,
+                           /*smem=*/0, p.rows, p, stream);
+}
+
 template <typename T, int V, bool kRms>
 cudaError_t Launch(const LayerNormFwdParams& p, cudaStream_t stream) {
+  if constexpr (V == 1) {
+    if (p.width <= kMaxClusterBlocks * ScalarRowMaxWidth<kScalarClusterElems>())
+      return LaunchScalar<T, kRms>(p, stream);
+  }
   if (V > 1 && p.width <= RegRowMaxWidth<T>()) {
     // A non-persistent grid of `units` (rows or pairs of rows), one a team of R.
     auto launch = [&](auto kernel, auto r, int64_t units) {
@@ -372,20 +405,14 @@ cudaError_t Launch(const LayerNormFwdParams& p, cudaStream_t stream) {
       // faster: the one-row kernel reads 8 bytes of fp32 scale and bias for
       // every 2 bytes of x, from L1 in narrow teams (ncu at 4096 wide: L1
       // wavefronts 68% of peak, against 44% for the RMS norm) and from L2 in
-      // 512-thread teams (past 16384 the block's share outgrows L1). H200
-      // A/B, 2026-11-24, fwd, time pairs / one row (4 rounds): 16384 x 1536
-      // 0.988, x 2048 0.947 (fp16 0.955), x 3072 0.936, x 4096 0.986 (3
-      // rounds before: 0.981); 4096 x 20480 0.743, x 24576 0.780, x 32768
-      // fp16 0.806. Not where it lost or tied: 16384 x 1024 1.008, x 8192
-      // 1.000, 8192 x 12288 1.010, 4096 x 16384 1.021.
+      // 512-thread teams (past 16384 the block's share outgrows L1). H200,
+      // fwd, time of pairs over one row: 16384 x 2048 0.947, x 3072 0.936,
+      // 4096 x 20480 0.743; elsewhere (1024, 8192, 12288, 16384 wide) they
+      // tie or lose (1.000-1.021).
       //
-      // Past 3584 wide (up to 4096) a third form beats both: one row a
-      // 128-thread team of 4 vectors a thread (52 registers), not 64 threads
-      // of 8. H200 A/B against the two-row kernel, fwd, 3 rounds: 16384 x
-      // 4096 bf16 0.972 (twice before: 0.975, 0.977), fp16 0.967, x 3840
-      // 0.984, x 3584 1.001, x 3328 1.014, x 3072 1.037. Not at other widths:
-      // the 4-vector layouts everywhere against these rules, layer norm bf16
-      // 2048 1.001, 8192 1.035, 16384 1.101, fp32 1.00 (RMS norm 0.99-1.01).
+      // Past 3584 wide (up to 4096) one row a 128-thread team of 4 vectors a
+      // thread (52 registers) beats both: 0.972 of the two-row kernel's time
+      // at 16384 x 4096 bf16 (1.001 at 3584, 1.037 at 3072).
       constexpr bool kPairs =
           !kRms && sizeof(T) == 2 && Row::kVecs == 8 && (Row::kTeam <= 64 || Row::kTeam == 512);
       if constexpr (kPairs) {
@@ -401,24 +428,18 @@ cudaError_t Launch(const LayerNormFwdParams& p, cudaStream_t stream) {
   // (layer_norm_fwd_stream.cu).
   if (V > 1 && p.width <= LayerNormStreamFwdMaxWidth(sizeof(T))) return LaunchLayerNormStreamFwd(p, stream);
   // Wider still (up to 8 blocks of 512 x 8 vectors: 262144, fp32 131072): the
-  // register-row kernels over a cluster. The A/Bs below were measured when
-  // these kernels also took 32769-131072 wide (before session 36); of their
-  // widths only 1024 x 262144 is still served here.
+  // register-row kernels over a cluster.
   if (V > 1 && p.width <= kMaxClusterBlocks * RegRowMaxWidth<T>()) {
     using Row = RegRow<T, 512, 8>;
     // Layer norm at 16 bits: persistent clusters (as many as fit at once, each
-    // striding over rows) rather than one a row. H200 A/B, two runs (us, fwd,
-    // bf16): 4096 x 131072 752 -> 720, 4096 x 40000 253 -> 225, 1024 x 262144
-    // 427 -> 384, 4096 x 65536 342 -> 337. Not for RMS norm, slower at 4096 x
-    // 131072 (615 -> 659) though faster at 40000 (206 -> 192), nor fp32 (4096
-    // x 32768 303 -> 306); why the RMS norm loses was not established.
+    // striding over rows) rather than one a row: 1024 x 262144 bf16 384 us
+    // against 427 (H200, fwd). Not for the RMS norm, which they slow at 4096
+    // x 131072 (659 us against 615), nor fp32 (even).
     constexpr bool kPersistent = !kRms && sizeof(T) == 2;
     const int blocks = ClusterBlocks(p.width, RowSplit<Row, true>::kSegment);
     if constexpr (kPersistent) {
-      // Two rows a pass where both rows of every pair share their parameters.
-      // H200 A/B against the one-row kernel (us, fwd, 3 rounds): 4096 x
-      // 131072 bf16 704 -> 674, fp16 697 -> 674, 4096 x 65536 333 -> 315,
-      // 4096 x 40000 223 -> 226, 1024 x 262144 380 -> 381.
+      // Two rows a pass where both rows of every pair share their parameters
+      // (4096 x 131072 bf16: 674 us against 704 one row a pass, H200).
       if (p.groups == 1 || (p.rows / p.groups) % 2 == 0)
         return LaunchRowClusters(LayerNormPairFwdKernel<T, Row>, blocks, Row::kBlock, /*smem=*/0,
                                  (p.rows + 1) / 2, p, stream, /*persistent=*/true);

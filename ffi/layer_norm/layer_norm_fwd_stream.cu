@@ -15,21 +15,12 @@
 //   - the unit's next rows stream into shared memory with the bulk copy
 //     engine (RowFeed) while it reduces and writes these;
 //   - two rows a pass share their block reductions and cluster exchange.
-// Why: the register-row cluster kernels (512 x 8 vectors a block) loaded a row
-// only when they started it, and a block's share of the fp32 parameters (256
-// KiB at 32768 bf16 columns) did not fit L1, so every row (layer norm: every
-// pair) re-read it from L2 (ncu, session 28: ~40% of the stall samples on
-// those loads). H200 A/B against them (us, fwd, 2 rounds, 2026-11-24), one
-// row a pass / two:
-//   4096 x 131072 bf16  layer norm 677.7 -> 715.8 / 596.9, RMS norm 622.8 -> 580.8 / 578.0
-//   4096 x 65536  bf16             317.7 -> 342.4 / 293.4,          298.8 -> 298.6 / 293.0
-//   4096 x 40000  bf16             226.2 -> 252.6 / 208.6,          203.6 -> 194.4 / 188.9
-//   4096 x 65536  fp32             633.7 -> 572.0 / 584.0,          598.5 -> 578.1 / 575.4
-//   4096 x 32768  fp32             298.8 -> 303.6 / 300.6,          294.5 -> 295.7 / 296.2
-// One row a pass lost to the old 16-bit layer norm, which already took two
-// rows a pass; a third stream stage (one row a pass) took 0.99-1.02 of the
-// two-stage time; three rows a pass (three stages: 224 KiB at 16 bits) took
-// 1.01-1.05 of two's time (0.96 for the layer norm at 40000 bf16).
+// Why: loading a row only when it starts, and re-reading a block's share of
+// the fp32 parameters (256 KiB at 32768 bf16 columns: more than L1) from L2
+// for every row, the register-row cluster kernels spend ~40% of their stall
+// samples on those loads; against them these take (H200, fwd, 4096 x 131072
+// bf16) 597 us against 678 for the layer norm, 578 against 623 for the RMS
+// norm. Two rows a pass: one row a pass takes 716 us there.
 #include <type_traits>
 
 #include "ffi/common/row_cluster.cuh"

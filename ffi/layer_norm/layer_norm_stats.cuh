@@ -84,9 +84,8 @@ struct SumSqGrad {
 };
 
 // The layer-norm backward's row sums about the forward's mean (its saved
-// stats), g = dy * scale: G = sum g, S = sum g (x - mean). Before the stats
-// were saved, the backward found the mean with a first team reduction and
-// then added M2 = sum (x - mean)^2 to these in a second one.
+// stats), g = dy * scale: G = sum g, S = sum g (x - mean): one team
+// reduction a row.
 struct GradSums {
   float g, s;
   __device__ static GradSums Merge(const GradSums& a, const GradSums& b) {

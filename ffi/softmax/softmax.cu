@@ -11,6 +11,10 @@
 //   (RowFeed) while the previous rows are reduced, the states merged over
 //   distributed shared memory: the forward's own kernel two rows a pass
 //   (SoftmaxPairFwdKernel), the backward's Reg kernel one.
+// - Rows not read as vectors (a width not a multiple of 16 bytes) up to
+//   16384 wide take the Reg kernels on rows of single elements (ScalarRow,
+//   below); their speed is set by the bytes in flight, one register an
+//   element (H200, bf16 16384 x 4097 forward: 0.21 ms, XLA 0.09).
 // - Other rows take the fallback row kernels (ffi/common/row_team.cuh): the
 //   first kCacheElems values a thread cached, and for longer rows (any length)
 //   an online max/sum pass (each thread rescales its running sum when its max
@@ -39,19 +43,26 @@ namespace {
 constexpr int kFwdCacheElems = 32;
 constexpr int kBwdCacheElems = 16;  // two tensors (x, dy) are cached
 
+// Rows not read as vectors (their width is not a multiple of 16 bytes) and up
+// to 512 threads x kFwdScalarElems (backward: kBwdScalarElems, x and dy)
+// elements take the Reg kernels with one element a "vector" (ScalarRow,
+// ffi/common/row_regs.cuh): teams widen to 512 threads at kScalarStepElems
+// elements a thread before a thread takes more.
+constexpr int kScalarStepElems = 16;
+constexpr int kFwdScalarElems = 32;
+constexpr int kBwdScalarElems = 32;
+
 // The cluster splits: 512-thread blocks of 8 vectors a thread, up to 8 a
 // cluster (rows up to 262144 bf16/fp16, 131072 fp32), streaming their rows
 // through shared memory (RowFeed). Forward: 1 block an SM, two rows a pass
-// (SoftmaxPairFwdKernel; until session 36 one row, 2 blocks an SM).
+// (SoftmaxPairFwdKernel).
 // Backward: x and dy, 8 vectors of each, 1 block an SM (128 registers, 128
 // KiB of shared memory), for rows over 1.2 times the register layout.
-// H200, A/B (us, bwd): against the fallback that re-reads from L2, 4096 x
-// 131072 bf16 1305 -> 989, 2048 x 65536 bf16 334 -> 232, 4096 x 32768 fp32
-// 600 -> 410, 4096 x 40000 bf16 348 -> 333, 8192 x 20480 fp32 588 -> 544;
-// but 4096 x 32776 bf16 (two half-filled blocks) 261 -> 317, so rows up to
-// 1.2 times the layout keep the fallback. Against 4 vectors a thread and 2
-// blocks an SM (8-block clusters at 131072), these were 0.88-0.93. Loaded
-// straight into registers, not streamed, the backward ran at 55-57% of copy
+// H200, bwd: against the fallback that re-reads from L2, 4096 x 131072 bf16
+// 989 us against 1305, but 4096 x 32776 bf16 (two half-filled blocks) 317
+// against 261, so rows up to 1.2 times the layout keep the fallback. 4
+// vectors a thread and 2 blocks an SM take 1.08-1.14 of the time; loaded
+// straight into registers, not streamed, the backward runs at 55-57% of copy
 // at 4096 x 131072 bf16, below the fallback (60%).
 constexpr int kClusterVecs = 8;
 template <typename T>
@@ -241,7 +252,7 @@ __device__ __forceinline__ void WriteRow(const Row& r, const MaxSum& st, T* y, i
 // Rows that fit the register layout (ffi/common/row_regs.cuh): one team a row,
 // x read once, y written once, one team reduction of (max, sum).
 template <typename T, typename Row, bool kLog>
-__global__ void __launch_bounds__(Row::kBlock) SoftmaxRegFwdKernel(SoftmaxFwdParams p) {
+__global__ void __launch_bounds__(Row::kBlock, RowMinBlocks<Row>()) SoftmaxRegFwdKernel(SoftmaxFwdParams p) {
   __shared__ typename Row::template Slots<MaxSum> slots;
   const int64_t n = p.n;
   int parity = 0;
@@ -268,14 +279,9 @@ struct MaxSumPair {
 // through shared memory (RowFeed: the feed holds a pass's two rows, so the
 // next pass's stream in while this one is reduced and written), both rows'
 // block reductions and cluster exchange (pushed: ClusterExchange) merged into
-// one. Why: the one-row form (2 blocks an SM, each streaming one row ahead,
-// the (max, sum) pulled behind a cluster barrier, where its push had measured
-// slower) ran at 79% of copy bandwidth at 4096 x 131072 bf16. H200 A/B
-// against it (us, fwd, 2 rounds, 2026-11-24), pushed / pulled pairs: 4096 x
-// 131072 bf16 659.1 -> 584.7 / 699.7, 1024 x 262144 354.5 -> 308.4 / 370.9,
-// 4096 x 65536 312.6 -> 304.5 / 329.4, 4096 x 40000 214.8 -> 201.2 / 226.9;
-// fp32 4096 x 32768 298.1 -> 295.9 / 299.6, x 65536 602.4 -> 592.6 / 597.4.
-// Three rows a pass (three stages, 192 KiB; ptxas spilled 4-8 bytes) took
+// one. Why: a one-row form (2 blocks an SM, each streaming one row ahead)
+// takes 659 us at 4096 x 131072 bf16 (79% of copy bandwidth), this 585 (H200,
+// fwd); three rows a pass (three stages, 192 KiB; 4-8 bytes spilled) take
 // 1.01-1.12 of two's time.
 template <typename T, typename Row, bool kLog>
 __global__ void __launch_bounds__(Row::kBlock, 1) SoftmaxPairFwdKernel(SoftmaxFwdParams p) {
@@ -560,13 +566,15 @@ using Int = std::integral_constant<int, N>;
 // kClusterVecs vectors a thread, the same kernel over a cluster of them
 // (cluster(Row{}, blocks)); the fallback row kernel otherwise (widest team
 // for aligned long rows).
-template <typename T, int kCacheElems, typename Params, typename Reg, typename Cluster,
-          typename Row, typename Strided>
+template <typename T, int kCacheElems, int kScalarMaxElems, typename Params, typename Reg,
+          typename Cluster, typename Row, typename Strided>
 cudaError_t LaunchAny(const Params& p, bool vec, int64_t min_cluster_width, Reg reg,
                       Cluster cluster, Row row, Strided strided) {
   constexpr int kVec = 16 / sizeof(T);
   if (p.inner != 1) return vec ? strided(Int<kVec>{}) : strided(Int<1>{});
   if (vec && p.n <= RegRowMaxWidth<T>()) return DispatchRegRow<T>(p.n, reg);
+  if (!vec && p.n <= ScalarRowMaxWidth<kScalarMaxElems>())
+    return DispatchScalarRow<T, kScalarStepElems, kScalarMaxElems>(p.n, reg);
   using ClusterRow = RegRow<T, 512, kClusterVecs>;
   constexpr int64_t kSegment = RowSplit<ClusterRow, true>::kSegment;
   if (vec && p.n >= min_cluster_width && p.n <= kMaxClusterBlocks * kSegment)
@@ -591,7 +599,7 @@ cudaError_t LaunchSoftmaxFwd(const SoftmaxFwdParams& p, cudaStream_t stream) {
     const bool vec = span % kVec == 0 && IsAligned(p.x, 16) && IsAligned(p.y, 16);
     auto run = [&](auto log) {
       constexpr bool kLog = decltype(log)::value;
-      return LaunchAny<T, kFwdCacheElems>(
+      return LaunchAny<T, kFwdCacheElems, kFwdScalarElems>(
           p, vec, /*min_cluster_width=*/0,
           [&](auto row) {
             using Row = decltype(row);
@@ -631,7 +639,7 @@ cudaError_t LaunchSoftmaxBwd(const SoftmaxBwdParams& p, cudaStream_t stream) {
                      IsAligned(p.dx, 16);
     auto run = [&](auto log) {
       constexpr bool kLog = decltype(log)::value;
-      return LaunchAny<T, kBwdCacheElems>(
+      return LaunchAny<T, kBwdCacheElems, kBwdScalarElems>(
           p, vec, kBwdMinClusterWidth<T>,
           [&](auto row) {
             using Row = decltype(row);
