@@ -178,19 +178,6 @@ def test_bad_inputs():
     jax_dnn.bias_act(x, jnp.ones(3))
   with pytest.raises(TypeError, match="approximate must be a bool"):
     jax_dnn.gelu(x, approximate="yes")
-<<<<<<< HEAD
-=======
-
-
-def test_cuda_lowering_calls_kernels():
-  x = jnp.ones((4, 64), jnp.bfloat16)
-  b = jnp.ones(64, jnp.bfloat16)
-  assert "jax_dnn_activation_fwd" in cuda_hlo(jax_dnn.silu, x)
-  assert "jax_dnn_activation_bwd" in cuda_hlo(
-      jax.grad(lambda v: jax_dnn.silu(v).astype(jnp.float32).sum()), x)
-  assert "jax_dnn_bias_act_fwd" in cuda_hlo(jax_dnn.bias_act, x, b)
-  assert "jax_dnn_bias_act_bwd" in cuda_hlo(
-      jax.grad(lambda v, c: jax_dnn.bias_act(v, c).astype(jnp.float32).sum(), (0, 1)), x, b)
 
 
 # bias_act on rows that are not a multiple of the 16-byte vector (the scalar
@@ -225,4 +212,3 @@ def test_bias_act_odd_widths_gpu(gpu, dtype, shape):
                            functools.partial(naive_bias_act, activation=activation), (x, bias),
                            dtype, what=f"bias_act {activation} {shape}")
     assert reused >= 1
->>>>>>> oddwidth

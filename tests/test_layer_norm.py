@@ -242,18 +242,6 @@ def test_bad_inputs():
     jax_dnn.layer_norm(x, epsilon=0.0)
   with pytest.raises(TypeError, match="scale must be floating point"):
     jax_dnn.layer_norm(x, jnp.ones(8, jnp.int32))
-<<<<<<< HEAD
-=======
-
-
-@pytest.mark.parametrize("name", OPS)
-def test_cuda_lowering_calls_kernels(name):
-  ours, _, nparams = OPS[name]
-  x = jnp.ones((4, 64), jnp.bfloat16)
-  params = [jnp.ones(64)] * nparams
-  assert f"jax_dnn_{name}_fwd" in cuda_hlo(ours, x, *params)
-  loss = lambda *a: ours(*a).astype(jnp.float32).sum()
-  assert f"jax_dnn_{name}_bwd" in cuda_hlo(jax.grad(loss, tuple(range(nparams + 1))), x, *params)
 
 
 # Widths that are not a multiple of the 16-byte vector (one element a
@@ -295,4 +283,3 @@ def test_odd_widths(device, name, dtype, shape):
 @pytest.mark.parametrize("shape", ODD_WIDTHS_GPU, ids=str)
 def test_odd_widths_gpu(gpu, name, dtype, shape):
   _check_odd(gpu, name, shape, dtype)
->>>>>>> oddwidth
