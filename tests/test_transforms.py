@@ -20,6 +20,17 @@ from op_cases import BY_NAME, NAMES, randn
 V1, V2 = 3, 2  # vmapped sizes: distinct, so that a swapped axis shows
 
 
+@pytest.fixture(autouse=True)
+def _full_fp32_matmuls():
+  """fp32 matmuls at full precision: on a GPU JAX's default is TF32 (about
+  1e-3 relative), and the op (an fp32 case runs the reference path there)
+  and its reference order their matmuls differently under vmap, which left
+  attention's nested vmap 4e-4 apart. The kernels' bf16/f16 math is
+  unaffected."""
+  with jax.default_matmul_precision("highest"):
+    yield
+
+
 def _close(case, got, want, what):
   tol = dict(rtol=case.tol, atol=case.tol)
   for g, w in zip(jax.tree.leaves(got), jax.tree.leaves(want), strict=True):
