@@ -2,6 +2,7 @@
 are not a multiple of the 16-byte vector, forward and forward+backward.
 
   python scripts/row_ops_ab.py --json new.json [--ours-only] [--quick]
+      [--ops softmax,...] [--shapes 16384x4097,...] [--dtypes bfloat16,...] [--modes fwd]
   python scripts/row_ops_ab.py --table base.json new.json   # base: another build
 
 Ops: layer_norm, rms_norm, softmax, bias_act (tanh GELU); XLA's side is the
@@ -78,15 +79,21 @@ def run(args):
   import jax
   import jax.numpy as jnp
   ops = _ops()
+  if args.ops:
+    ops = {k: ops[k] for k in args.ops.split(",")}
   shapes = SHAPES[:3] if args.quick else SHAPES
+  if args.shapes:
+    shapes = [tuple(int(d) for d in s.split("x")) for s in args.shapes.split(",")]
+  dtypes = args.dtypes.split(",") if args.dtypes else DTYPES
+  modes = args.modes.split(",") if args.modes else MODES
   records = []
   for name, (ours, xla, nparams) in ops.items():
     for shape in shapes:
-      for dname in DTYPES:
+      for dname in dtypes:
         dtype = jnp.dtype(dname)
         nbytes = math.prod(shape) * dtype.itemsize
         params = [jnp.full(shape[-1:], 1.0 + 0.1 * i, jnp.float32) for i in range(nparams)]
-        for mode in MODES:
+        for mode in modes:
           moved = nbytes * (2 if mode == "fwd" else 4)
           k = max(1, -(-GIB // moved))
           keys = jax.random.split(jax.random.key(1), 2 * k)
@@ -149,6 +156,10 @@ def main():
   ap.add_argument("--json", help="write the timings here")
   ap.add_argument("--ours-only", action="store_true", help="skip XLA (a baseline build's run)")
   ap.add_argument("--quick", action="store_true", help="the first three shapes only")
+  ap.add_argument("--ops", help="comma-separated ops (default: all)")
+  ap.add_argument("--shapes", help="comma-separated RxC shapes (default: the built-in sweep)")
+  ap.add_argument("--dtypes", help="comma-separated dtypes (default: bfloat16,float16,float32)")
+  ap.add_argument("--modes", help="fwd, fwd+bwd or both comma-separated (default: both)")
   ap.add_argument("--table", nargs="+", metavar="JSON", help="print the table of these runs")
   args = ap.parse_args()
   if args.table:

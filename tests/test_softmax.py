@@ -98,10 +98,14 @@ def test_bad_inputs():
 # "vector": ScalarRow, ffi/common/row_regs.cuh): small odd and prime widths
 # on both devices; on the GPU each team size and elements a thread, many rows
 # a launch, the widest scalar rows (16383 forward, 16381 backward) and past
-# them (65537: the fallback).
+# them (65537: the fallback). The forward's ShiftedRow (the aligned vectors
+# covering each row): rows at every offset in a vector (odd widths, many
+# rows), the last row's chunk past the tensor's end, one row, widths that
+# fill a shape from the last offset (249: 32 x 1 bf16 vectors) or just
+# overflow it (250), and the widest (32761 bf16/f16; fp32 16381).
 ODD_WIDTHS = [(5, 7), (3, 1025)]
 ODD_WIDTHS_GPU = [(700, 1), (3000, 33), (3000, 1000), (40, 1025), (300, 4097), (5, 12289),
-                  (3, 16381), (3, 65537)]
+                  (3, 16381), (3, 65537), (1, 4097), (9, 7), (64, 249), (64, 250), (3, 32761)]
 
 
 @pytest.mark.parametrize("name", OPS)

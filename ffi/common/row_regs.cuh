@@ -14,8 +14,9 @@
 // (H200); with 4 vectors, 89%; a persistent kernel streaming rows through
 // shared memory with the bulk copy engine (3 block barriers a row), ~80%.
 //
-// Rows whose width is not a multiple of the vector take ScalarRow below: the
-// same interface with one element a "vector".
+// Rows whose width is not a multiple of the vector take ScalarRow below (the
+// same interface with one element a "vector") or, in the forwards, ShiftedRow
+// (the aligned vectors that cover the row, its neighbours' elements masked).
 //
 // The team reduction is shuffles down to lane 0 and a broadcast (every lane
 // gets the same bits: merges need not be symmetric), then for teams wider
@@ -251,11 +252,21 @@ struct ScalarRow {
   }
 };
 
+// Whether Row is a ShiftedRow (the kernels' element masks and stores).
+template <typename Row, typename = void>
+struct IsShiftedRow : std::false_type {};
+template <typename Row>
+struct IsShiftedRow<Row, std::void_t<decltype(Row::kShifted)>> : std::bool_constant<Row::kShifted> {};
+template <typename Row>
+constexpr bool kIsShiftedRow = IsShiftedRow<Row>::value;
+
 // __launch_bounds__'s blocks an SM for a register-row kernel: ScalarRow's
-// kMinBlocks, none asked for RegRow.
+// and ShiftedRow's kMinBlocks, none asked for RegRow.
 template <typename Row>
 constexpr int RowMinBlocks() {
   if constexpr (Row::V == 1) {
+    return Row::kMinBlocks;
+  } else if constexpr (IsShiftedRow<Row>::value) {
     return Row::kMinBlocks;
   } else {
     return 0;
@@ -322,6 +333,140 @@ auto DispatchRegRow(int64_t width, Fn&& fn) {
       return DispatchRegRow<T, kMaxVecs, kMinBlock, kMaxTeam, kTeam * 2, kVecs>(width, fn);
     }
   }
+}
+
+// A register-resident row read as the aligned 16-byte vectors that cover it,
+// for rows whose width is not a multiple of the vector (the forwards): a row
+// starting `off` elements into a vector (off = its address / sizeof(T) mod V)
+// is held as the vectors from row - off, in RegRow's layout (vector v of a
+// lane is chunk v * kTeam + lane), so a thread has RegRow's bytes in flight
+// (16-byte loads) where ScalarRow has one element a register. Element i of
+// chunk c is column c * V + i - off; those outside [0, n) belong to the
+// neighbouring rows and hold `fill` (Load: 0 for sums, -inf for a max). A
+// thread's columns move with the row's offset, so per-column parameters are
+// not read as vectors: softmax's forward takes it (no parameters); the
+// norms' forwards and the backwards, whose register partials need fixed
+// columns, keep ScalarRow. Stores: 16-byte ones for chunks wholly
+// in the row, element by element for its first and last chunk (a 16-byte
+// store there would write the neighbour row another team owns).
+// The row's pointer must be aligned to sizeof(T) and every row's chunks must
+// lie in one allocation that starts 16-byte aligned: only a chunk that would
+// cross `end` (the last row's last) is loaded element by element.
+template <typename T, int kTeam_, int kVecs_, int kMinBlock = 128>
+struct ShiftedRow {
+  using Layout = RegRow<T, kTeam_, kVecs_, kMinBlock>;
+  static constexpr int kTeam = kTeam_;
+  static constexpr int kVecs = kVecs_;
+  static constexpr int V = Layout::V;
+  static constexpr int kBlock = Layout::kBlock;
+  static constexpr int kTeams = Layout::kTeams;
+  static constexpr int kWarps = Layout::kWarps;
+  static constexpr bool kShifted = true;
+  // Blocks an SM that __launch_bounds__ asks registers for: one for teams of
+  // 256 or more threads, where ptxas otherwise held the norms at 64
+  // registers and spilled; none (ptxas's choice) below.
+  static constexpr int kMinBlocks = kBlock >= 256 ? 1 : 0;
+
+  uint4 raw[kVecs];
+  int col0;  // column of element 0 of this lane's vector 0: Lane() * V - off
+
+  __device__ static int Lane() { return Layout::Lane(); }
+  __device__ static int Team() { return Layout::Team(); }
+  // Column of element 0 of vector v of this lane (negative in the row's
+  // first chunk when off > 0). 32-bit: rows fit the register layout.
+  __device__ int Col(int v) const { return col0 + v * kTeam * V; }
+  // Vector v holds at least one of the row's elements.
+  __device__ bool In(int v, int64_t n) const { return Col(v) < static_cast<int>(n); }
+  // Vector v holds elements outside the row (its first or last chunk).
+  __device__ bool Edge(int v, int64_t n) const { return Col(v) < 0 || Col(v) + V > static_cast<int>(n); }
+  // Element i of vector v is one of the row's.
+  __device__ bool Has(int v, int i, int64_t n) const {
+    return static_cast<unsigned>(Col(v) + i) < static_cast<unsigned>(n);
+  }
+  // The number of the row's elements in vector v.
+  __device__ int Count(int v, int64_t n) const {
+    const int c = Col(v), m = static_cast<int>(n);
+    const int hi = c + V < m ? c + V : m;
+    const int lo = c > 0 ? c : 0;
+    return hi > lo ? hi - lo : 0;
+  }
+
+  __device__ static uint4 Load16(const void* p) {
+    if constexpr (sizeof(T) == 4) {
+      return LoadNc16(p);  // as RegRow
+    } else {
+      return LoadStream16(p);
+    }
+  }
+
+  // Loads the row of n elements at `row`; `end` is one past the tensor's last
+  // element. Elements outside the row (and vectors past it) are `fill`.
+  __device__ void Load(const T* row, int64_t n, const T* end, T fill) {
+    col0 = Lane() * V - static_cast<int>((reinterpret_cast<uintptr_t>(row) / sizeof(T)) % V);
+    const T* base = row + col0;
+    // Columns from the row's start to the tensor's end (capped: only the
+    // last row's last vector can pass it).
+    const int end_col = end - row < int64_t{1} << 30 ? static_cast<int>(end - row) : 1 << 30;
+#pragma unroll
+    for (int v = 0; v < kVecs; ++v) {
+      const T* p = base + v * kTeam * V;
+      Packed<T, V> pk;
+      if (!In(v, n)) {
+#pragma unroll
+        for (int i = 0; i < V; ++i) pk.v[i] = fill;
+      } else if (!Edge(v, n)) {
+        raw[v] = Load16(p);
+        continue;
+      } else if (Col(v) + V <= end_col) {
+        *reinterpret_cast<uint4*>(&pk) = Load16(p);
+#pragma unroll
+        for (int i = 0; i < V; ++i)
+          if (!Has(v, i, n)) pk.v[i] = fill;
+      } else {
+#pragma unroll
+        for (int i = 0; i < V; ++i) pk.v[i] = Has(v, i, n) ? p[i] : fill;
+      }
+      raw[v] = *reinterpret_cast<const uint4*>(&pk);
+    }
+  }
+  __device__ void Get(int v, float (&f)[V]) const { Unpack16<T>(raw[v], f); }
+
+  // Stores f as vector v of the row of n elements at `row` (the row's
+  // elements of it only).
+  __device__ void Store(T* row, int v, const float (&f)[V], int64_t n) const {
+    T* p = row + Col(v);
+    if (!Edge(v, n)) {
+      StoreVec<T, V>(p, f);
+      return;
+    }
+#pragma unroll
+    for (int i = 0; i < V; ++i)
+      if (Has(v, i, n)) p[i] = FromFloat<T>(f[i]);
+  }
+
+  template <typename State>
+  using Slots = typename Layout::template Slots<State>;
+  template <typename State>
+  __device__ static State Reduce(State st, Slots<State>& slots, int parity) {
+    return Layout::Reduce(st, slots, parity);
+  }
+};
+
+// The widest row ShiftedRow holds: its vectors cover the row from the vector
+// boundary before it.
+template <typename T, int kMaxVecs = 8, int kMaxTeam = 512>
+constexpr int64_t ShiftedRowMaxWidth() {
+  return RegRowMaxWidth<T, kMaxVecs, kMaxTeam>() - (16 / sizeof(T) - 1);
+}
+
+// Calls fn(ShiftedRow<T, team, vecs>{}) for the narrowest RegRow shape that
+// holds `width` elements from any offset (DispatchRegRow).
+template <typename T, typename Fn>
+auto DispatchShiftedRow(int64_t width, Fn&& fn) {
+  return DispatchRegRow<T>(width + 16 / sizeof(T) - 1, [&](auto row) {
+    using R = decltype(row);
+    return fn(ShiftedRow<T, R::kTeam, R::kVecs>{});
+  });
 }
 
 }  // namespace jax_dnn
