@@ -172,15 +172,15 @@ void DefinePlans(nb::module_& m) {
         "deterministic"_a);
   m.def("attention_dq_acc_head_elements", &jax_dnn::AttentionDqAccHeadElements, "t"_a, "h"_a);
 
-  m.def("layer_norm_bwd_parts", &jax_dnn::LayerNormBwdParts, "rows"_a, "groups"_a, "width"_a,
+  m.def("layer_norm_bwd_parts", &jax_dnn::LayerNormBwdParts, "rows"_a, "param_sets"_a, "width"_a,
         "rms"_a, "device"_a);
   m.def(
       "bias_act_bwd_parts",
-      [](int64_t rows, int64_t groups, int64_t width, const std::string& dtype,
+      [](int64_t rows, int64_t param_sets, int64_t width, const std::string& dtype,
          const DeviceProps& device) {
-        return jax_dnn::BiasActBwdParts(rows, groups, width, KernelDType(dtype), device);
+        return jax_dnn::BiasActBwdParts(rows, param_sets, width, KernelDType(dtype), device);
       },
-      "rows"_a, "groups"_a, "width"_a, "dtype"_a, "device"_a);
+      "rows"_a, "param_sets"_a, "width"_a, "dtype"_a, "device"_a);
 }
 
 }  // namespace

@@ -165,7 +165,7 @@ def main():
     p = jnp.linspace(0.5, 1.5, shape[-1], dtype=dtype)
     run(jax.jit(jax_dnn.layer_norm), x, p, p)
     run(jax.jit(jax_dnn.rms_norm), x, p)
-  # More groups than blocks fit at once: one part a group in the norm
+  # More param_sets than blocks fit at once: one part a group in the norm
   # backward (the register-row kernel, the streamed one).
   for width in (1024, 6000):
     x = jax.random.normal(key, (300, 8, width), jnp.bfloat16)

@@ -92,7 +92,7 @@ def test_outlier_channels(device, name, dtype, shape):
 # outside clusters: 1025-3584 and 16385-32768 wide): an odd last row without
 # a partner, rows ending inside a team's vectors (3000: 64-thread teams;
 # 24000: 512), and per-group parameters (vmap) with an even number of rows a
-# group (pairs never straddle two groups: 32-, 64- and 512-thread teams) and
+# group (pairs never straddle two param_sets: 32-, 64- and 512-thread teams) and
 # an odd one (the one-row kernel).
 # Also its neighbor at 3585-4096 wide, one row a 128-thread team of 4
 # vectors a thread (4000: rows ending inside the team's last vectors).
@@ -118,16 +118,16 @@ def test_fp32_params_with_bf16_input(device, name):
 
 
 @pytest.mark.parametrize("name", OPS)
-@pytest.mark.parametrize("groups,rows", [(3, 512), (300, 8)])
-def test_grouped_parameter_gradients(device, name, groups, rows):
+@pytest.mark.parametrize("param_sets,rows", [(3, 512), (300, 8)])
+def test_vmapped_parameter_gradients(device, name, param_sets, rows):
   """Per-group parameters (vmap over x and the parameters) on 1024-wide bf16
-  rows: on the GPU 3 groups of 512 rows give each group 64 blocks of partial
-  sums; 300 groups are more than the blocks that fit at once, one part each.
+  rows: on the GPU 3 param_sets of 512 rows give each group 64 blocks of partial
+  sums; 300 param_sets are more than the blocks that fit at once, one part each.
   Both against the reference, and the same bits from two calls."""
   ours, naive, nparams = OPS[name]
   dtype = jnp.bfloat16
-  x = randn(11, (groups, rows, 1024), dtype, scale=2.0, offset=3.0)
-  params = [randn(30 + i, (groups, 1024), dtype, scale=0.5, offset=1.0 - i) for i in range(nparams)]
+  x = randn(11, (param_sets, rows, 1024), dtype, scale=2.0, offset=3.0)
+  params = [randn(30 + i, (param_sets, 1024), dtype, scale=0.5, offset=1.0 - i) for i in range(nparams)]
   check_fwd_bwd(device, jax.vmap(ours), jax.vmap(naive), (x, *params), dtype, what=name)
   if on_gpu(device):
     dy = randn(99, x.shape, dtype)
@@ -142,7 +142,7 @@ def test_grouped_parameter_gradients(device, name, groups, rows):
 # at 6000 bf16 (rows ending inside the last vectors), 4104 fp16 (the first
 # aligned width past the register-row kernel) and 4096 fp32, 512 at 16384
 # fp16 and 6000 fp32, per-group parameters with several parts a group, and
-# more groups than blocks (one part each). Clusters: bf16 and fp16 50000 (4
+# more param_sets than blocks (one part each). Clusters: bf16 and fp16 50000 (4
 # blocks), bf16 100000 (7), fp32 20000 (3), in shares that are not whole
 # segments; bf16 131072 and fp32 65536 (8 blocks, the widest cluster); and
 # per-group parameters (vmap), 2-block clusters with several parts a group;
@@ -151,7 +151,7 @@ def test_grouped_parameter_gradients(device, name, groups, rows):
 # pass: 300 rows stride over the persistent clusters; per-group parameters
 # with several rows a part (3 x 100 x 20000 fp32) and with one row a part
 # (2 x 6 x 40000, 3 x 5 x 40000), the last pass of a part with one row (301 x
-# 50000, 40 x 131072), and more groups than clusters fit at once (60 x 3 x
+# 50000, 40 x 131072), and more param_sets than clusters fit at once (60 x 3 x
 # 40000: one part a group, in two waves).
 @pytest.mark.parametrize("name", OPS)
 @pytest.mark.parametrize("shape,dtype", [((1001, 6000), jnp.bfloat16), ((700, 4096), jnp.float32),
@@ -250,7 +250,7 @@ def test_bad_inputs():
 # (teams of the backward's persistent blocks visit several, 1000 and 33
 # wide), the forward's rows split over a cluster (20001, 65537) and past it
 # (131073: the fallback), the backward's widest scalar rows (8191) and past
-# them (12289, 65537: the fallback), and vmapped parameters (groups).
+# them (12289, 65537: the fallback), and vmapped parameters (param_sets).
 ODD_WIDTHS = [(5, 7), (3, 1025)]
 ODD_WIDTHS_GPU = [(700, 1), (3000, 33), (3000, 1000), (40, 1025), (300, 4097), (9, 8191),
                   (5, 12289), (3, 20001), (3, 65537), (2, 131073), (3, 100, 1001)]

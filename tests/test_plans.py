@@ -124,22 +124,22 @@ def test_attention_dq_acc(t, h, rows):
   assert plans.attention_dq_acc_head_elements(t, h) == -(-t // rows) * rows * d
 
 
-@pytest.mark.parametrize("rows, groups, width, rms, sms, parts", [
+@pytest.mark.parametrize("rows, param_sets, width, rms, sms, parts", [
     (1 << 20, 1, 1024, False, 132, 320),  # at least 320 in all
     (1 << 20, 1, 1024, False, 0, 320),  # no device known
     (1 << 20, 1, 1024, True, 200, 400),  # two an SM past 160 SMs
-    (1 << 20, 3, 1024, False, 132, 107),  # 320 over the groups
+    (1 << 20, 3, 1024, False, 132, 107),  # 320 over the param_sets
     (50, 1, 1024, False, 132, 50),  # no more than a group's rows
     (0, 1, 1024, False, 132, 1),  # at least one
     (1 << 20, 1, 1 << 20, False, 132, 32),  # 256 MiB: 2^26 floats / (2 sums x 2^20)
     (1 << 20, 1, 1 << 20, True, 132, 64),
 ])
-def test_layer_norm_bwd_parts(rows, groups, width, rms, sms, parts):
+def test_layer_norm_bwd_parts(rows, param_sets, width, rms, sms, parts):
   device = plans.device_props(sm_count=sms)
-  assert plans.layer_norm_bwd_parts(rows, groups, width, rms, device) == parts
+  assert plans.layer_norm_bwd_parts(rows, param_sets, width, rms, device) == parts
 
 
-@pytest.mark.parametrize("rows, groups, width, dtype, sms, parts", [
+@pytest.mark.parametrize("rows, param_sets, width, dtype, sms, parts", [
     # 8 blocks an SM (1056 on 132 SMs) over the column blocks of 32 lanes,
     # each 16 bytes of x where the width allows.
     (1 << 20, 1, 4096, "bfloat16", 132, 66),  # 256 columns a block: 16 blocks
@@ -148,8 +148,8 @@ def test_layer_norm_bwd_parts(rows, groups, width, rms, sms, parts):
     (1 << 20, 1, 4096, "bfloat16", 0, 64),  # no device known: 1024 blocks
     (1 << 20, 2, 4096, "float16", 132, 33),
     (80, 1, 4096, "bfloat16", 132, 10),  # no more than a group's 8-row steps
-    (1 << 20, 2, 8, "bfloat16", 10**5, 32767),  # gridDim.y: groups x parts <= 65535
+    (1 << 20, 2, 8, "bfloat16", 10**5, 32767),  # gridDim.y: param_sets x parts <= 65535
 ])
-def test_bias_act_bwd_parts(rows, groups, width, dtype, sms, parts):
+def test_bias_act_bwd_parts(rows, param_sets, width, dtype, sms, parts):
   device = plans.device_props(sm_count=sms)
-  assert plans.bias_act_bwd_parts(rows, groups, width, dtype, device) == parts
+  assert plans.bias_act_bwd_parts(rows, param_sets, width, dtype, device) == parts

@@ -264,7 +264,7 @@ def test_both_partitioners(shardy):
 
 
 def test_vmap_with_a_bias_of_fewer_batch_groups(mesh):
-  """vmap folds [V, 1, N, T, S] biases into G = V groups of a V*B batch
+  """vmap folds [V, 1, N, T, S] biases into G = V param_sets of a V*B batch
   (1 < G < B): the batch then stays whole, and the result is still right."""
   q, k, v = (jnp.stack([a, a * 0.5]) for a in _qkv(N, _attn_dtype(mesh)))
   bias = randn(26, (2, 1, N, T, S), jnp.float32)

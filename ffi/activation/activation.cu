@@ -114,11 +114,11 @@ constexpr int kFlatUnits = 4;
 constexpr int kFlatMinBlocksPerSm = 8;  // below this many blocks an SM at kFlatUnits, one unit
 
 // Where a unit's bias starts: its flat index split into (row, column) by
-// multiplication (fast_div.h), and the row into its group when there are
+// multiplication (fast_div.h), and the row into its param_set when there are
 // several. A row is units_per_row.divisor units of V elements.
 struct BiasIndex {
   FastDiv units_per_row;
-  FastDiv rows_per_group;
+  FastDiv rows_per_set;
   bool grouped;
 };
 
@@ -160,9 +160,9 @@ __global__ void __launch_bounds__(kFlatThreads)
       const int64_t row = static_cast<int64_t>(bi.units_per_row.Div(u));
       const int64_t row_units = static_cast<int64_t>(bi.units_per_row.divisor);
       const int64_t col = (u - row * row_units) * V;
-      const int64_t group = bi.grouped ? static_cast<int64_t>(bi.rows_per_group.Div(row)) : 0;
+      const int64_t param_set = bi.grouped ? static_cast<int64_t>(bi.rows_per_set.Div(row)) : 0;
       float b[V];
-      LoadVec<float, V>(bias + group * row_units * V + col, b);
+      LoadVec<float, V>(bias + param_set * row_units * V + col, b);
 #pragma unroll
       for (int i = 0; i < V; ++i) v[i] += b[i];
     }
@@ -249,7 +249,7 @@ __global__ void __launch_bounds__(kFlatThreads, 6)
 }
 
 // The bias + activation forward on rows that are not a multiple of 16 bytes
-// (one parameter group, rows that fill their blocks' threads at least 3/4): a
+// (one parameter param_set, rows that fill their blocks' threads at least 3/4): a
 // block takes kFlatThreads consecutive columns of kScalarTileRows
 // consecutive rows, a thread one column, its bias loaded once and its rows'
 // loads all issued before any is used (a warp's load reads 32 consecutive
@@ -315,18 +315,18 @@ __global__ void __launch_bounds__(kColLanes* kRowLanes, kBwdTwoRows<kAct> && !kB
     BiasActBwdKernel(ActivationBwdParams p) {
   const int64_t n = p.width;
   const int64_t col = (int64_t{blockIdx.x} * kColLanes + threadIdx.x) * V;
-  const int64_t rows_per_group = p.rows / p.groups;
-  const int64_t group = blockIdx.y / p.parts;
+  const int64_t rows_per_set = p.rows / p.param_sets;
+  const int64_t param_set = blockIdx.y / p.parts;
   const int64_t part = blockIdx.y % p.parts;
   const bool in = col < n;
   float acc[V] = {};
   if (in) {
     float b[V];
-    LoadVec<float, V>(p.bias + group * n + col, b);
+    LoadVec<float, V>(p.bias + param_set * n + col, b);
     if constexpr (!kBwdTwoRows<kAct> && !kBwdScalarRows<T, V>) {
-      for (int64_t local = part * kRowLanes + threadIdx.y; local < rows_per_group;
+      for (int64_t local = part * kRowLanes + threadIdx.y; local < rows_per_set;
            local += p.parts * kRowLanes) {
-        const int64_t e = (group * rows_per_group + local) * n + col;
+        const int64_t e = (param_set * rows_per_set + local) * n + col;
         float v[V], d[V], r[V];
         LoadVec<T, V>(static_cast<const T*>(p.x) + e, v);
         LoadVec<T, V>(static_cast<const T*>(p.dy) + e, d);
@@ -341,22 +341,22 @@ __global__ void __launch_bounds__(kColLanes* kRowLanes, kBwdTwoRows<kAct> && !kB
       // Rows in flight a thread (kBwdRows), kept packed until used.
       constexpr int kBwdRows = kBwdScalarRows<T, V> ? 8 : 2;
       const int64_t step = p.parts * kRowLanes;
-      const T* x = static_cast<const T*>(p.x) + group * rows_per_group * n + col;
-      const T* dy = static_cast<const T*>(p.dy) + group * rows_per_group * n + col;
-      T* dx = static_cast<T*>(p.dx) + group * rows_per_group * n + col;
-      for (int64_t local = part * kRowLanes + threadIdx.y; local < rows_per_group;
+      const T* x = static_cast<const T*>(p.x) + param_set * rows_per_set * n + col;
+      const T* dy = static_cast<const T*>(p.dy) + param_set * rows_per_set * n + col;
+      T* dx = static_cast<T*>(p.dx) + param_set * rows_per_set * n + col;
+      for (int64_t local = part * kRowLanes + threadIdx.y; local < rows_per_set;
            local += kBwdRows * step) {
         Packed<T, V> xs[kBwdRows], ds[kBwdRows];
 #pragma unroll
         for (int j = 0; j < kBwdRows; ++j) {
-          if (local + j * step < rows_per_group) {
+          if (local + j * step < rows_per_set) {
             xs[j] = LoadUnit<T, V>(x + (local + j * step) * n);
             ds[j] = LoadUnit<T, V>(dy + (local + j * step) * n);
           }
         }
 #pragma unroll
         for (int j = 0; j < kBwdRows; ++j) {
-          if (local + j * step >= rows_per_group) break;
+          if (local + j * step >= rows_per_set) break;
           float xf[V], df[V], r[V];
           Widen(xs[j], xf);
           Widen(ds[j], df);
@@ -407,7 +407,7 @@ cudaError_t DispatchActivation(Activation a, Fn&& fn) {
 
 template <bool kBwd, typename T>
 cudaError_t LaunchFlat(Activation a, const void* dy, const void* x, const float* bias, void* out,
-                       int64_t rows, int64_t width, int64_t groups, bool vec,
+                       int64_t rows, int64_t width, int64_t param_sets, bool vec,
                        cudaStream_t stream) {
   constexpr int kVec = 16 / sizeof(T);
   const int v = vec ? kVec : 1;
@@ -419,8 +419,8 @@ cudaError_t LaunchFlat(Activation a, const void* dy, const void* x, const float*
   BiasIndex bi{};
   if (bias != nullptr) {
     bi.units_per_row = FastDiv(static_cast<uint64_t>(width / v));
-    bi.rows_per_group = FastDiv(static_cast<uint64_t>(std::max<int64_t>(1, rows / groups)));
-    bi.grouped = groups > 1;
+    bi.rows_per_set = FastDiv(static_cast<uint64_t>(std::max<int64_t>(1, rows / param_sets)));
+    bi.grouped = param_sets > 1;
   }
   const unsigned grid = static_cast<unsigned>(blocks);
   return DispatchActivation(a, [&](auto act) {
@@ -433,7 +433,7 @@ cudaError_t LaunchFlat(Activation a, const void* dy, const void* x, const float*
         // See BiasActFwdRowsKernel; where a row's last block would leave
         // over a quarter of the threads idle (narrow rows), the flat kernel.
         const int64_t col_blocks = (width + kFlatThreads - 1) / kFlatThreads;
-        if (groups == 1 && 4 * width >= 3 * kFlatThreads * col_blocks) {
+        if (param_sets == 1 && 4 * width >= 3 * kFlatThreads * col_blocks) {
           const int64_t bands = std::min<int64_t>((rows + kScalarTileRows - 1) / kScalarTileRows, 65535);
           if (col_blocks > 0x7fffffff) return cudaErrorInvalidValue;  // gridDim.x limit
           BiasActFwdRowsKernel<T, kAct>
@@ -445,7 +445,7 @@ cudaError_t LaunchFlat(Activation a, const void* dy, const void* x, const float*
       if constexpr (kBias) {
         // Every unit of a thread in one column (see BiasActFwdColumnKernel).
         ColumnTiles tiles;
-        if (wide && groups == 1 && MakeColumnTiles(rows, width / kV, &tiles)) {
+        if (wide && param_sets == 1 && MakeColumnTiles(rows, width / kV, &tiles)) {
           const int64_t band_units = kFlatUnits * tiles.stride;  // rows of the row lanes
           const int64_t tile_blocks = (tiles.units + band_units - 1) / band_units * tiles.chunks;
           if (tile_blocks > 0x7fffffff) return cudaErrorInvalidValue;  // gridDim.x limit
@@ -489,7 +489,7 @@ cudaError_t LaunchActivationFwd(const ActivationFwdParams& p, cudaStream_t strea
     using T = typename decltype(tag)::type;
     const bool vec = CanVectorize<T>({p.x, p.y}, p.bias, p.rows, p.width);
     return LaunchFlat<false, T>(p.activation, nullptr, p.x, p.bias, p.y, p.rows, p.width,
-                                p.groups, vec, stream);
+                                p.param_sets, vec, stream);
   });
 }
 
@@ -497,7 +497,7 @@ cudaError_t LaunchActivationBwd(const ActivationBwdParams& p, cudaStream_t strea
   if (p.width == 0) return cudaSuccess;
   if (p.rows == 0) {
     if (p.dbias == nullptr) return cudaSuccess;
-    return cudaMemsetAsync(p.dbias, 0, p.groups * p.width * sizeof(float), stream);
+    return cudaMemsetAsync(p.dbias, 0, p.param_sets * p.width * sizeof(float), stream);
   }
   return DispatchDType(p.dtype, [&](auto tag) {
     using T = typename decltype(tag)::type;
@@ -506,13 +506,13 @@ cudaError_t LaunchActivationBwd(const ActivationBwdParams& p, cudaStream_t strea
       return LaunchFlat<true, T>(p.activation, p.dy, p.x, nullptr, p.dx, p.rows, p.width, 1, vec,
                                  stream);
     }
-    if (p.groups * p.parts > 65535) return cudaErrorInvalidValue;  // gridDim.y limit
+    if (p.param_sets * p.parts > 65535) return cudaErrorInvalidValue;  // gridDim.y limit
     cudaError_t status = DispatchActivation(p.activation, [&](auto act) {
       constexpr Activation kAct = decltype(act)::value;
       constexpr int kVec = 16 / sizeof(T);
       const int v = vec ? kVec : 1;
       dim3 grid(static_cast<unsigned>((p.width + kColLanes * v - 1) / (kColLanes * v)),
-                static_cast<unsigned>(p.groups * p.parts));
+                static_cast<unsigned>(p.param_sets * p.parts));
       dim3 block(kColLanes, kRowLanes);
       if (vec) {
         BiasActBwdKernel<T, kVec, kAct><<<grid, block, 0, stream>>>(p);
@@ -525,7 +525,7 @@ cudaError_t LaunchActivationBwd(const ActivationBwdParams& p, cudaStream_t strea
     ColumnSumParams cs{};
     cs.partials = p.partials;
     cs.out[0] = p.dbias;
-    cs.groups = p.groups;
+    cs.param_sets = p.param_sets;
     cs.parts = p.parts;
     cs.sums = 1;
     cs.width = p.width;

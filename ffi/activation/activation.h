@@ -5,8 +5,8 @@
 //                                           dbias = sum over rows of dx
 //
 // x, y, dy, dx are T (fp32/bf16/fp16) viewed as [rows, width]; bias is fp32
-// [groups, width] (row r uses group r / (rows / groups)); math in fp32.
-// dbias uses per-block partials [groups, parts, 1, width] reduced in a fixed
+// [param_sets, width] (row r uses set r / (rows / param_sets)); math in fp32.
+// dbias uses per-block partials [param_sets, parts, 1, width] reduced in a fixed
 // order by ffi/common/column_sum.cu: deterministic.
 #pragma once
 
@@ -34,11 +34,11 @@ struct ActivationFwdParams {
   DType dtype;
   Activation activation;
   const void* x;      // [rows, width]
-  const float* bias;  // [groups, width], or null for a plain activation
+  const float* bias;  // [param_sets, width], or null for a plain activation
   void* y;            // [rows, width]
   int64_t rows;
   int64_t width;
-  int64_t groups;
+  int64_t param_sets;
 };
 
 struct ActivationBwdParams {
@@ -46,13 +46,13 @@ struct ActivationBwdParams {
   Activation activation;
   const void* dy;     // [rows, width]
   const void* x;      // [rows, width]
-  const float* bias;  // [groups, width], or null
+  const float* bias;  // [param_sets, width], or null
   void* dx;           // [rows, width]
-  float* partials;    // [groups, parts, 1, width] workspace when bias is given (BiasActBwdParts)
-  float* dbias;       // [groups, width] when bias is given
+  float* partials;    // [param_sets, parts, 1, width] workspace when bias is given (BiasActBwdParts)
+  float* dbias;       // [param_sets, width] when bias is given
   int64_t rows;
   int64_t width;
-  int64_t groups;
+  int64_t param_sets;
   int64_t parts;
 };
 

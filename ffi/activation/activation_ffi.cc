@@ -11,17 +11,17 @@ ffi::Error CheckActivation(int64_t a) {
   return ffi::Error::Success();
 }
 
-// bias is [groups, width] with width = x's last dimension and rows % groups == 0.
+// bias is [param_sets, width] with width = x's last dimension and rows % param_sets == 0.
 ffi::Error CheckBias(const ffi::AnyBuffer& x, const ffi::Buffer<ffi::F32>& bias, int64_t* rows,
-                     int64_t* width, int64_t* groups) {
+                     int64_t* width, int64_t* param_sets) {
   *width = LastDim(x);
   *rows = *width == 0 ? 0 : x.element_count() / *width;
   auto bd = bias.dimensions();
   if (bd.size() != 2 || bd[1] != *width)
-    return InvalidArgument("jax_dnn bias_act: bias must be [groups, width] with width = x.shape[-1]");
-  *groups = bd[0];
-  if (*groups < 1 || *rows % *groups != 0)
-    return InvalidArgument("jax_dnn bias_act: bias groups must divide the rows of x");
+    return InvalidArgument("jax_dnn bias_act: bias must be [param_sets, width] with width = x.shape[-1]");
+  *param_sets = bd[0];
+  if (*param_sets < 1 || *rows % *param_sets != 0)
+    return InvalidArgument("jax_dnn bias_act: bias param_sets must divide the rows of x");
   return ffi::Error::Success();
 }
 
@@ -38,7 +38,7 @@ ffi::Error ActivationFwdImpl(cudaStream_t stream, ffi::AnyBuffer x, ffi::Result<
   p.y = y->untyped_data();
   p.rows = 1;
   p.width = static_cast<int64_t>(x.element_count());
-  p.groups = 1;
+  p.param_sets = 1;
   return LaunchStatus(LaunchActivationFwd(p, stream), "jax_dnn_activation_fwd");
 }
 
@@ -58,7 +58,7 @@ ffi::Error ActivationBwdImpl(cudaStream_t stream, ffi::AnyBuffer dy, ffi::AnyBuf
   p.dx = dx->untyped_data();
   p.rows = 1;
   p.width = static_cast<int64_t>(x.element_count());
-  p.groups = 1;
+  p.param_sets = 1;
   return LaunchStatus(LaunchActivationBwd(p, stream), "jax_dnn_activation_bwd");
 }
 
@@ -69,7 +69,7 @@ ffi::Error BiasActFwdImpl(cudaStream_t stream, ffi::AnyBuffer x, ffi::Buffer<ffi
     return InvalidArgument("jax_dnn bias_act_fwd: x must be float32, bfloat16 or float16");
   if (auto e = CheckActivation(activation); e.failure()) return e;
   ActivationFwdParams p{};
-  if (auto e = CheckBias(x, bias, &p.rows, &p.width, &p.groups); e.failure()) return e;
+  if (auto e = CheckBias(x, bias, &p.rows, &p.width, &p.param_sets); e.failure()) return e;
   p.dtype = *dtype;
   p.activation = static_cast<Activation>(activation);
   p.x = x.untyped_data();
@@ -89,10 +89,10 @@ ffi::Error BiasActBwdImpl(cudaStream_t stream, ffi::AnyBuffer dy, ffi::AnyBuffer
     return InvalidArgument("jax_dnn bias_act_bwd: dy and x must have the same size");
   if (auto e = CheckActivation(activation); e.failure()) return e;
   ActivationBwdParams p{};
-  if (auto e = CheckBias(x, bias, &p.rows, &p.width, &p.groups); e.failure()) return e;
+  if (auto e = CheckBias(x, bias, &p.rows, &p.width, &p.param_sets); e.failure()) return e;
   auto wd = workspace->dimensions();
-  if (wd.size() != 4 || wd[0] != p.groups || wd[2] != 1 || wd[3] != p.width || wd[1] < 1)
-    return InvalidArgument("jax_dnn bias_act_bwd: workspace must be [groups, parts, 1, width]");
+  if (wd.size() != 4 || wd[0] != p.param_sets || wd[2] != 1 || wd[3] != p.width || wd[1] < 1)
+    return InvalidArgument("jax_dnn bias_act_bwd: workspace must be [param_sets, parts, 1, width]");
   if (dbias->element_count() != bias.element_count())
     return InvalidArgument("jax_dnn bias_act_bwd: dbias must match bias");
   p.dtype = *dtype;
@@ -130,7 +130,7 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(BiasActFwd, BiasActFwdImpl,
                               ffi::Ffi::Bind()
                                   .Ctx<ffi::PlatformStream<cudaStream_t>>()
                                   .Arg<ffi::AnyBuffer>()          // x
-                                  .Arg<ffi::Buffer<ffi::F32>>()   // bias [groups, width]
+                                  .Arg<ffi::Buffer<ffi::F32>>()   // bias [param_sets, width]
                                   .Ret<ffi::AnyBuffer>()          // y
                                   .Attr<int64_t>("activation"),
                               {ffi::Traits::kCmdBufferCompatible});
@@ -140,10 +140,10 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(BiasActBwd, BiasActBwdImpl,
                                   .Ctx<ffi::PlatformStream<cudaStream_t>>()
                                   .Arg<ffi::AnyBuffer>()          // dy
                                   .Arg<ffi::AnyBuffer>()          // x
-                                  .Arg<ffi::Buffer<ffi::F32>>()   // bias [groups, width]
+                                  .Arg<ffi::Buffer<ffi::F32>>()   // bias [param_sets, width]
                                   .Ret<ffi::AnyBuffer>()          // dx
-                                  .Ret<ffi::Buffer<ffi::F32>>()   // dbias [groups, width]
-                                  .Ret<ffi::Buffer<ffi::F32>>()   // workspace [groups, parts, 1, width]
+                                  .Ret<ffi::Buffer<ffi::F32>>()   // dbias [param_sets, width]
+                                  .Ret<ffi::Buffer<ffi::F32>>()   // workspace [param_sets, parts, 1, width]
                                   .Attr<int64_t>("activation"),
                               {ffi::Traits::kCmdBufferCompatible});
 

@@ -12,9 +12,9 @@ constexpr int64_t kMaxGridY = 65535;
 
 }  // namespace
 
-int64_t BiasActBwdParts(int64_t rows, int64_t groups, int64_t width, DType dtype,
+int64_t BiasActBwdParts(int64_t rows, int64_t param_sets, int64_t width, DType dtype,
                         const DeviceProps& device) {
-  groups = std::max<int64_t>(groups, 1);
+  param_sets = std::max<int64_t>(param_sets, 1);
   // 16-byte vectors where the width is a multiple of one (the launcher also
   // needs aligned buffers, which XLA's are).
   const int64_t vec = 16 / (dtype == DType::kF32 ? 4 : 2);
@@ -22,9 +22,9 @@ int64_t BiasActBwdParts(int64_t rows, int64_t groups, int64_t width, DType dtype
   const int64_t col_blocks = std::max<int64_t>(1, (width + columns - 1) / columns);
   const int64_t target =
       device.sm_count > 0 ? kBiasActBlocksPerSm * device.sm_count : kBiasActBlocksNoDevice;
-  int64_t parts = (target + groups * col_blocks - 1) / (groups * col_blocks);
-  parts = std::min(parts, kMaxGridY / groups);
-  parts = std::min(parts, (rows / groups + kBiasActRowLanes - 1) / kBiasActRowLanes);
+  int64_t parts = (target + param_sets * col_blocks - 1) / (param_sets * col_blocks);
+  parts = std::min(parts, kMaxGridY / param_sets);
+  parts = std::min(parts, (rows / param_sets + kBiasActRowLanes - 1) / kBiasActRowLanes);
   return std::max<int64_t>(parts, 1);
 }
 

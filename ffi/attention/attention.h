@@ -24,9 +24,9 @@ struct AttentionMask {
   const int32_t* kv_seg = nullptr;              // [B, S]
   const bool* mask = nullptr;                   // [G, N|1, T, S]
   const float* bias = nullptr;                  // [G, N|1, T, S] (fp32)
-  // bias / mask broadcast: G groups (dividing B; batch b uses b / (B / G)),
+  // bias / mask broadcast: G param_sets (dividing B; batch b uses b / (B / G)),
   // and N heads or 1.
-  int64_t mask_groups = 1, bias_groups = 1;
+  int64_t mask_sets = 1, bias_sets = 1;
   bool mask_per_head = false, bias_per_head = false;
 };
 

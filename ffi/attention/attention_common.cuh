@@ -55,17 +55,17 @@ __device__ __forceinline__ ScoreCtx MakeScoreCtx(const AttentionMask& m, const A
   c.wr = m.window_right;
   c.q_seg = m.q_seg ? m.q_seg + b * sh.t : nullptr;
   c.kv_seg = m.kv_seg ? m.kv_seg + b * sh.s : nullptr;
-  // bias / mask are [G, N|1, T, S]; batch b uses group b / (B / G). Only
+  // bias / mask are [G, N|1, T, S]; batch b uses set b / (B / G). Only
   // when present, and in 32 bits: the forward sets a context up for every
   // work tile, and 64-bit divisions cost ~1000 cycles there.
-  auto plane = [&](int64_t groups, bool per_head) {
-    const int g = static_cast<int>(b) / (static_cast<int>(sh.b) / static_cast<int>(groups));
+  auto plane = [&](int64_t param_sets, bool per_head) {
+    const int g = static_cast<int>(b) / (static_cast<int>(sh.b) / static_cast<int>(param_sets));
     return (per_head ? g * sh.n + n : int64_t(g)) * sh.t * sh.s;
   };
   c.mask = nullptr;
   c.bias = nullptr;
-  if (m.mask) c.mask = m.mask + plane(m.mask_groups, m.mask_per_head);
-  if (m.bias) c.bias = m.bias + plane(m.bias_groups, m.bias_per_head);
+  if (m.mask) c.mask = m.mask + plane(m.mask_sets, m.mask_per_head);
+  if (m.bias) c.bias = m.bias + plane(m.bias_sets, m.bias_per_head);
   return c;
 }
 __device__ __forceinline__ ScoreCtx MakeScoreCtx(const AttentionMask& m, const AttentionShape& sh,

@@ -56,13 +56,13 @@ ffi::Error DecodeMask(const char* op, const ffi::RemainingArgs& args, size_t fir
   m->causal = f.causal;
   m->window_left = f.window_left;
   m->window_right = f.window_right;
-  auto logits_operand = [&](const ffi::AnyBuffer& x, const char* name, int64_t* groups,
+  auto logits_operand = [&](const ffi::AnyBuffer& x, const char* name, int64_t* param_sets,
                             bool* per_head) -> ffi::Error {
     auto d = x.dimensions();
     if (d.size() != 4 || d[0] < 1 || s.b % d[0] != 0 || (d[1] != 1 && d[1] != s.n) ||
         d[2] != s.t || d[3] != s.s)
       return Err(op, std::string(name) + " must be [G, N|1, T, S] with G dividing B");
-    *groups = d[0];
+    *param_sets = d[0];
     *per_head = d[1] == s.n && s.n != 1;
     return ffi::Error::Success();
   };
@@ -70,7 +70,7 @@ ffi::Error DecodeMask(const char* op, const ffi::RemainingArgs& args, size_t fir
     auto x = next();
     if (x.has_error()) return x.error();
     if (x->element_type() != ffi::DataType::F32) return Err(op, "bias must be float32");
-    if (auto e = logits_operand(*x, "bias", &m->bias_groups, &m->bias_per_head); e.failure())
+    if (auto e = logits_operand(*x, "bias", &m->bias_sets, &m->bias_per_head); e.failure())
       return e;
     m->bias = static_cast<const float*>(x->untyped_data());
   }
@@ -78,7 +78,7 @@ ffi::Error DecodeMask(const char* op, const ffi::RemainingArgs& args, size_t fir
     auto x = next();
     if (x.has_error()) return x.error();
     if (x->element_type() != ffi::DataType::PRED) return Err(op, "mask must be bool");
-    if (auto e = logits_operand(*x, "mask", &m->mask_groups, &m->mask_per_head); e.failure())
+    if (auto e = logits_operand(*x, "mask", &m->mask_sets, &m->mask_per_head); e.failure())
       return e;
     m->mask = static_cast<const bool*>(x->untyped_data());
   }

@@ -1,4 +1,4 @@
-// See column_sum.h. A block covers 32 * V columns of one (group, sum): each
+// See column_sum.h. A block covers 32 * V columns of one (param_set, sum): each
 // thread V adjacent columns (V = 4: 16-byte loads when the width allows), its
 // 32 row lanes each summing a fixed, contiguous share of the `parts` partials
 // (four accumulators: four loads in flight); then lane 0 adds the 32 lane sums
@@ -66,11 +66,11 @@ __global__ void __launch_bounds__(kThreadCols* kLanes) ColumnSumKernel(ColumnSum
 }  // namespace
 
 cudaError_t LaunchColumnSum(const ColumnSumParams& p, cudaStream_t stream) {
-  if (p.width == 0 || p.groups == 0) return cudaSuccess;
-  if (p.groups > 65535) return cudaErrorInvalidValue;  // gridDim.y limit
+  if (p.width == 0 || p.param_sets == 0) return cudaSuccess;
+  if (p.param_sets > 65535) return cudaErrorInvalidValue;  // gridDim.y limit
   const bool vec = p.width % 4 == 0 && IsAligned(p.partials, 16);
   const int64_t cols = kThreadCols * (vec ? 4 : 1);
-  dim3 grid(static_cast<unsigned>((p.width + cols - 1) / cols), static_cast<unsigned>(p.groups),
+  dim3 grid(static_cast<unsigned>((p.width + cols - 1) / cols), static_cast<unsigned>(p.param_sets),
             static_cast<unsigned>(p.sums));
   if (vec) {
     ColumnSumKernel<4><<<grid, dim3(kThreadCols, kLanes), 0, stream>>>(p);

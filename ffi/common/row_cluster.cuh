@@ -13,12 +13,12 @@
 // their rows through shared memory (RowFeed below), persistent clusters: the
 // softmax forward and backward, and the layer/RMS-norm forward and backward
 // up to 131072 bf16/fp16 (their own kernels, layer_norm_fwd_stream.cu and
-// layer_norm_bwd_stream.cu: clusters persistent within a group of rows, each
+// layer_norm_bwd_stream.cu: clusters persistent within a param_set of rows, each
 // part taking rows part, part + parts, ..., so that a block stages its
-// columns of the group's parameters once and, in the backward, keeps their
+// columns of the param_set's parameters once and, in the backward, keeps their
 // gradient sums in registers). Loading straight into registers: the norm
 // forwards wider than that (one cluster a row; the 16-bit layer norm,
-// persistent clusters taking two rows a pass, or one where a group has an
+// persistent clusters taking two rows a pass, or one where a param_set has an
 // odd number of rows). The forwards' streamed kernels and the register
 // two-row forward take two rows a pass and the backwards hold x and dy, all
 // bound to 1 block of 512 an SM and 128 registers (the norm backward's

@@ -10,13 +10,13 @@
 // and sum g x (SumSqGrad), layer norm's sum g and sum g (x - mean) about the
 // forward's mean (GradSums, layer_norm_stats.cuh).
 //
-// Stage 1 (this file): blocks are persistent within one group of rows; each
+// Stage 1 (this file): blocks are persistent within one param_set of rows; each
 // thread owns the same columns in every row it visits, so it accumulates the
 // dscale/dbias partial sums of those columns across rows; at the end each
 // block writes one row of partials. Stage 2 (ffi/common/column_sum.cu) sums
-// the partials of each group in a fixed order. No atomics: deterministic.
+// the partials of each param_set in a fixed order. No atomics: deterministic.
 // Traffic: x and dy read once, dx written once, layer norm's stats (8 bytes a
-// row), plus the partials (groups * parts * sums * width fp32, a few percent of
+// row), plus the partials (param_sets * parts * sums * width fp32, a few percent of
 // the rest).
 //
 // Rows that can be read as 16-byte vectors and are at most 4096 bf16/fp16
@@ -65,7 +65,7 @@ constexpr int kRegThreadsPerSM = 512;
 
 // Shared memory of LayerNormRegBwdKernel, in float4 "slices" of one team's
 // columns laid out [vector][quad][lane] (consecutive lanes touch consecutive
-// 16 bytes: no bank conflicts): the group's scale, then per team kSums slices
+// 16 bytes: no bank conflicts): the param_set's scale, then per team kSums slices
 // of partial sums.
 template <typename Row, int kSums>
 constexpr size_t RegBwdSmemBytes() {
@@ -91,32 +91,32 @@ __global__ void __launch_bounds__(Row::kBlock, kRegThreadsPerSM / Row::kBlock)
   };
   const int acc0 = 1 + team * kSums;  // this team's first accumulator slice
 
-  // A block is a (group, part) and covers the whole row.
+  // A block is a (param_set, part) and covers the whole row.
   const int64_t n = p.width;
-  const int64_t rows_per_group = p.rows / p.groups;
+  const int64_t rows_per_set = p.rows / p.param_sets;
   const int64_t unit = blockIdx.x;
-  const int64_t group = unit / p.parts;
+  const int64_t param_set = unit / p.parts;
   const int64_t part = unit % p.parts;
   const float inv_n = 1.f / static_cast<float>(n);
   // The first row's loads go out before the scale is staged: their latency
   // overlaps the staging's.
-  const int64_t first_row = group * rows_per_group;
+  const int64_t first_row = param_set * rows_per_set;
   const T* x_base = static_cast<const T*>(p.x) + first_row * n;
   const T* dy_base = static_cast<const T*>(p.dy) + first_row * n;
   T* dx_base = static_cast<T*>(p.dx) + first_row * n;
   const int64_t step = p.parts * Row::kTeams;
   int64_t local = part * Row::kTeams + team;
   Row x, dy;
-  if (local < rows_per_group) {
+  if (local < rows_per_set) {
     x.Load(x_base + local * n, n);
     dy.Load(dy_base + local * n, n);
   }
   // Layer norm: the rows' (mean, rstd) (unused by RMS norm: no loads).
   StatsFeed stats_feed(kRms ? nullptr : p.stats + 2 * first_row, local, step,
-                       kRms ? 0 : rows_per_group);
-  // Stage the group's scale (slice 0) and zero this thread's accumulators.
+                       kRms ? 0 : rows_per_set);
+  // Stage the param_set's scale (slice 0) and zero this thread's accumulators.
   const ScaleSlice<Row> scale{smem};
-  scale.Stage(p.scale + group * n, n);
+  scale.Stage(p.scale + param_set * n, n);
 #pragma unroll
   for (int s = 0; s < kSums; ++s)
 #pragma unroll
@@ -128,15 +128,15 @@ __global__ void __launch_bounds__(Row::kBlock, kRegThreadsPerSM / Row::kBlock)
   // Teams of 128 threads or more also ask L2 for the row after next, one
   // bulk request a row and operand (see the file comment).
   constexpr bool kPrefetch = Row::kTeam >= 128;
-  for (; local < rows_per_group; local += step, parity ^= 1) {
+  for (; local < rows_per_set; local += step, parity ^= 1) {
     // The next row's loads go out before this row is used: its latency
     // overlaps this row's reduction and stores.
-    if (kPrefetch && lane == 0 && local + 2 * step < rows_per_group) {
+    if (kPrefetch && lane == 0 && local + 2 * step < rows_per_set) {
       PrefetchL2(x_base + (local + 2 * step) * n, static_cast<uint32_t>(n * sizeof(T)));
       PrefetchL2(dy_base + (local + 2 * step) * n, static_cast<uint32_t>(n * sizeof(T)));
     }
     Row x_next, dy_next;
-    if (local + step < rows_per_group) {
+    if (local + step < rows_per_set) {
       x_next.Load(x_base + (local + step) * n, n);
       dy_next.Load(dy_base + (local + step) * n, n);
     }
@@ -208,7 +208,7 @@ __global__ void __launch_bounds__(Row::kBlock, kRegThreadsPerSM / Row::kBlock)
 // Rows not read as vectors, up to ScalarBwdMaxWidth: LayerNormRegBwdKernel's
 // scheme on ScalarRow (one element a "vector", ffi/common/row_regs.cuh).
 // Lane l of a team holds columns l + k * kTeam of every row it visits, so
-// the group's scale and the team's partial sums sit in shared memory in
+// the param_set's scale and the team's partial sums sit in shared memory in
 // column order (slice 0 the scale, then kSums slices a team; consecutive
 // lanes on consecutive floats: no bank conflicts), and the next row's x and
 // dy are loaded before this row is used. 16 elements a thread at most: x and
@@ -225,7 +225,7 @@ constexpr size_t ScalarBwdSmemBytes() {
   return sizeof(float) * Row::kVecs * Row::kTeam * (1 + Row::kTeams * kSums);
 }
 
-// The group's scale in shared memory in column order (zeros past the row),
+// The param_set's scale in shared memory in column order (zeros past the row),
 // read by a thread at its columns.
 template <typename Row>
 struct ScalarScaleSlice {
@@ -252,25 +252,25 @@ __global__ void __launch_bounds__(Row::kBlock, Row::kBlock < kRegThreadsPerSM ? 
   float* acc = smem_f + (1 + team * kSums) * kSlice + lane;  // this thread's first accumulator
 
   const int64_t n = p.width;
-  const int64_t rows_per_group = p.rows / p.groups;
+  const int64_t rows_per_set = p.rows / p.param_sets;
   const int64_t unit = blockIdx.x;
-  const int64_t group = unit / p.parts;
+  const int64_t param_set = unit / p.parts;
   const int64_t part = unit % p.parts;
   const float inv_n = 1.f / static_cast<float>(n);
-  const int64_t first_row = group * rows_per_group;
+  const int64_t first_row = param_set * rows_per_set;
   const T* x_base = static_cast<const T*>(p.x) + first_row * n;
   const T* dy_base = static_cast<const T*>(p.dy) + first_row * n;
   T* dx_base = static_cast<T*>(p.dx) + first_row * n;
   const int64_t step = p.parts * Row::kTeams;
   int64_t local = part * Row::kTeams + team;
   Row x, dy;
-  if (local < rows_per_group) {
+  if (local < rows_per_set) {
     x.Load(x_base + local * n, n);
     dy.Load(dy_base + local * n, n);
   }
   StatsFeed stats_feed(kRms ? nullptr : p.stats + 2 * first_row, local, step,
-                       kRms ? 0 : rows_per_group);
-  ScalarScaleSlice<Row>::Stage(smem_f, p.scale + group * n, n);
+                       kRms ? 0 : rows_per_set);
+  ScalarScaleSlice<Row>::Stage(smem_f, p.scale + param_set * n, n);
   const ScalarScaleSlice<Row> scale{smem_f};
 #pragma unroll
   for (int s = 0; s < kSums; ++s)
@@ -278,9 +278,9 @@ __global__ void __launch_bounds__(Row::kBlock, Row::kBlock < kRegThreadsPerSM ? 
     for (int v = 0; v < Row::kVecs; ++v) acc[s * kSlice + v * kTeam] = 0.f;
   __syncthreads();
   int parity = 0;
-  for (; local < rows_per_group; local += step, parity ^= 1) {
+  for (; local < rows_per_set; local += step, parity ^= 1) {
     Row x_next, dy_next;
-    if (local + step < rows_per_group) {
+    if (local + step < rows_per_set) {
       x_next.Load(x_base + (local + step) * n, n);
       dy_next.Load(dy_base + (local + step) * n, n);
     }
@@ -344,11 +344,11 @@ __global__ void __launch_bounds__(RowTeam<kTeam>::kBlock)
   const int64_t n = p.width;
   const int64_t stride = static_cast<int64_t>(kTeam) * V;
   const int64_t chunks = (n + stride - 1) / stride;
-  const int64_t rows_per_group = p.rows / p.groups;
-  const int64_t group = blockIdx.x / p.parts;
+  const int64_t rows_per_set = p.rows / p.param_sets;
+  const int64_t param_set = blockIdx.x / p.parts;
   const int64_t part = blockIdx.x % p.parts;
   const float inv_n = 1.f / static_cast<float>(n);
-  const float* scale = p.scale + group * n;
+  const float* scale = p.scale + param_set * n;
   // This block's row of partials; the uncached tail of a wide row accumulates
   // here directly (only one team per block then, and each column always
   // belongs to the same thread, so no other thread touches it).
@@ -360,7 +360,7 @@ __global__ void __launch_bounds__(RowTeam<kTeam>::kBlock)
       for (int i = 0; i < V; ++i) partial[s * n + col + i] = 0.f;
   }
 
-  // This thread's columns of scale: a block stays in one group, so they are
+  // This thread's columns of scale: a block stays in one param_set, so they are
   // loaded once (zero on padding columns).
   float scs[kCache][V];
 #pragma unroll
@@ -373,10 +373,10 @@ __global__ void __launch_bounds__(RowTeam<kTeam>::kBlock)
   float acc_scale[kCache][V] = {};
   float acc_bias[kCache][V] = {};
   const int64_t step = p.parts * Team::kTeamsPerBlock;
-  for (int64_t base = part * Team::kTeamsPerBlock; base < rows_per_group; base += step) {
+  for (int64_t base = part * Team::kTeamsPerBlock; base < rows_per_set; base += step) {
     const int64_t local = base + Team::Team();
-    const bool valid = local < rows_per_group;
-    const int64_t row = group * rows_per_group + local;
+    const bool valid = local < rows_per_set;
+    const int64_t row = param_set * rows_per_set + local;
     const T* x = static_cast<const T*>(p.x) + row * n;
     const T* dy = static_cast<const T*>(p.dy) + row * n;
     T* dx = static_cast<T*>(p.dx) + row * n;
@@ -536,7 +536,7 @@ constexpr int64_t RegBwdMaxWidth() {
 }
 
 // Launches the register-row kernel, persistent (BwdParts); sets p.parts to
-// the blocks a group used.
+// the blocks a param_set used.
 template <typename T, bool kRms>
 cudaError_t LaunchReg(LayerNormBwdParams& p, cudaStream_t stream) {
   return DispatchRegRow<T, kNormBwdVecs, kRegMinBlock, kRegMaxTeam>(p.width, [&](auto row) {
@@ -547,8 +547,8 @@ cudaError_t LaunchReg(LayerNormBwdParams& p, cudaStream_t stream) {
     cudaError_t e = PersistentGrid(kernel, Row::kBlock, smem, 1LL << 30, &resident);
     if (e != cudaSuccess) return e;
     p.parts = BwdParts(p, resident, Row::kTeams);
-    if (p.groups * p.parts > (int64_t{1} << 31) - 1) return cudaErrorInvalidValue;
-    kernel<<<static_cast<unsigned>(p.groups * p.parts), Row::kBlock, smem, stream>>>(p);
+    if (p.param_sets * p.parts > (int64_t{1} << 31) - 1) return cudaErrorInvalidValue;
+    kernel<<<static_cast<unsigned>(p.param_sets * p.parts), Row::kBlock, smem, stream>>>(p);
     return cudaGetLastError();
   });
 }
@@ -566,18 +566,18 @@ cudaError_t LaunchScalar(LayerNormBwdParams& p, cudaStream_t stream) {
         cudaError_t e = PersistentGrid(kernel, Row::kBlock, smem, 1LL << 30, &resident);
         if (e != cudaSuccess) return e;
         p.parts = BwdParts(p, resident, Row::kTeams);
-        if (p.groups * p.parts > (int64_t{1} << 31) - 1) return cudaErrorInvalidValue;
-        kernel<<<static_cast<unsigned>(p.groups * p.parts), Row::kBlock, smem, stream>>>(p);
+        if (p.param_sets * p.parts > (int64_t{1} << 31) - 1) return cudaErrorInvalidValue;
+        kernel<<<static_cast<unsigned>(p.param_sets * p.parts), Row::kBlock, smem, stream>>>(p);
         return cudaGetLastError();
       });
 }
 
-// The fallback: one block per (group, part) of the workspace.
+// The fallback: one block per (param_set, part) of the workspace.
 template <typename T, int V, bool kRms>
 cudaError_t Launch(const LayerNormBwdParams& p, cudaStream_t stream) {
   return DispatchTeam(p.width, kCacheElems, [&](auto team) {
     constexpr int kTeam = decltype(team)::value;
-    const int64_t blocks = p.groups * p.parts;
+    const int64_t blocks = p.param_sets * p.parts;
     if (blocks > (int64_t{1} << 30)) return cudaErrorInvalidValue;
     LayerNormBwdKernel<T, kTeam, V, kRms>
         <<<static_cast<unsigned>(blocks), RowTeam<kTeam>::kBlock, 0, stream>>>(p);
@@ -592,9 +592,9 @@ cudaError_t LaunchLayerNormBwd(const LayerNormBwdParams& params, cudaStream_t st
   if (p.rows == 0 || p.width == 0) {
     // Empty rows: the parameter gradients are zeros.
     if (p.width == 0) return cudaSuccess;
-    cudaError_t e = cudaMemsetAsync(p.dscale, 0, p.groups * p.width * sizeof(float), stream);
+    cudaError_t e = cudaMemsetAsync(p.dscale, 0, p.param_sets * p.width * sizeof(float), stream);
     if (e == cudaSuccess && !p.rms)
-      e = cudaMemsetAsync(p.dbias, 0, p.groups * p.width * sizeof(float), stream);
+      e = cudaMemsetAsync(p.dbias, 0, p.param_sets * p.width * sizeof(float), stream);
     return e;
   }
   cudaError_t status = DispatchDType(p.dtype, [&](auto tag) {
@@ -615,7 +615,7 @@ cudaError_t LaunchLayerNormBwd(const LayerNormBwdParams& params, cudaStream_t st
   cs.partials = p.partials;
   cs.out[0] = p.dscale;
   cs.out[1] = p.dbias;
-  cs.groups = p.groups;
+  cs.param_sets = p.param_sets;
   cs.parts = p.parts;
   cs.sums = p.rms ? 1 : 2;
   cs.width = p.width;

@@ -1,5 +1,5 @@
 // One thread's part of the layer/RMS-norm backward on a register row (RegRow,
-// ffi/common/row_regs.cuh): the group's scale staged in shared memory, the
+// ffi/common/row_regs.cuh): the param_set's scale staged in shared memory, the
 // per-thread row sums, and the dx coefficients. Shared by the register-row
 // kernel (layer_norm_bwd.cu) and the streamed one (layer_norm_bwd_stream.cu),
 // which differ in where the rows come from and where the partial parameter
@@ -13,7 +13,7 @@
 
 namespace jax_dnn {
 
-// One team's columns of the group's scale in shared memory, as
+// One team's columns of the param_set's scale in shared memory, as
 // [vector][quad][lane] float4s (consecutive lanes on consecutive 16 bytes: no
 // bank conflicts).
 template <typename Row>

@@ -8,14 +8,14 @@
 // vectors, an equal share of a row split over the blocks of a cluster
 // (RowSplit), the blocks' team sums added over distributed shared memory, one
 // exchange a row (ClusterExchange). Blocks (clusters) are persistent within a
-// group of rows, so each thread keeps the same columns in every row it
+// param_set of rows, so each thread keeps the same columns in every row it
 // visits:
 //   - the next two rows' x and dy stream into shared memory with the bulk
 //     copy engine (RowFeed) while this one is reduced and written;
 //   - the dscale/dbias partial sums of its 32 (bf16) or 16 (fp32) columns
 //     accumulate in registers, and each block writes (its share of) one row
 //     of partials at the end (column_sum.cu adds them in a fixed order);
-//   - the group's scale is staged in shared memory once.
+//   - the param_set's scale is staged in shared memory once.
 // Why, for rows of one block: against the register-row kernel of
 // layer_norm_bwd.cu (the next row loaded into registers, the partial sums in
 // shared memory) this takes 0.76-0.95 of the time from 8192 to 16384 wide
@@ -88,8 +88,8 @@ __global__ void __launch_bounds__(Row::kBlock, kThreadsPerSM / Row::kBlock)
   const ScaleSlice<Row> scale{reinterpret_cast<float4*>(dynamic_smem + ScaleOffset<T, Row>() / 16)};
 
   const int64_t n = p.width;
-  const int64_t rows_per_group = p.rows / p.groups;
-  // A unit (a block, or a cluster) is a (group, part); its columns: with a
+  const int64_t rows_per_set = p.rows / p.param_sets;
+  // A unit (a block, or a cluster) is a (param_set, part); its columns: with a
   // cluster this block's share, else the whole row.
   int64_t unit = blockIdx.x, col0 = 0, ns = n;
   if constexpr (kCluster) {
@@ -98,19 +98,19 @@ __global__ void __launch_bounds__(Row::kBlock, kThreadsPerSM / Row::kBlock)
     col0 = split.col0;
     ns = split.width;
   }
-  const int64_t group = unit / p.parts;
+  const int64_t param_set = unit / p.parts;
   const int64_t part = unit % p.parts;
-  // This unit's rows of the group: part, part + parts, ...
+  // This unit's rows of the param_set: part, part + parts, ...
   const int64_t step = p.parts;
-  const int64_t first_row = group * rows_per_group;
+  const int64_t first_row = param_set * rows_per_set;
   const int64_t first = first_row * n;
   Feed<T, Row> feed({static_cast<const T*>(p.x) + first, static_cast<const T*>(p.dy) + first}, n,
-                    col0, ns, part, step, rows_per_group);
+                    col0, ns, part, step, rows_per_set);
 
   ClusterExchange<State, kCluster> exchange(inbox);
 
-  // Stage the group's scale, this block's columns of it.
-  scale.Stage(p.scale + group * n + col0, ns);
+  // Stage the param_set's scale, this block's columns of it.
+  scale.Stage(p.scale + param_set * n + col0, ns);
   __syncthreads();
   ClusterSyncRelaxed<kCluster>();  // the peers' inboxes are ready
 
@@ -119,9 +119,9 @@ __global__ void __launch_bounds__(Row::kBlock, kThreadsPerSM / Row::kBlock)
   T* const dx_base = static_cast<T*>(p.dx) + first + col0;
   // Layer norm: the rows' (mean, rstd) (unused by RMS norm: no loads).
   StatsFeed stats_feed(kRms ? nullptr : p.stats + 2 * first_row, part, step,
-                       kRms ? 0 : rows_per_group);
+                       kRms ? 0 : rows_per_set);
   int parity = 0;
-  for (int64_t row = part; row < rows_per_group; row += step, parity ^= 1) {
+  for (int64_t row = part; row < rows_per_set; row += step, parity ^= 1) {
     float2 stats = {0.f, 0.f};
     if constexpr (!kRms) stats = stats_feed.Get();
     Row x, dy;
@@ -183,8 +183,8 @@ cudaError_t LaunchRows(LayerNormBwdParams& p, cudaStream_t stream) {
   cudaError_t e = PersistentGrid(kernel, Row::kBlock, smem, 1LL << 30, &resident);
   if (e != cudaSuccess) return e;
   p.parts = BwdParts(p, resident);
-  if (p.groups * p.parts > (int64_t{1} << 31) - 1) return cudaErrorInvalidValue;
-  kernel<<<static_cast<unsigned>(p.groups * p.parts), Row::kBlock, smem, stream>>>(p);
+  if (p.param_sets * p.parts > (int64_t{1} << 31) - 1) return cudaErrorInvalidValue;
+  kernel<<<static_cast<unsigned>(p.param_sets * p.parts), Row::kBlock, smem, stream>>>(p);
   return cudaGetLastError();
 }
 
@@ -200,8 +200,8 @@ cudaError_t LaunchClusters(LayerNormBwdParams& p, cudaStream_t stream) {
   cudaError_t e = ResidentClusters(kernel, launch, &resident);
   if (e != cudaSuccess) return e;
   p.parts = BwdParts(p, resident);
-  if (p.groups * p.parts * blocks > (int64_t{1} << 31) - 1) return cudaErrorInvalidValue;
-  launch.cfg.gridDim = dim3(static_cast<unsigned>(p.groups * p.parts * blocks));
+  if (p.param_sets * p.parts * blocks > (int64_t{1} << 31) - 1) return cudaErrorInvalidValue;
+  launch.cfg.gridDim = dim3(static_cast<unsigned>(p.param_sets * p.parts * blocks));
   e = cudaLaunchKernelEx(&launch.cfg, kernel, p);
   return e != cudaSuccess ? e : cudaGetLastError();
 }

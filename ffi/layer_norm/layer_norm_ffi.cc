@@ -9,11 +9,11 @@ namespace jax_dnn {
 namespace {
 
 struct Shape {
-  int64_t rows, width, groups;
+  int64_t rows, width, param_sets;
 };
 
-// x is [..., width]; scale (and each other parameter) is [groups, width] with
-// groups dividing the rows.
+// x is [..., width]; scale (and each other parameter) is [param_sets, width] with
+// param_sets dividing the rows.
 ffi::Error CheckShapes(const std::string& op, const ffi::AnyBuffer& x,
                        const ffi::Buffer<ffi::F32>& scale,
                        std::initializer_list<const ffi::Buffer<ffi::F32>*> params, Shape* s) {
@@ -24,10 +24,10 @@ ffi::Error CheckShapes(const std::string& op, const ffi::AnyBuffer& x,
   s->rows = s->width == 0 ? 0 : x.element_count() / s->width;
   auto sd = scale.dimensions();
   if (sd.size() != 2 || sd[1] != s->width)
-    return InvalidArgument(op + ": scale must be [groups, width], width = x.shape[-1]");
-  s->groups = sd[0];
-  if (s->groups < 1 || s->rows % s->groups != 0)
-    return InvalidArgument(op + ": parameter groups must divide the rows of x");
+    return InvalidArgument(op + ": scale must be [param_sets, width], width = x.shape[-1]");
+  s->param_sets = sd[0];
+  if (s->param_sets < 1 || s->rows % s->param_sets != 0)
+    return InvalidArgument(op + ": parameter param_sets must divide the rows of x");
   for (const auto* b : params)
     if (b->element_count() != scale.element_count())
       return InvalidArgument(op + ": bias and parameter gradients must match scale");
@@ -60,7 +60,7 @@ ffi::Error Fwd(cudaStream_t stream, const std::string& op, const ffi::AnyBuffer&
   p.stats = stats ? stats->typed_data() : nullptr;
   p.rows = s.rows;
   p.width = s.width;
-  p.groups = s.groups;
+  p.param_sets = s.param_sets;
   p.epsilon = epsilon;
   return LaunchStatus(LaunchLayerNormFwd(p, stream), op.c_str());
 }
@@ -80,9 +80,9 @@ ffi::Error Bwd(cudaStream_t stream, const std::string& op, const ffi::AnyBuffer&
       dy.element_count() != x.element_count())
     return InvalidArgument(op + ": dy and dx must match x");
   auto wd = workspace.dimensions();
-  if (wd.size() != 4 || wd[0] != s.groups || wd[1] < 1 || wd[2] != (rms ? 1 : 2) ||
+  if (wd.size() != 4 || wd[0] != s.param_sets || wd[1] < 1 || wd[2] != (rms ? 1 : 2) ||
       wd[3] != s.width)
-    return InvalidArgument(op + ": workspace must be [groups, parts, sums, width]");
+    return InvalidArgument(op + ": workspace must be [param_sets, parts, sums, width]");
   LayerNormBwdParams p{};
   p.dtype = *ToDType(x.element_type());
   p.rms = rms;
@@ -96,7 +96,7 @@ ffi::Error Bwd(cudaStream_t stream, const std::string& op, const ffi::AnyBuffer&
   p.dbias = rms ? nullptr : dbias->typed_data();
   p.rows = s.rows;
   p.width = s.width;
-  p.groups = s.groups;
+  p.param_sets = s.param_sets;
   p.parts = wd[1];
   p.epsilon = epsilon;
   return LaunchStatus(LaunchLayerNormBwd(p, stream), op.c_str());
@@ -136,8 +136,8 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(LayerNormFwd, LayerNormFwdImpl,
                               ffi::Ffi::Bind()
                                   .Ctx<ffi::PlatformStream<cudaStream_t>>()
                                   .Arg<ffi::AnyBuffer>()          // x [..., width]
-                                  .Arg<ffi::Buffer<ffi::F32>>()   // scale [groups, width]
-                                  .Arg<ffi::Buffer<ffi::F32>>()   // bias [groups, width]
+                                  .Arg<ffi::Buffer<ffi::F32>>()   // scale [param_sets, width]
+                                  .Arg<ffi::Buffer<ffi::F32>>()   // bias [param_sets, width]
                                   .Ret<ffi::AnyBuffer>()          // y
                                   .Ret<ffi::Buffer<ffi::F32>>()   // stats [..., 2]: mean, rstd
                                   .Attr<float>("epsilon"),
@@ -147,7 +147,7 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(RmsNormFwd, RmsNormFwdImpl,
                               ffi::Ffi::Bind()
                                   .Ctx<ffi::PlatformStream<cudaStream_t>>()
                                   .Arg<ffi::AnyBuffer>()          // x [..., width]
-                                  .Arg<ffi::Buffer<ffi::F32>>()   // scale [groups, width]
+                                  .Arg<ffi::Buffer<ffi::F32>>()   // scale [param_sets, width]
                                   .Ret<ffi::AnyBuffer>()          // y
                                   .Attr<float>("epsilon"),
                               {ffi::Traits::kCmdBufferCompatible});
@@ -157,12 +157,12 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(LayerNormBwd, LayerNormBwdImpl,
                                   .Ctx<ffi::PlatformStream<cudaStream_t>>()
                                   .Arg<ffi::AnyBuffer>()          // dy
                                   .Arg<ffi::AnyBuffer>()          // x
-                                  .Arg<ffi::Buffer<ffi::F32>>()   // scale [groups, width]
+                                  .Arg<ffi::Buffer<ffi::F32>>()   // scale [param_sets, width]
                                   .Arg<ffi::Buffer<ffi::F32>>()   // stats [..., 2]: mean, rstd
                                   .Ret<ffi::AnyBuffer>()          // dx
-                                  .Ret<ffi::Buffer<ffi::F32>>()   // dscale [groups, width]
-                                  .Ret<ffi::Buffer<ffi::F32>>()   // dbias [groups, width]
-                                  .Ret<ffi::Buffer<ffi::F32>>()   // workspace [groups, parts, 2, width]
+                                  .Ret<ffi::Buffer<ffi::F32>>()   // dscale [param_sets, width]
+                                  .Ret<ffi::Buffer<ffi::F32>>()   // dbias [param_sets, width]
+                                  .Ret<ffi::Buffer<ffi::F32>>()   // workspace [param_sets, parts, 2, width]
                                   .Attr<float>("epsilon"),
                               {ffi::Traits::kCmdBufferCompatible});
 
@@ -171,10 +171,10 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(RmsNormBwd, RmsNormBwdImpl,
                                   .Ctx<ffi::PlatformStream<cudaStream_t>>()
                                   .Arg<ffi::AnyBuffer>()          // dy
                                   .Arg<ffi::AnyBuffer>()          // x
-                                  .Arg<ffi::Buffer<ffi::F32>>()   // scale [groups, width]
+                                  .Arg<ffi::Buffer<ffi::F32>>()   // scale [param_sets, width]
                                   .Ret<ffi::AnyBuffer>()          // dx
-                                  .Ret<ffi::Buffer<ffi::F32>>()   // dscale [groups, width]
-                                  .Ret<ffi::Buffer<ffi::F32>>()   // workspace [groups, parts, 1, width]
+                                  .Ret<ffi::Buffer<ffi::F32>>()   // dscale [param_sets, width]
+                                  .Ret<ffi::Buffer<ffi::F32>>()   // workspace [param_sets, parts, 1, width]
                                   .Attr<float>("epsilon"),
                               {ffi::Traits::kCmdBufferCompatible});
 

@@ -72,7 +72,7 @@ __global__ void __launch_bounds__(Row::kBlock, kCluster ? 1024 / Row::kBlock : R
   const int64_t n = p.width;
   const RowSplit<Row, kCluster> split(n);
   const int64_t ns = split.width;  // this block's columns of the row
-  const int64_t rows_per_group = p.rows / p.groups;
+  const int64_t rows_per_set = p.rows / p.param_sets;
   const float inv_n = 1.f / static_cast<float>(n);
   int parity = 0;
   for (int64_t row = split.row0; row < p.rows; row += split.row_step, parity ^= 1) {
@@ -131,9 +131,9 @@ __global__ void __launch_bounds__(Row::kBlock, kCluster ? 1024 / Row::kBlock : R
     // 0's) writes them.
     if (!kRms && split.col0 == 0 && Row::Lane() == 0) StoreStats(p.stats, row, mean, rstd);
     // Parameters are re-read per row: from L1/L2, not memory.
-    const int64_t group = row / rows_per_group;
-    const float* scale = p.scale + group * n + split.col0;
-    const float* bias = kRms ? nullptr : p.bias + group * n + split.col0;
+    const int64_t param_set = row / rows_per_set;
+    const float* scale = p.scale + param_set * n + split.col0;
+    const float* bias = kRms ? nullptr : p.bias + param_set * n + split.col0;
     T* y = static_cast<T*>(p.y) + row * n + split.col0;
 #pragma unroll
     for (int v = 0; v < Row::kVecs; ++v) {
@@ -163,7 +163,7 @@ __global__ void __launch_bounds__(Row::kBlock, kCluster ? 1024 / Row::kBlock : R
 // cluster, one block an SM (128 registers for two rows, so the bytes in
 // flight an SM are those of two one-row blocks), clusters persistent; else
 // one team a pair, as LayerNormRegFwdKernel takes one team a row. Pair k is
-// rows 2k and 2k + 1, and both are in one parameter group (the launcher
+// rows 2k and 2k + 1, and both are in one parameter param_set (the launcher
 // checks).
 template <typename T, typename Row, bool kCluster = true>
 __global__ void __launch_bounds__(Row::kBlock, kCluster ? 1 : 0) LayerNormPairFwdKernel(LayerNormFwdParams p) {
@@ -178,7 +178,7 @@ __global__ void __launch_bounds__(Row::kBlock, kCluster ? 1 : 0) LayerNormPairFw
   const int64_t n = p.width;
   const RowSplit<Row, kCluster> split(n);
   const int64_t ns = split.width;
-  const int64_t rows_per_group = p.rows / p.groups;
+  const int64_t rows_per_set = p.rows / p.param_sets;
   const float inv_n = 1.f / static_cast<float>(n);
   const float team_n = static_cast<float>(ns);
   const int64_t pairs = (p.rows + 1) / 2;
@@ -224,9 +224,9 @@ __global__ void __launch_bounds__(Row::kBlock, kCluster ? 1 : 0) LayerNormPairFw
       StoreStats(p.stats, row0, st.r[0].mean, rstd0);
       if (second) StoreStats(p.stats, row0 + 1, st.r[1].mean, rstd1);
     }
-    const int64_t group = row0 / rows_per_group;
-    const float* scale = p.scale + group * n + split.col0;
-    const float* bias = p.bias + group * n + split.col0;
+    const int64_t param_set = row0 / rows_per_set;
+    const float* scale = p.scale + param_set * n + split.col0;
+    const float* bias = p.bias + param_set * n + split.col0;
     T* y = static_cast<T*>(p.y) + row0 * n + split.col0;
 #pragma unroll
     for (int v = 0; v < Row::kVecs; ++v) {
@@ -260,13 +260,13 @@ __global__ void __launch_bounds__(RowTeam<kTeam>::kBlock)
   const int64_t n = p.width;
   const int64_t stride = static_cast<int64_t>(kTeam) * V;  // columns per chunk
   const int64_t chunks = (n + stride - 1) / stride;
-  const int64_t rows_per_group = p.rows / p.groups;
+  const int64_t rows_per_set = p.rows / p.param_sets;
   const float inv_n = 1.f / static_cast<float>(n);
   const int64_t group_stride = static_cast<int64_t>(gridDim.x) * Team::kTeamsPerBlock;
 
-  // This thread's columns of scale and bias, kept across rows of a group.
+  // This thread's columns of scale and bias, kept across rows of a param_set.
   float gs[kCache][V], bs[kCache][V];
-  int64_t param_group = -1;
+  int64_t loaded_set = -1;
 
   // All teams of a block step through rows together so that every thread
   // reaches the team reductions' barriers, including teams past the last row.
@@ -323,11 +323,11 @@ __global__ void __launch_bounds__(RowTeam<kTeam>::kBlock)
     const float rstd = rsqrtf(var + p.epsilon);
     if (!kRms && valid && lane == 0) StoreStats(p.stats, row, mean, rstd);
     if (valid) {
-      const int64_t group = row / rows_per_group;
-      const float* scale = p.scale + group * n;
-      const float* bias = kRms ? nullptr : p.bias + group * n;
-      if (group != param_group) {  // once per block unless vmap batched the parameters
-        param_group = group;
+      const int64_t param_set = row / rows_per_set;
+      const float* scale = p.scale + param_set * n;
+      const float* bias = kRms ? nullptr : p.bias + param_set * n;
+      if (param_set != loaded_set) {  // once per block unless vmap batched the parameters
+        loaded_set = param_set;
 #pragma unroll
         for (int c = 0; c < kCache; ++c) {
           const int64_t col = (c * static_cast<int64_t>(kTeam) + lane) * V;
@@ -418,7 +418,7 @@ cudaError_t Launch(const LayerNormFwdParams& p, cudaStream_t stream) {
       if constexpr (kPairs) {
         if (Row::kTeam == 64 && p.width > 3584)
           return launch(LayerNormRegFwdKernel<T, RegRow<T, 128, 4>, kRms>, RegRow<T, 128, 4>{}, p.rows);
-        if (p.groups == 1 || (p.rows / p.groups) % 2 == 0)
+        if (p.param_sets == 1 || (p.rows / p.param_sets) % 2 == 0)
           return launch(LayerNormPairFwdKernel<T, Row, false>, row, (p.rows + 1) / 2);
       }
       return launch(LayerNormRegFwdKernel<T, Row, kRms>, row, p.rows);
@@ -440,7 +440,7 @@ cudaError_t Launch(const LayerNormFwdParams& p, cudaStream_t stream) {
     if constexpr (kPersistent) {
       // Two rows a pass where both rows of every pair share their parameters
       // (4096 x 131072 bf16: 674 us against 704 one row a pass, H200).
-      if (p.groups == 1 || (p.rows / p.groups) % 2 == 0)
+      if (p.param_sets == 1 || (p.rows / p.param_sets) % 2 == 0)
         return LaunchRowClusters(LayerNormPairFwdKernel<T, Row>, blocks, Row::kBlock, /*smem=*/0,
                                  (p.rows + 1) / 2, p, stream, /*persistent=*/true);
     }

@@ -8,9 +8,9 @@
 // A block is one team of 512 threads x 4 vectors (16384 bf16 or 8192 fp32
 // columns; the row split in equal shares, RowSplit); the blocks' sums are
 // added over distributed shared memory (ClusterExchange). Clusters are
-// persistent within a group of rows (a unit is a (group, part) and takes rows
-// part, part + parts, ... of its group), so that:
-//   - this block's columns of the group's scale and bias are staged in shared
+// persistent within a param_set of rows (a unit is a (param_set, part) and takes rows
+// part, part + parts, ... of its param_set), so that:
+//   - this block's columns of the param_set's scale and bias are staged in shared
 //     memory once (ScaleSlice), not re-read for every row;
 //   - the unit's next rows stream into shared memory with the bulk copy
 //     engine (RowFeed) while it reduces and writes these;
@@ -78,15 +78,15 @@ __global__ void __launch_bounds__(Row::kBlock, 1)
   const RowSplit<Row, true> split(n);
   const int64_t ns = split.width;  // this block's columns of the row
   const int64_t unit = split.row0;
-  const int64_t group = unit / parts;
+  const int64_t param_set = unit / parts;
   const int64_t part = unit % parts;
-  const int64_t rows_per_group = p.rows / p.groups;
-  const int64_t first_row = group * rows_per_group;
+  const int64_t rows_per_set = p.rows / p.param_sets;
+  const int64_t first_row = param_set * rows_per_set;
   Feed<T, Row> feed({static_cast<const T*>(p.x) + first_row * n}, n, split.col0, ns, part,
-                    parts, rows_per_group);
+                    parts, rows_per_set);
   ClusterExchange<ClusterState, true> exchange(inbox);
-  scale.Stage(p.scale + group * n + split.col0, ns);
-  if constexpr (!kRms) bias.Stage(p.bias + group * n + split.col0, ns);
+  scale.Stage(p.scale + param_set * n + split.col0, ns);
+  if constexpr (!kRms) bias.Stage(p.bias + param_set * n + split.col0, ns);
   __syncthreads();
   ClusterSyncRelaxed<true>();  // the peers' inboxes are ready
 
@@ -94,13 +94,13 @@ __global__ void __launch_bounds__(Row::kBlock, 1)
   const float team_n = static_cast<float>(ns);
   T* const y_base = static_cast<T*>(p.y) + first_row * n + split.col0;
   int parity = 0;
-  for (int64_t row = part; row < rows_per_group; row += kRows * parts, parity ^= 1) {
+  for (int64_t row = part; row < rows_per_set; row += kRows * parts, parity ^= 1) {
     // The pass's rows in the feed's order; a missing last one is zeros.
     int rows = 0;
     Row r[kRows];
 #pragma unroll
     for (int k = 0; k < kRows; ++k) {
-      if (row + k * parts < rows_per_group) {
+      if (row + k * parts < rows_per_set) {
         feed.Get(row + k * parts, r[k]);
         ++rows;
       } else {
@@ -195,8 +195,8 @@ __global__ void __launch_bounds__(Row::kBlock, 1)
 }
 
 // Clusters of ceil(width / segment) blocks; as many as fit at once, shared
-// among the groups (at least one a group), each taking an equal share of its
-// group's rows.
+// among the param_sets (at least one a param_set), each taking an equal share of its
+// param_set's rows.
 template <typename T, bool kRms>
 cudaError_t LaunchClusters(const LayerNormFwdParams& p, cudaStream_t stream) {
   if (p.rows == 0 || p.width == 0) return cudaSuccess;
@@ -208,9 +208,9 @@ cudaError_t LaunchClusters(const LayerNormFwdParams& p, cudaStream_t stream) {
   int resident = 0;
   cudaError_t e = ResidentClusters(kernel, launch, &resident);
   if (e != cudaSuccess) return e;
-  const int64_t parts = GroupParts(p.rows / p.groups, p.groups, resident, p.rows);
-  if (p.groups * parts * blocks > (int64_t{1} << 31) - 1) return cudaErrorInvalidValue;
-  launch.cfg.gridDim = dim3(static_cast<unsigned>(p.groups * parts * blocks));
+  const int64_t parts = GroupParts(p.rows / p.param_sets, p.param_sets, resident, p.rows);
+  if (p.param_sets * parts * blocks > (int64_t{1} << 31) - 1) return cudaErrorInvalidValue;
+  launch.cfg.gridDim = dim3(static_cast<unsigned>(p.param_sets * parts * blocks));
   e = cudaLaunchKernelEx(&launch.cfg, kernel, p, parts);
   return e != cudaSuccess ? e : cudaGetLastError();
 }

@@ -12,14 +12,14 @@ constexpr int64_t kNormBwdWorkspaceFloats = int64_t{1} << 26;  // 256 MiB
 
 }  // namespace
 
-int64_t LayerNormBwdParts(int64_t rows, int64_t groups, int64_t width, bool rms,
+int64_t LayerNormBwdParts(int64_t rows, int64_t param_sets, int64_t width, bool rms,
                           const DeviceProps& device) {
-  groups = std::max<int64_t>(groups, 1);
+  param_sets = std::max<int64_t>(param_sets, 1);
   const int64_t sums = rms ? 1 : 2;
   const int64_t target = std::max(kNormBwdMinParts, kNormBwdPartsPerSm * device.sm_count);
-  int64_t parts = (target + groups - 1) / groups;
-  parts = std::min(parts, kNormBwdWorkspaceFloats / std::max<int64_t>(1, groups * sums * width));
-  parts = std::min(parts, rows / groups);
+  int64_t parts = (target + param_sets - 1) / param_sets;
+  parts = std::min(parts, kNormBwdWorkspaceFloats / std::max<int64_t>(1, param_sets * sums * width));
+  parts = std::min(parts, rows / param_sets);
   return std::max<int64_t>(parts, 1);
 }
 

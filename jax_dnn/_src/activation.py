@@ -20,7 +20,7 @@ import jax.numpy as jnp
 from jax_dnn._src import checks
 from jax_dnn._src import plans
 from jax_dnn._src import sharding
-from jax_dnn._src.batching import batch_size, fold_groups, move_to_front, split_leading
+from jax_dnn._src.batching import batch_size, fold_param_sets, move_to_front, split_leading
 from jax_dnn._src.primitive import ShapedArray, define_primitive, vjp_op
 
 # FFI attribute values; the numbering matches enum Activation in ffi/activation/activation.h.
@@ -91,7 +91,7 @@ def _bias_fwd_batch(args, dims, *, activation):
   x, bias = args
   size = batch_size(args, dims)
   x = move_to_front(x, dims[0], size)
-  bias = fold_groups(bias, dims[1], size, shared_ok=True)
+  bias = fold_param_sets(bias, dims[1], size, shared_ok=True)
   return bias_act_fwd_p.bind(x, bias, activation=activation), 0
 
 
@@ -99,7 +99,7 @@ def _bias_bwd_batch(args, dims, *, activation):
   dy, x, bias = args
   size = batch_size(args, dims)
   dy, x = move_to_front(dy, dims[0], size), move_to_front(x, dims[1], size)
-  bias = fold_groups(bias, dims[2], size, shared_ok=False)
+  bias = fold_param_sets(bias, dims[2], size, shared_ok=False)
   dx, dbias = bias_act_bwd_p.bind(dy, x, bias, activation=activation)
   return [dx, split_leading(dbias, size)], [0, 0]
 
@@ -132,8 +132,8 @@ def _act_sharding(operands, results, **params):
 def _bias_sharding(operands, results, **params):
   del params
   b = sharding.RuleBuilder()
-  shape, (groups, width) = operands[-2], operands[-1]
-  x, g = sharding.grouped_rows(b, shape, groups, b.factor("w", width))
+  shape, (param_sets, width) = operands[-2], operands[-1]
+  x, g = sharding.param_set_rows(b, shape, param_sets, b.factor("w", width))
   for _ in operands[:-1]:
     b.operand(*x)
   b.operand(g, "w")

@@ -51,7 +51,7 @@ _OPTIONAL = ("bias", "mask", "q_lens", "kv_lens", "q_seg", "kv_seg")
 # --- the reference (pure JAX; what runs where the kernels do not) -------------
 
 
-def _grouped(op, s, x):
+def _by_set(op, s, x):
   """op(s, x) for s [B, ...] and x [G, ...] with G dividing B (see above)."""
   g = x.shape[0]
   return op(s.reshape((g, -1) + s.shape[1:]), x[:, None]).reshape(s.shape)
@@ -69,7 +69,7 @@ def _logits_and_valid(q, k, ops, *, scale, softcap, is_causal, window, q0=0):
   if softcap:
     s = softcap * jnp.tanh(s / softcap)
   if ops.get("bias") is not None:
-    s = _grouped(lambda a, c: a + c, s, ops["bias"].astype(jnp.float32))
+    s = _by_set(lambda a, c: a + c, s, ops["bias"].astype(jnp.float32))
   valid = jnp.ones((1, 1, t, s_len), bool)
   qi = q0 + jnp.arange(t)[:, None]
   kj = jnp.arange(s_len)[None, :]
@@ -80,7 +80,7 @@ def _logits_and_valid(q, k, ops, *, scale, softcap, is_causal, window, q0=0):
     valid = valid & ((qi - kj <= left) & (kj - qi <= right))[None, None]
   valid = jnp.broadcast_to(valid, (b, n, t, s_len))
   if ops.get("mask") is not None:
-    valid = _grouped(jnp.logical_and, valid, ops["mask"])
+    valid = _by_set(jnp.logical_and, valid, ops["mask"])
   if ops.get("q_lens") is not None:
     valid = valid & (q0 + jnp.arange(t)[None, :] < ops["q_lens"][:, None])[:, None, :, None]
   if ops.get("kv_lens") is not None:
@@ -201,7 +201,7 @@ def _bwd_reference(do, q, k, v, o, lse, *operands, present, **params):
   rest = operands[1:] if has_bias else operands
   diff = [q, k, v]
   if has_bias:  # differentiate w.r.t. a full-shaped bias: dlogits, as the kernel returns
-    diff.append(jnp.broadcast_to(_grouped(lambda a, c: a + c, jnp.zeros((b, n, t, s_len)),
+    diff.append(jnp.broadcast_to(_by_set(lambda a, c: a + c, jnp.zeros((b, n, t, s_len)),
                                           operands[0].astype(jnp.float32)), (b, n, t, s_len)))
 
   params.pop("deterministic", None)  # a kernel option

@@ -2,7 +2,7 @@
 
 vmap never loops over a jax_dnn kernel: each batching rule folds the mapped
 axis into a dimension the kernel already has (rows, the attention batch, the
-parameter groups G of a [G, W] parameter) and splits it back out of the
+parameter param_sets G of a [G, W] parameter) and splits it back out of the
 results. These helpers move, fold and split that axis; under explicit mesh
 axes the reshapes keep the operands' shardings in their types.
 """
@@ -78,13 +78,13 @@ def split_leading(x, size):
                                                   sharding_lib.spec_entry(names[k:]), *spec[1:]))
 
 
-def fold_groups(params, bdim, size, *, shared_ok: bool):
-  """Folds a vmapped axis into the group axis of a [groups, width] parameter.
+def fold_param_sets(params, bdim, size, *, shared_ok: bool):
+  """Folds a vmapped axis into the param_set axis of a [param_sets, width] parameter.
 
-  Row r of the kernel's input uses parameter group r // (rows / groups), and
+  Row r of the kernel's input uses parameter set r // (rows / param_sets), and
   the batching rules put the vmapped axis of the input first, so the batched
-  parameter becomes [size * groups, width] (broadcast when unbatched).
-  With shared_ok (forward rules), an unbatched single-group parameter is left
+  parameter becomes [size * param_sets, width] (broadcast when unbatched).
+  With shared_ok (forward rules), an unbatched single-param_set parameter is left
   alone, since every row uses it anyway. Backward rules must fold: each batch
   element needs its own parameter gradient (vmap of grad is per example).
   """

@@ -4,7 +4,7 @@
     rms_norm:   y = x / sqrt(mean(x^2) + epsilon) * scale
 
 Numerics: statistics and math in fp32; y in x's dtype; the kernels take the
-parameters as fp32 [groups, width] (cast here) and return fp32 parameter
+parameters as fp32 [param_sets, width] (cast here) and return fp32 parameter
 gradients, cast back to the parameters' dtypes. Parameter gradients are
 reduced across rows deterministically (per-block partials summed in a fixed
 order).
@@ -18,7 +18,7 @@ so its residuals are (x, scale) and a gradient-only program skips its
 forward.
 
 Shapes: x [..., W]; scale, bias [W]. Inside the primitives the parameters are
-[G, W]: row r uses group r // (rows / G). G is 1 unless vmap batched the
+[G, W]: row r uses set r // (rows / G). G is 1 unless vmap batched the
 parameters; the batching rules fold that axis into G instead of looping.
 """
 
@@ -33,11 +33,11 @@ import jax.numpy as jnp
 from jax_dnn._src import checks
 from jax_dnn._src import plans
 from jax_dnn._src import sharding
-from jax_dnn._src.batching import NOT_MAPPED, batch_size, fold_groups, move_to_front, split_leading
+from jax_dnn._src.batching import NOT_MAPPED, batch_size, fold_param_sets, move_to_front, split_leading
 from jax_dnn._src.primitive import ShapedArray, define_primitive, vjp_op
 
 
-def _grouped(a, params):
+def _by_param_set(a, params):
   """Views a [rows, ...] fp32 array as [G, rows / G, ...] to apply [G, W] params."""
   g = params.shape[0]
   return a.reshape((g, -1) + a.shape[1:])
@@ -58,7 +58,7 @@ def _fwd_reference(x, scale, bias=None, *, epsilon, rms):
   width = x.shape[-1]
   x2 = x.reshape(-1, width).astype(jnp.float32)
   mean, rstd = _row_stats(x2, rms, epsilon)
-  y = _grouped((x2 - mean) * rstd, scale) * scale[:, None, :]
+  y = _by_param_set((x2 - mean) * rstd, scale) * scale[:, None, :]
   if rms:
     return y.reshape(x.shape).astype(x.dtype)
   y = (y + bias[:, None, :]).reshape(x.shape).astype(x.dtype)
@@ -75,17 +75,17 @@ def _bwd_reference(dy, x, scale, *stats, epsilon, rms):
     st = stats[0].reshape(-1, 2)
     mean, rstd = st[:, :1], st[:, 1:]
   xhat = (x2 - mean) * rstd
-  g = (_grouped(dy2, scale) * scale[:, None, :]).reshape(-1, width)
+  g = (_by_param_set(dy2, scale) * scale[:, None, :]).reshape(-1, width)
   mean_gx = jnp.mean(g * xhat, axis=-1, keepdims=True)
   if rms:
     dx = rstd * (g - xhat * mean_gx)
   else:
     dx = rstd * (g - jnp.mean(g, axis=-1, keepdims=True) - xhat * mean_gx)
   dx = dx.reshape(x.shape).astype(x.dtype)
-  dscale = jnp.sum(_grouped(dy2 * xhat, scale), axis=1)
+  dscale = jnp.sum(_by_param_set(dy2 * xhat, scale), axis=1)
   if rms:
     return dx, dscale
-  return dx, dscale, jnp.sum(_grouped(dy2, scale), axis=1)
+  return dx, dscale, jnp.sum(_by_param_set(dy2, scale), axis=1)
 
 
 # --- primitives ---------------------------------------------------------------
@@ -112,10 +112,10 @@ def _bwd_workspace(avals, *, epsilon, rms):
   (LayerNormBwdParts). A symbolic row count (jax.export) is passed as
   plans.LARGE: the parts' upper bound, whatever the rows."""
   del epsilon
-  x, (groups, width) = avals[1], avals[2].shape
+  x, (param_sets, width) = avals[1], avals[2].shape
   rows = plans.static_dim(math.prod(x.shape[:-1]), plans.LARGE)
-  parts = plans.layer_norm_bwd_parts(rows, groups, width, rms)
-  return (ShapedArray((groups, parts, 1 if rms else 2, width), jnp.float32),)
+  parts = plans.layer_norm_bwd_parts(rows, param_sets, width, rms)
+  return (ShapedArray((param_sets, parts, 1 if rms else 2, width), jnp.float32),)
 
 
 def _fwd_batch(args, dims, *, epsilon, rms):
@@ -125,7 +125,7 @@ def _fwd_batch(args, dims, *, epsilon, rms):
   # The kernel takes scale and bias with the same number of parameter copies:
   # one shared copy only while neither is batched.
   shared = all(d is NOT_MAPPED for d in dims[1:])
-  params = [fold_groups(p, d, size, shared_ok=shared) for p, d in zip(params, dims[1:])]
+  params = [fold_param_sets(p, d, size, shared_ok=shared) for p, d in zip(params, dims[1:])]
   if rms:
     return rms_norm_fwd_p.bind(x, *params, epsilon=epsilon), 0
   return layer_norm_fwd_p.bind(x, *params, epsilon=epsilon), [0, 0]
@@ -136,7 +136,7 @@ def _bwd_batch(args, dims, *, epsilon, rms):
   size = batch_size(args, dims)
   dy, x = move_to_front(dy, dims[0], size), move_to_front(x, dims[1], size)
   stats = [move_to_front(s, d, size) for s, d in zip(stats, dims[3:])]
-  scale = fold_groups(scale, dims[2], size, shared_ok=False)
+  scale = fold_param_sets(scale, dims[2], size, shared_ok=False)
   prim = rms_norm_bwd_p if rms else layer_norm_bwd_p
   dx, *dparams = prim.bind(dy, x, scale, *stats, epsilon=epsilon)
   dparams = [split_leading(d, size) for d in dparams]
@@ -144,13 +144,13 @@ def _bwd_batch(args, dims, *, epsilon, rms):
 
 
 def _sharding(operands, results, *, epsilon, rms, backward=False):
-  """Rows split (see sharding.grouped_rows); the normalized width stays
+  """Rows split (see sharding.param_set_rows); the normalized width stays
   whole; the parameter gradients are summed over the devices holding rows;
   layer norm's stats [..., 2] split with their rows."""
   del results, epsilon
   b = sharding.RuleBuilder()
-  groups, width = operands[2] if backward else operands[1]
-  x, g = sharding.grouped_rows(b, operands[1] if backward else operands[0], groups, b.own(width))
+  param_sets, width = operands[2] if backward else operands[1]
+  x, g = sharding.param_set_rows(b, operands[1] if backward else operands[0], param_sets, b.own(width))
   param = (g, x[-1])
   stats = None if rms else x[:-1] + (b.own(2),)
   if backward:  # dy, x, scale[, stats] -> dx, dscale[, dbias]

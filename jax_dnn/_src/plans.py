@@ -110,11 +110,11 @@ def attention_dq_acc_head_elements(t: int, h: int) -> int:
 # --- norms and bias_act (ffi/layer_norm/layer_norm_plan.h, ffi/activation/activation_plan.h)
 
 
-def layer_norm_bwd_parts(rows: int, groups: int, width: int, rms: bool, device=None) -> int:
-  """Row parts of the norms' backward workspace [groups, parts, sums, width]."""
-  return _ext().layer_norm_bwd_parts(rows, groups, width, rms, _device(device))
+def layer_norm_bwd_parts(rows: int, param_sets: int, width: int, rms: bool, device=None) -> int:
+  """Row parts of the norms' backward workspace [param_sets, parts, sums, width]."""
+  return _ext().layer_norm_bwd_parts(rows, param_sets, width, rms, _device(device))
 
 
-def bias_act_bwd_parts(rows: int, groups: int, width: int, dtype: str, device=None) -> int:
-  """Row parts of the bias backward's workspace [groups, parts, 1, width]."""
-  return _ext().bias_act_bwd_parts(rows, groups, width, dtype, _device(device))
+def bias_act_bwd_parts(rows: int, param_sets: int, width: int, dtype: str, device=None) -> int:
+  """Row parts of the bias backward's workspace [param_sets, parts, 1, width]."""
+  return _ext().bias_act_bwd_parts(rows, param_sets, width, dtype, _device(device))

@@ -129,21 +129,21 @@ def same_shape(shape, operands: int, whole_axis: int | None = None) -> Rule:
   return builder.build()
 
 
-def grouped_rows(builder: RuleBuilder, shape, groups: int, last: Factor):
-  """Factors of x [..., W] whose rows use parameter group r // (rows / G)
+def param_set_rows(builder: RuleBuilder, shape, param_sets: int, last: Factor):
+  """Factors of x [..., W] whose rows use parameter set r // (rows / G)
   (G > 1 where vmap batched the parameters), and the factor of G.
 
-  Rows split freely under one group. Under G groups they split only along
+  Rows split freely under one parameter set. Under G sets they split only along
   a first dimension of size G (vmap's axis, the parameters split alike, so
-  each shard's rows still find their groups); otherwise they stay whole.
+  each shard's rows still find their param_sets); otherwise they stay whole.
   """
-  if groups == 1:
+  if param_sets == 1:
     return rows_then(builder, shape, last), builder.own(1)
-  if len(shape) >= 2 and shape[0] == groups:
+  if len(shape) >= 2 and shape[0] == param_sets:
     x = rows_then(builder, shape, last)
     return x, x[0]
   x = tuple(builder.own(s) for s in shape[:-1]) + (last,)
-  return x, builder.own(groups)
+  return x, builder.own(param_sets)
 
 
 # --- the partitioner's callbacks ------------------------------------------------
