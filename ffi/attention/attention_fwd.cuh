@@ -1,7 +1,7 @@
 // Flash attention forward for Hopper: o = softmax(logits) v and lse.
 // (Without a mask, at head dims 128 from 2048 keys and queries and at head
 // dims 64 from 512, the launcher takes AttentionFwdWideKernel instead:
-// 192-row tiles, attention_fwd_wide.cuh; FwdWideTakes.)
+// 192-row tiles, attention_fwd_wide.cuh; FwdWideTakes in attention_plan.cc.)
 //
 // One CTA computes 128 query rows of one (batch, head) in three warpgroups:
 //   warpgroup 0 (producer): one thread issues TMA loads -- each consumer's

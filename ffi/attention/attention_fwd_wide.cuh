@@ -2,7 +2,7 @@
 // consumer warpgroups of 64 rows share each K and V tile. The launcher
 // takes it on the lean path where every query tile sees every key
 // (FwdUniformKeys, not FwdNeedsGeneral) at head dims 128 from 2048 keys and
-// queries, and at head dims 64 from 512 (FwdWideTakes); all else goes to
+// queries, and at head dims 64 from 512 (FwdWideTakes, attention_plan.cc); all else goes to
 // AttentionFwdKernel (attention_fwd.cuh), whose schedule (FwdSchedule:
 // persistent grid, split tail, clusters of two CTAs sharing K/V loads) and
 // tile indices (FwdTileInfo) it shares.

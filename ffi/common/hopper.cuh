@@ -260,8 +260,7 @@ __device__ __forceinline__ uint64_t Descriptor(uint32_t smem_addr, uint32_t lbo_
 // faster schedule: with this form and WarpUniform, the dK/dV kernel got
 // 3-6% faster, but the dQ kernel 13% slower (head dim 64, ncu) and the
 // forward 3% (head dim 64, ncu; with WarpUniform alone, up to 5% at head
-// dim 256 in the benchmark), so those keep the rebuilt form (H200,
-// 2026-11-22).
+// dim 256 in the benchmark), so those keep the rebuilt form (H200).
 __device__ __forceinline__ uint64_t Descriptor(uint32_t smem_addr, uint32_t lbo_bytes,
                                                uint32_t bytes) {
   const uint64_t d = Descriptor(smem_addr, lbo_bytes);
