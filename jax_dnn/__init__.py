@@ -8,6 +8,7 @@ composes with jit, vmap, grad and checkpoint on any platform.
 from jax_dnn._src import extension as _extension
 from jax_dnn._src.activation import bias_act, gelu, relu, sigmoid, silu, tanh
 from jax_dnn._src.attention import dot_product_attention
+from jax_dnn._src.config import config
 from jax_dnn._src.layer_norm import layer_norm, rms_norm
 from jax_dnn._src.softmax import log_softmax, softmax
 
@@ -32,6 +33,7 @@ def __dir__():
 
 __all__ = [
     "bias_act",
+    "config",
     "dot_product_attention",
     "export_disabled_checks",
     "gelu",

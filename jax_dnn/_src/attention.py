@@ -41,6 +41,7 @@ from jax_dnn._src import plans
 from jax_dnn._src import sharding
 from jax_dnn._src.batching import (NOT_MAPPED, batch_size, merge_leading, move_to_front,
                                    split_leading)
+from jax_dnn._src.config import config
 from jax_dnn._src.mesh_types import like_primal, same_manual_axes
 from jax_dnn._src.primitive import ShapedArray, define_primitive
 
@@ -579,7 +580,7 @@ def dot_product_attention(query, key, value, bias=None, mask=None, *, scale=None
                           is_causal=False, query_seq_lengths=None, key_value_seq_lengths=None,
                           local_window_size=None, implementation=None, return_residual=False,
                           q_segment_ids=None, kv_segment_ids=None, logits_soft_cap=None,
-                          deterministic_backward=False):
+                          deterministic_backward=None):
   """Scaled dot-product attention, drop-in for jax.nn.dot_product_attention.
 
   Same arguments, layout ([B, T, N, H], or [T, N, H] without the batch) and
@@ -600,7 +601,9 @@ def dot_product_attention(query, key, value, bias=None, mask=None, *, scale=None
       dims padding to 64 or 128; without bias, soft-cap, mask or
       segments), and
       the order of those adds varies; True takes the split backward, which
-      writes every gradient exactly once (the only path elsewhere).
+      writes every gradient exactly once (the only path elsewhere). None
+      (the default) follows jax_dnn.config.deterministic (False unless
+      set); that setting, when True, makes every call deterministic.
     scale may be traced (e.g. a learned temperature): then the query is
       multiplied by it (in its own dtype) before the kernels, which take a
       static scale.
@@ -662,7 +665,11 @@ def dot_product_attention(query, key, value, bias=None, mask=None, *, scale=None
   if not _is_static_float(scale):
     raise TypeError(f"{_OP}: scale must be a float scalar; got {scale!r}")
   is_causal = _static_bool("is_causal", is_causal)
-  deterministic_backward = _static_bool("deterministic_backward", deterministic_backward)
+  # jax_dnn.config's deterministic setting makes every backward deterministic;
+  # the argument asks it of this call alone.
+  deterministic_backward = (config.deterministic if deterministic_backward is None else
+                            _static_bool("deterministic_backward", deterministic_backward)
+                            or config.deterministic)
   softcap = 0.0
   if logits_soft_cap is not None:
     cap = _concrete(logits_soft_cap)
