@@ -16,14 +16,12 @@ faster); with two files, the first's ours (before) beside the second's.
 from __future__ import annotations
 
 import argparse
-import functools
 import json
 import math
 import statistics
 import sys
 import time
 
-EPS = 1e-5
 GIB = 1 << 30
 # The aligned headline shape, then odd and prime widths (x of 96-192 MiB at
 # 16 bits, so that a call needs few input sets).
@@ -33,33 +31,11 @@ MODES = ["fwd", "fwd+bwd"]
 
 
 def _ops():
-  import jax
-  import jax.numpy as jnp
-  import jax_dnn
-
-  def xla_layer_norm(x, scale, bias):
-    xf = x.astype(jnp.float32)
-    mean = jnp.mean(xf, -1, keepdims=True)
-    var = jnp.mean(jnp.square(xf - mean), -1, keepdims=True)
-    return ((xf - mean) * jax.lax.rsqrt(var + EPS) * scale + bias).astype(x.dtype)
-
-  def xla_rms_norm(x, scale):
-    xf = x.astype(jnp.float32)
-    return (xf * jax.lax.rsqrt(jnp.mean(xf * xf, -1, keepdims=True) + EPS) * scale).astype(x.dtype)
-
-  def xla_softmax(x):
-    return jax.nn.softmax(x.astype(jnp.float32), axis=-1).astype(x.dtype)
-
-  def xla_bias_gelu(x, bias):
-    return jax.nn.gelu(x.astype(jnp.float32) + bias).astype(x.dtype)
-
-  # name -> (ours, xla, number of fp32 per-feature parameters)
-  return {
-      "layer_norm": (functools.partial(jax_dnn.layer_norm, epsilon=EPS), xla_layer_norm, 2),
-      "rms_norm": (functools.partial(jax_dnn.rms_norm, epsilon=EPS), xla_rms_norm, 1),
-      "softmax": (jax_dnn.softmax, xla_softmax, 0),
-      "bias_act": (functools.partial(jax_dnn.bias_act, activation="gelu_tanh"), xla_bias_gelu, 1),
-  }
+  """name -> (ours, xla, number of fp32 per-feature parameters): the
+  benchmark families' own pairs (jax_dnn/benchmark/)."""
+  from jax_dnn.benchmark import activations, norms, softmax
+  return {**norms.OPS, "softmax": softmax.OPS["softmax"],
+          "bias_act": activations.OPS["bias_act(gelu)"]}
 
 
 def _time(fn, inputs, repeats=5, calls=20):
