@@ -26,13 +26,6 @@ def batch_size(args, dims) -> int:
   raise ValueError("batching rule called with no batched argument")
 
 
-def unbatched_shape(x, bdim) -> tuple[int, ...]:
-  """x's shape without its batch axis."""
-  if bdim is NOT_MAPPED:
-    return tuple(x.shape)
-  return tuple(s for i, s in enumerate(x.shape) if i != bdim)
-
-
 def move_to_front(x, bdim, size):
   """Returns x with its batch axis first, broadcasting an unbatched x."""
   if bdim is NOT_MAPPED:
