@@ -34,6 +34,13 @@ nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem,temperature.gpu 
 if has build; then
   echo "== build"
   t0=$(date +%s)
+  # The GPU machines have no network: a build requirement they lack (the
+  # CUTLASS headers of nvidia-cutlass) installs from the wheels in
+  # $JAX_DNN_WHEELS (default ./.wheels, carried beside the tree).
+  if ! python3 -c "import importlib.util, sys; sys.exit(importlib.util.find_spec('cutlass_library') is None)"; then
+    python3 -m pip install -q --no-deps "${JAX_DNN_WHEELS:-.wheels}"/nvidia_cutlass-*.whl \
+      || echo "nvidia-cutlass is not installed: the convolution's implicit-GEMM kernels are not built"
+  fi
   python3 -m pip install --no-build-isolation --no-deps -q . > "$OUT/build.log" 2>&1 \
     || { tail -40 "$OUT/build.log"; exit 1; }
   echo "built in $(( $(date +%s) - t0 )) s"
