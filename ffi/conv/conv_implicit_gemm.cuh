@@ -215,8 +215,8 @@ cudaError_t Run(const ConvShape& s, const ConvArgs& a, int sm_count, cudaStream_
   }
   const size_t workspace = Conv::get_workspace_size(args);
   if (workspace > static_cast<size_t>(a.workspace_bytes)) {
-    *declined = "the kernel needs " + std::to_string(workspace) + " workspace bytes, the call has " +
-                std::to_string(a.workspace_bytes);
+    *declined = "the kernel needs " + std::to_string(workspace) +
+                " workspace bytes, the call has " + std::to_string(a.workspace_bytes);
     return cudaErrorNotSupported;
   }
   status = conv.initialize(args, a.workspace, stream);

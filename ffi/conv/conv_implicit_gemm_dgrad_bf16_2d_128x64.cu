@@ -5,8 +5,9 @@
 
 namespace jax_dnn {
 
-cudaError_t ConvIgemmDgradBf16Dims2Tile128x64(const ConvShape& shape, const ConvArgs& args, int sm_count,
-                                              cudaStream_t stream, std::string* declined) {
+cudaError_t ConvIgemmDgradBf16Dims2Tile128x64(const ConvShape& shape, const ConvArgs& args,
+                                              int sm_count, cudaStream_t stream,
+                                              std::string* declined) {
   return conv_igemm::Run<cutlass::conv::Operator::kDgrad, __nv_bfloat16, 2, 64>(
       shape, args, sm_count, stream, declined);
 }

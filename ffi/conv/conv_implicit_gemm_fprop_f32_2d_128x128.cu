@@ -5,8 +5,9 @@
 
 namespace jax_dnn {
 
-cudaError_t ConvIgemmFpropF32Dims2Tile128x128(const ConvShape& shape, const ConvArgs& args, int sm_count,
-                                              cudaStream_t stream, std::string* declined) {
+cudaError_t ConvIgemmFpropF32Dims2Tile128x128(const ConvShape& shape, const ConvArgs& args,
+                                              int sm_count, cudaStream_t stream,
+                                              std::string* declined) {
   return conv_igemm::Run<cutlass::conv::Operator::kFprop, float, 2, 128>(
       shape, args, sm_count, stream, declined);
 }

@@ -243,10 +243,10 @@ ConvAlgorithm ConvPlan(const ConvProblem& problem, bool deterministic, const Dev
     if (const ConvAlgorithm* a = usable(kConvImplicitGemm128x128)) {
       const int sms = device.sm_count > 0 ? device.sm_count : kAssumedSmCount;
       const int64_t tiles = WgradTiles(s);
-      if (deterministic || 2 * tiles >= sms) return *a;
-      declined = "wgrad's " + std::to_string(tiles) + " output tiles would busy few of " +
-                 std::to_string(sms) + " SMs (no split-K: it takes at least half as many " +
-                 "tiles as SMs unless deterministic)";
+      if (deterministic || tiles >= sms) return *a;
+      declined = "wgrad's " + std::to_string(tiles) + " output tiles would busy " +
+                 std::to_string(tiles) + " of " + std::to_string(sms) +
+                 " SMs (no split-K: it takes a tile an SM or more, unless deterministic)";
     }
   } else {
     const int64_t gemm_n = problem.op == ConvOp::kFprop ? s.k : s.c;

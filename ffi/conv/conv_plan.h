@@ -112,12 +112,13 @@ ConvAlgorithm ConvAlgorithmFor(int id, const ConvProblem& problem, const DeviceP
 //   - fprop and dgrad: implicit_gemm_128x64 where the GEMM's N (fprop's K,
 //     dgrad's C) is at most 64 and it is built, else implicit_gemm_128x128;
 //   - wgrad: implicit_gemm_128x128 only where its GEMM (M = K, N = T*R*S*C,
-//     reduced over N*O*P*Q) has at least half as many 128 x 128 output tiles
-//     as the device has SMs (132 assumed where no device is known). CUTLASS's
-//     sm90 conv has no split-K: each CTA reduces the whole N*O*P*Q, so a
-//     ResNet-50 3x3 64->64 wgrad (1 x 5 tiles) would run 5 CTAs on 132 SMs
-//     for 0.4M-long reductions, far slower than XLA. Under `deterministic`
-//     the rule is waived: it is the bitwise-reproducible choice.
+//     reduced over N*O*P*Q) has at least as many 128 x 128 output tiles as
+//     the device has SMs (132 assumed where no device is known). CUTLASS's
+//     sm90 conv has no split-K: each CTA reduces the whole N*O*P*Q, so with
+//     fewer tiles than SMs the kernel reaches at most tiles / SMs of the
+//     device's rate (a ResNet-50 3x3 64->64 wgrad has 1 x 5 tiles: 5 CTAs on
+//     132 SMs, each reducing 0.4M products an output), far below XLA's. Under
+//     `deterministic` the rule is waived: it is the bitwise-reproducible choice.
 // `deterministic` restricts the choice to deterministic algorithms. When none
 // takes the problem: supported = false, id = -1, and the reason lists why.
 ConvAlgorithm ConvPlan(const ConvProblem& problem, bool deterministic, const DeviceProps& device);
