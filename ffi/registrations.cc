@@ -7,20 +7,26 @@
 //     DeviceProps it plans for; current_device() gives the current CUDA
 //     device's (all 0 in a CPU-only build or where no GPU is present: each
 //     plan says what it assumes then).
+//   The convolution's algorithm registry (ffi/conv/conv_plan.h): ConvProblem,
+//     ConvAlgorithm, conv_algorithms(problem, device), conv_plan(problem,
+//     deterministic, device).
 #include <nanobind/nanobind.h>
 #include <nanobind/stl/optional.h>
 #include <nanobind/stl/string.h>
 #include <nanobind/stl/tuple.h>
+#include <nanobind/stl/vector.h>
 
 #include <cstdint>
 #include <optional>
 #include <string>
 #include <tuple>
+#include <vector>
 
 #include "ffi/activation/activation_plan.h"
 #include "ffi/attention/attention_plan.h"
 #include "ffi/common/device_props.h"
 #include "ffi/common/dtype.h"
+#include "ffi/conv/conv_plan.h"
 #include "ffi/layer_norm/layer_norm_plan.h"
 
 #ifdef JAX_DNN_WITH_CUDA
@@ -39,6 +45,9 @@ XLA_FFI_DECLARE_HANDLER_SYMBOL(RmsNormFwd);
 XLA_FFI_DECLARE_HANDLER_SYMBOL(RmsNormBwd);
 XLA_FFI_DECLARE_HANDLER_SYMBOL(AttentionFwd);
 XLA_FFI_DECLARE_HANDLER_SYMBOL(AttentionBwd);
+XLA_FFI_DECLARE_HANDLER_SYMBOL(ConvFwd);
+XLA_FFI_DECLARE_HANDLER_SYMBOL(ConvDgrad);
+XLA_FFI_DECLARE_HANDLER_SYMBOL(ConvWgrad);
 }  // namespace jax_dnn
 #endif
 
@@ -49,6 +58,8 @@ namespace {
 
 using jax_dnn::AttentionOptions;
 using jax_dnn::AttentionShape;
+using jax_dnn::ConvAlgorithm;
+using jax_dnn::ConvProblem;
 using jax_dnn::DeviceProps;
 using jax_dnn::DType;
 
@@ -73,6 +84,9 @@ nb::dict Registrations() {
   d["jax_dnn_rms_norm_bwd"] = Capsule(RmsNormBwd);
   d["jax_dnn_attention_fwd"] = Capsule(AttentionFwd);
   d["jax_dnn_attention_bwd"] = Capsule(AttentionBwd);
+  d["jax_dnn_conv_fwd"] = Capsule(ConvFwd);
+  d["jax_dnn_conv_dgrad"] = Capsule(ConvDgrad);
+  d["jax_dnn_conv_wgrad"] = Capsule(ConvWgrad);
 #endif
   return d;
 }
@@ -146,6 +160,91 @@ void DefinePlanTypes(nb::module_& m) {
       .def_rw("softcap", &AttentionOptions::softcap);
 }
 
+jax_dnn::ConvOp ConvOpNamed(const std::string& op) {
+  if (op == "fwd") return jax_dnn::ConvOp::kFprop;
+  if (op == "dgrad") return jax_dnn::ConvOp::kDgrad;
+  if (op == "wgrad") return jax_dnn::ConvOp::kWgrad;
+  throw nb::value_error(("ConvProblem: op must be 'fwd', 'dgrad' or 'wgrad', not " + op).c_str());
+}
+
+const char* ConvOpName(jax_dnn::ConvOp op) {
+  return op == jax_dnn::ConvOp::kFprop ? "fwd" : op == jax_dnn::ConvOp::kDgrad ? "dgrad" : "wgrad";
+}
+
+// A (D, H, W) argument of ConvProblem into conv.h's array.
+void ConvAxes(const char* name, const std::vector<int64_t>& v, int64_t (&out)[3]) {
+  if (v.size() != 3)
+    throw nb::value_error(
+        (std::string("ConvProblem: ") + name + " must have 3 entries (D, H, W)").c_str());
+  for (int i = 0; i < 3; ++i) out[i] = v[i];
+}
+
+std::vector<int64_t> AxesList(const int64_t (&v)[3]) { return {v[0], v[1], v[2]}; }
+
+void DefineConvTypes(nb::module_& m) {
+  using V = std::vector<int64_t>;
+  nb::class_<ConvProblem>(m, "ConvProblem")
+      .def(
+          "__init__",
+          [](ConvProblem* p, const std::string& op, const std::string& dtype, int64_t n, int64_t c,
+             int64_t k, int64_t groups, const V& input, const V& window, const V& output,
+             const V& stride, const V& dilation, const V& pad_lo, const V& pad_hi, int rank,
+             int activation, bool bias, bool residual) {
+            ConvProblem q;
+            q.op = ConvOpNamed(op);
+            q.dtype = KernelDType(dtype);
+            q.shape.n = n;
+            q.shape.c = c;
+            q.shape.k = k;
+            q.shape.groups = groups;
+            ConvAxes("input", input, q.shape.input);
+            ConvAxes("window", window, q.shape.window);
+            ConvAxes("output", output, q.shape.output);
+            ConvAxes("stride", stride, q.shape.stride);
+            ConvAxes("dilation", dilation, q.shape.dilation);
+            ConvAxes("pad_lo", pad_lo, q.shape.pad_lo);
+            ConvAxes("pad_hi", pad_hi, q.shape.pad_hi);
+            q.shape.rank = rank;
+            q.activation = activation;
+            q.bias = bias;
+            q.residual = residual;
+            new (p) ConvProblem(q);
+          },
+          "op"_a, "dtype"_a, "n"_a, "c"_a, "k"_a, "groups"_a, "input"_a, "window"_a, "output"_a,
+          "stride"_a, "dilation"_a, "pad_lo"_a, "pad_hi"_a, "rank"_a, "activation"_a = -1,
+          "bias"_a = false, "residual"_a = false)
+      .def_prop_ro("op", [](const ConvProblem& p) { return std::string(ConvOpName(p.op)); })
+      .def_prop_ro("n", [](const ConvProblem& p) { return p.shape.n; })
+      .def_prop_ro("c", [](const ConvProblem& p) { return p.shape.c; })
+      .def_prop_ro("k", [](const ConvProblem& p) { return p.shape.k; })
+      .def_prop_ro("groups", [](const ConvProblem& p) { return p.shape.groups; })
+      .def_prop_ro("input", [](const ConvProblem& p) { return AxesList(p.shape.input); })
+      .def_prop_ro("window", [](const ConvProblem& p) { return AxesList(p.shape.window); })
+      .def_prop_ro("output", [](const ConvProblem& p) { return AxesList(p.shape.output); })
+      .def_prop_ro("stride", [](const ConvProblem& p) { return AxesList(p.shape.stride); })
+      .def_prop_ro("dilation", [](const ConvProblem& p) { return AxesList(p.shape.dilation); })
+      .def_prop_ro("pad_lo", [](const ConvProblem& p) { return AxesList(p.shape.pad_lo); })
+      .def_prop_ro("pad_hi", [](const ConvProblem& p) { return AxesList(p.shape.pad_hi); })
+      .def_prop_ro("rank", [](const ConvProblem& p) { return p.shape.rank; })
+      .def_ro("activation", &ConvProblem::activation)
+      .def_ro("bias", &ConvProblem::bias)
+      .def_ro("residual", &ConvProblem::residual);
+
+  nb::class_<ConvAlgorithm>(m, "ConvAlgorithm")
+      .def_ro("id", &ConvAlgorithm::id)
+      .def_ro("name", &ConvAlgorithm::name)
+      .def_ro("supported", &ConvAlgorithm::supported)
+      .def_ro("reason", &ConvAlgorithm::reason)
+      .def_ro("workspace_bytes", &ConvAlgorithm::workspace_bytes)
+      .def_ro("deterministic", &ConvAlgorithm::deterministic)
+      .def("__repr__", [](const ConvAlgorithm& a) {
+        return "ConvAlgorithm(id=" + std::to_string(a.id) + ", name='" + a.name +
+               "', supported=" + (a.supported ? "True" : "False") + ", reason='" + a.reason +
+               "', workspace_bytes=" + std::to_string(a.workspace_bytes) +
+               ", deterministic=" + (a.deterministic ? "True" : "False") + ")";
+      });
+}
+
 void DefinePlans(nb::module_& m) {
   m.def("current_device", &CurrentDevice);
 
@@ -181,6 +280,9 @@ void DefinePlans(nb::module_& m) {
         return jax_dnn::BiasActBwdParts(rows, param_sets, width, KernelDType(dtype), device);
       },
       "rows"_a, "param_sets"_a, "width"_a, "dtype"_a, "device"_a);
+
+  m.def("conv_algorithms", &jax_dnn::ConvAlgorithms, "problem"_a, "device"_a);
+  m.def("conv_plan", &jax_dnn::ConvPlan, "problem"_a, "deterministic"_a, "device"_a);
 }
 
 }  // namespace
@@ -195,5 +297,6 @@ NB_MODULE(_jax_dnn, m) {
 #endif
   });
   DefinePlanTypes(m);
+  DefineConvTypes(m);
   DefinePlans(m);
 }

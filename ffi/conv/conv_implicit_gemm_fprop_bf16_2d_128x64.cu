@@ -1,0 +1,15 @@
+// The implicit-GEMM convolution's forward: bfloat16, 2D kernel,
+// 128 x 64 CTA tile (conv_implicit_gemm.cuh). One kernel a translation unit.
+#include "ffi/conv/conv_implicit_gemm.cuh"
+#include "ffi/conv/conv_implicit_gemm.h"
+
+namespace jax_dnn {
+
+cudaError_t ConvIgemmFpropBf16Dims2Tile128x64(const ConvShape& shape, const ConvArgs& args,
+                                              int sm_count, cudaStream_t stream,
+                                              std::string* declined) {
+  return conv_igemm::Run<cutlass::conv::Operator::kFprop, __nv_bfloat16, 2, 64>(
+      shape, args, sm_count, stream, declined);
+}
+
+}  // namespace jax_dnn

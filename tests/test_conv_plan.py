@@ -1,0 +1,260 @@
+"""The convolution's algorithm registry (ffi/conv/conv_plan.h), asked of the
+extension as Python's plans ask it: each case checks an answer against the
+rule conv_plan.h states. CPU: the plans are built in every build, and answer
+for the kernels a CUDA build has."""
+
+import pytest
+
+from jax_dnn._src import extension
+
+ext = extension.module()
+if ext is None:
+  pytest.skip("jax_dnn's extension is not built: no plans", allow_module_level=True)
+
+H100 = 132
+IGEMM_128 = "implicit_gemm_128x128"
+IGEMM_64 = "implicit_gemm_128x64"
+DEPTHWISE = "depthwise_direct"
+
+
+def _out(i, w, s, d, lo, hi):
+  return (i + lo + hi - (w - 1) * d - 1) // s + 1
+
+
+def problem(op="fwd", dtype="bfloat16", *, n=8, c=64, k=64, groups=1, spatial=(56, 56),
+            window=(3, 3), stride=1, dilation=1, pad=None, output=None, **kw):
+  """A ConvProblem of rank len(spatial) (an int applies to every spatial axis);
+  padding (both sides) defaults to (window - 1) * dilation // 2."""
+  rank = len(spatial)
+  lead = 3 - rank
+  expand = lambda v, fill=1: [fill] * lead + list(v if isinstance(v, (tuple, list)) else [v] * rank)
+  inp, win = expand(spatial), expand(window)
+  st, dil = expand(stride), expand(dilation)
+  if pad is None:
+    pad = [((w - 1) * d) // 2 for w, d in zip(win[lead:], dil[lead:])]
+  lo = expand(pad, 0)
+  hi = list(lo)
+  if output is None:
+    output = [_out(*a) for a in zip(inp, win, st, dil, lo, hi)]
+  return ext.ConvProblem(op, dtype, n, c, k, groups, inp, win, output, st, dil, lo, hi, rank, **kw)
+
+
+def dev(sm_count=H100):
+  return ext.DeviceProps(sm_count=sm_count)
+
+
+def algorithms(p, sm_count=H100):
+  return {a.name: a for a in ext.conv_algorithms(p, dev(sm_count))}
+
+
+def test_every_algorithm_answers():
+  for op in ("fwd", "dgrad", "wgrad"):
+    algos = ext.conv_algorithms(problem(op), dev())
+    assert [a.name for a in algos] == [IGEMM_128, IGEMM_64, DEPTHWISE]
+    assert len({a.id for a in algos}) == 3
+    for a in algos:
+      assert a.workspace_bytes >= 0
+      assert a.supported == (a.reason == ""), a
+
+
+@pytest.mark.parametrize("op, k, c, tile", [
+    # The 128 x 64 tile where the GEMM's N (fprop's K, dgrad's C) is <= 64.
+    ("fwd", 64, 64, IGEMM_64),
+    ("fwd", 64, 256, IGEMM_64),
+    ("fwd", 128, 64, IGEMM_128),
+    ("fwd", 256, 256, IGEMM_128),
+    ("dgrad", 256, 64, IGEMM_64),
+    ("dgrad", 64, 128, IGEMM_128),
+])
+def test_tile_choice(op, k, c, tile):
+  plan = ext.conv_plan(problem(op, c=c, k=k), False, dev())
+  assert plan.supported and plan.name == tile, plan
+  assert plan.deterministic
+
+
+def test_tile_falls_back_where_one_is_not_built():
+  # No 128 x 64 kernel in 3D or for float32: K = 64 runs on 128 x 128.
+  p = problem(spatial=(16, 16, 16), window=(3, 3, 3), c=64, k=64)
+  assert not algorithms(p)[IGEMM_64].supported
+  assert ext.conv_plan(p, False, dev()).name == IGEMM_128
+  p = problem(dtype="float32", c=64, k=64)
+  assert "built" in algorithms(p)[IGEMM_64].reason
+  assert ext.conv_plan(p, False, dev()).name == IGEMM_128
+
+
+@pytest.mark.parametrize("op, dtype, rank, takes", [
+    ("fwd", "bfloat16", 2, True), ("fwd", "float16", 2, True), ("fwd", "float32", 2, True),
+    ("fwd", "bfloat16", 3, True), ("fwd", "float16", 3, False), ("fwd", "float32", 3, False),
+    ("dgrad", "bfloat16", 2, True), ("dgrad", "float16", 2, True), ("dgrad", "float32", 2, False),
+    ("dgrad", "bfloat16", 3, True), ("dgrad", "float16", 3, False),
+    ("wgrad", "bfloat16", 2, True), ("wgrad", "float16", 2, True), ("wgrad", "float32", 2, False),
+    ("wgrad", "bfloat16", 3, True), ("wgrad", "float16", 3, False),
+    ("fwd", "bfloat16", 1, True), ("wgrad", "float16", 1, True),  # 1D on the 2D kernels
+])
+def test_built_kernels(op, dtype, rank, takes):
+  spatial = {1: (4096,), 2: (56, 56), 3: (16, 16, 16)}[rank]
+  p = problem(op, dtype, spatial=spatial, window=(3,) * rank, c=512, k=512)
+  a = algorithms(p)[IGEMM_128]
+  assert a.supported == takes, a.reason
+  if not takes:
+    assert "built" in a.reason
+  if dtype == "float32" and op != "fwd":
+    assert "TF32" in a.reason
+
+
+def test_float32_gradients_have_no_kernel():
+  plan = ext.conv_plan(problem("dgrad", "float32"), False, dev())
+  assert not plan.supported and plan.id == -1
+  for name in (IGEMM_128, IGEMM_64, DEPTHWISE):
+    assert name + ":" in plan.reason
+
+
+@pytest.mark.parametrize("dtype, c, k, takes", [
+    ("bfloat16", 64, 64, True),
+    ("bfloat16", 3, 64, False),  # the ResNet stem: 16-byte TMA rows need C % 8 == 0
+    ("float16", 64, 60, False),
+    ("float16", 24, 40, True),
+    ("float32", 4, 12, True),  # 16 bytes = 4 floats
+    ("float32", 6, 12, False),
+])
+def test_channel_alignment(dtype, c, k, takes):
+  a = algorithms(problem(dtype=dtype, c=c, k=k))[IGEMM_128]
+  assert a.supported == takes, a.reason
+  if not takes:
+    assert "multiples of" in a.reason
+
+
+def test_groups_take_depthwise_or_nothing():
+  grouped = algorithms(problem(c=128, k=128, groups=32))
+  assert not grouped[IGEMM_128].supported and "groups" in grouped[IGEMM_128].reason
+  # Depthwise (groups == C): the depthwise kernel's own rules decide.
+  p = problem(c=64, k=64, groups=64)
+  dw = algorithms(p)[DEPTHWISE]
+  plan = ext.conv_plan(p, False, dev())
+  if dw.supported:
+    assert plan.name == DEPTHWISE and plan.workspace_bytes == dw.workspace_bytes
+  else:
+    assert dw.reason and not plan.supported
+    assert DEPTHWISE + ": " + dw.reason in plan.reason
+
+
+@pytest.mark.parametrize("activation, takes", [(-1, True), (0, True), (1, False), (3, False)])
+def test_fused_activations(activation, takes):
+  p = problem(activation=activation, bias=True, residual=True)
+  a = algorithms(p)[IGEMM_128]
+  assert a.supported == takes, a.reason
+  if not takes:
+    assert "activation" in a.reason
+  # Only fprop has an epilogue to fuse into.
+  assert algorithms(problem("dgrad", activation=activation))[IGEMM_128].supported
+
+
+@pytest.mark.parametrize("op, stride, takes", [
+    ("fwd", 2, True), ("wgrad", 2, True), ("dgrad", 1, True),
+    ("dgrad", 2, False),  # CUTLASS's sm90 dgrad has no strided kernel
+    ("fwd", 8, True), ("fwd", 9, False),  # the im2col TMA's traversal stride
+])
+def test_strides(op, stride, takes):
+  p = problem(op, stride=stride, spatial=(64, 64), c=256, k=256)
+  a = algorithms(p)[IGEMM_128]
+  assert a.supported == takes, a.reason
+  if op == "dgrad" and not takes:
+    assert "strided dgrad" in a.reason
+
+
+def test_dilated_dgrad():
+  assert algorithms(problem("dgrad", dilation=2, c=128, k=128))[IGEMM_128].supported
+
+
+@pytest.mark.parametrize("rank, window, dilation, pad, takes", [
+    # 2D: corners in [-128, 127], padding <= 256, (R - 1) * dilation < 255.
+    (2, 3, 1, 128, True),
+    (2, 3, 1, 129, False),
+    (2, 3, 127, 127, True),
+    (2, 3, 128, 127, False),  # filter offset 256
+    # 3D: corners in [-16, 15], (T - 1) * dilation < 31.
+    (3, 3, 1, 16, True),
+    (3, 3, 1, 17, False),
+    (3, 3, 15, 15, True),
+    (3, 3, 16, 15, False),
+])
+def test_im2col_limits(rank, window, dilation, pad, takes):
+  spatial = (300, 300) if rank == 2 else (40, 40, 40)
+  p = problem(spatial=spatial, window=(window,) * rank, dilation=dilation, pad=pad, c=64, k=128)
+  a = algorithms(p)[IGEMM_128]
+  assert a.supported == takes, a.reason
+  if not takes:
+    assert "im2col" in a.reason
+
+
+def test_wgrad_needs_output_tiles_for_the_sms():
+  # 3x3 64 -> 64: 1 x 5 tiles of 128 x 128, each reducing N*P*Q: declined on
+  # 132 SMs (XLA runs it) unless deterministic, which takes it.
+  small = problem("wgrad", n=128, c=64, k=64)
+  assert algorithms(small)[IGEMM_128].supported
+  plan = ext.conv_plan(small, False, dev())
+  assert not plan.supported and "tiles" in plan.reason
+  plan = ext.conv_plan(small, True, dev())
+  assert plan.supported and plan.name == IGEMM_128 and plan.deterministic
+  # 3x3 512 -> 512: 4 x 36 = 144 tiles.
+  assert ext.conv_plan(problem("wgrad", c=512, k=512, spatial=(7, 7)), False, dev()).supported
+  # 3x3 256 -> 256: 2 x 18 = 36 tiles: enough for 36 SMs, not for 37 or 132.
+  mid = problem("wgrad", c=256, k=256, spatial=(14, 14))
+  assert ext.conv_plan(mid, False, dev(36)).supported
+  assert not ext.conv_plan(mid, False, dev(37)).supported
+  assert not ext.conv_plan(mid, False, dev(132)).supported
+  # No device known: 132 SMs assumed.
+  assert not ext.conv_plan(mid, False, dev(0)).supported
+
+
+def test_deterministic_choices_are_deterministic():
+  for op in ("fwd", "dgrad", "wgrad"):
+    for c, k in ((64, 64), (256, 512)):
+      plan = ext.conv_plan(problem(op, c=c, k=k), True, dev())
+      assert plan.supported and plan.deterministic, plan
+
+
+@pytest.mark.parametrize("kw, words", [
+    (dict(output=[1, 50, 56]), "do not follow"),
+    (dict(c=64, k=64, groups=3), "groups"),
+    (dict(n=0), "empty"),
+    (dict(pad=-1), "non-negative"),
+])
+def test_malformed_problems(kw, words):
+  for a in ext.conv_algorithms(problem(**kw), dev()):
+    assert not a.supported and words in a.reason, a
+
+
+def test_leading_axes_of_a_lower_rank():
+  p = ext.ConvProblem("fwd", "bfloat16", 1, 64, 64, 1, [1, 2, 100], [1, 1, 3], [1, 2, 100],
+                      [1, 1, 1], [1, 1, 1], [0, 0, 1], [0, 0, 1], 1)
+  a = ext.conv_algorithms(p, dev())[0]
+  assert not a.supported and "extent 1" in a.reason
+
+
+def test_rows_past_int32():
+  # N * O * P * Q past 2^31 - 1: CUTLASS's GEMM M is int32.
+  p = problem(n=1024, spatial=(1500, 1500), window=(1, 1), c=64, k=64)
+  a = algorithms(p)[IGEMM_128]
+  assert not a.supported and "2^31" in a.reason
+
+
+@pytest.mark.parametrize("args, words", [
+    (dict(op="forward"), "op"),
+    (dict(dtype="float64"), "float64"),
+])
+def test_bad_problem_arguments(args, words):
+  base = dict(op="fwd", dtype="bfloat16")
+  base.update(args)
+  with pytest.raises(ValueError, match=words):
+    ext.ConvProblem(base["op"], base["dtype"], 1, 8, 8, 1, [1, 4, 4], [1, 1, 1], [1, 4, 4],
+                    [1, 1, 1], [1, 1, 1], [0, 0, 0], [0, 0, 0], 2)
+  with pytest.raises(ValueError, match="3 entries"):
+    ext.ConvProblem("fwd", "bfloat16", 1, 8, 8, 1, [4, 4], [1, 1, 1], [1, 4, 4], [1, 1, 1],
+                    [1, 1, 1], [0, 0, 0], [0, 0, 0], 2)
+
+
+def test_problem_reads_back():
+  p = problem("wgrad", n=2, c=16, k=32, spatial=(9, 11), stride=2, activation=-1)
+  assert (p.op, p.n, p.c, p.k, p.groups, p.rank) == ("wgrad", 2, 16, 32, 1, 2)
+  assert p.input == [1, 9, 11] and p.stride == [1, 2, 2] and p.output == [1, 5, 6]
