@@ -14,7 +14,9 @@ constexpr int64_t kMaxExtent = (int64_t{1} << 31) - 1;
 // wgrad: the blocks that fit an SM at once (3-4 at 100-140 registers); more
 // parts only add partials (parts x K x taps fp32, written and read back once).
 constexpr int64_t kWgradBlocksPerSm = 4;
-constexpr int kSmCountBound = 1024;  // no device known: an upper bound on any GPU's SMs
+// SMs the parts count with at most, and where no device is known: the
+// workspace for sm_count = 0 is then an upper bound for every device (H200: 132).
+constexpr int kSmCountBound = 256;
 constexpr int64_t kWgradMaxParts = 4096;
 
 int64_t Ceil(int64_t a, int64_t b) { return (a + b - 1) / b; }
@@ -71,7 +73,7 @@ ConvDepthwiseTiling ConvDepthwiseTile(ConvOp op, const ConvShape& s, DType /*dty
     t.channel_blocks = Ceil(vecs, t.block_vecs);
     t.tap_blocks = Ceil(t.tap_rows, t.tap_rows_block);
     const int64_t rows = s.n * s.output[0] * s.output[1];
-    const int64_t sms = sm_count > 0 ? sm_count : kSmCountBound;
+    const int64_t sms = sm_count > 0 ? std::min(sm_count, kSmCountBound) : kSmCountBound;
     int64_t parts = Ceil(kWgradBlocksPerSm * sms, t.channel_blocks * t.tap_blocks);
     parts = std::min(parts, Ceil(rows, t.lanes));
     t.parts = std::max<int64_t>(1, std::min(parts, kWgradMaxParts));
