@@ -17,8 +17,11 @@
 //     registers, each loaded and converted once and used by every output of
 //     the tile it reaches: 14 outputs x 7 taps from 20 loads at 7x7;
 //   - the rows of a tile's window, and the neighbouring tiles' overlap, come
-//     from L1 / L2 (consecutive tiles of a block are neighbours along W,
-//     consecutive blocks along H), so DRAM sees each input about once.
+//     from L1: a block covers 8-16 channel vectors (32-64 channels) and walks
+//     a run of consecutive tiles, along W then down H, so each step reads
+//     about one new input row a tile row from L2, and DRAM sees each input
+//     about once. (Blocks of all 128 channels, each tile walked by the
+//     whole grid in turn, would read every input row R times from L2.)
 // Other windows, strides and dilations take a runtime tap loop (tile of 4).
 //
 // dgrad at stride 1 is a forward pass of dy with the mirrored window and
@@ -96,9 +99,12 @@ __global__ void __launch_bounds__(kMaxThreads, 1) DepthwiseDirectKernel(DirectPa
   if (oc0 >= p.out_ch) return;
   float b[V] = {};
   if (p.bias != nullptr) LoadChannels<T, V>(static_cast<const T*>(p.bias) + oc0, b);
-  // Persistent over the tiles: the block's window table serves all of its tiles.
-  for (int64_t tile = static_cast<int64_t>(blockIdx.x) * lanes + threadIdx.x / cb; tile < p.tiles;
-       tile += static_cast<int64_t>(gridDim.x) * lanes) {
+  // A block takes a run of consecutive tiles, `lanes` at a time: along W, then
+  // down the output rows, so the input rows of one step are mostly those of
+  // the step before (in L1), and its window table serves them all.
+  const int64_t first = static_cast<int64_t>(blockIdx.x) * p.block_tiles;
+  const int64_t last = std::min(p.tiles, first + p.block_tiles);
+  for (int64_t tile = first + threadIdx.x / cb; tile < last; tile += lanes) {
     int64_t rest = tile;
     const int64_t q0 = (rest % p.tiles_w) * kQt;
     rest /= p.tiles_w;
@@ -207,10 +213,12 @@ cudaError_t Run(const ConvDepthwiseTiling& t, const DirectPass& p, cudaStream_t 
   cudaError_t e = PersistentGrid(kernel, t.block_threads, smem, 1LL << 30, &slots);
   if (e != cudaSuccess) return e;
   const int64_t tile_blocks = (t.tiles + lanes - 1) / lanes;
-  const int64_t per_channel_block = std::max<int64_t>(1, slots / t.channel_blocks);
-  const dim3 grid(static_cast<unsigned>(std::min(tile_blocks, per_channel_block)),
+  const int64_t blocks = std::min(tile_blocks, std::max<int64_t>(1, slots / t.channel_blocks));
+  DirectPass q = p;
+  q.block_tiles = (tile_blocks + blocks - 1) / blocks * lanes;
+  const dim3 grid(static_cast<unsigned>((t.tiles + q.block_tiles - 1) / q.block_tiles),
                   static_cast<unsigned>(t.channel_blocks));
-  kernel<<<grid, t.block_threads, smem, stream>>>(p);
+  kernel<<<grid, t.block_threads, smem, stream>>>(q);
   return cudaGetLastError();
 }
 

@@ -82,6 +82,7 @@ struct DirectPass {
   int block_vecs;        // channel vectors a block
   int tiles_w;           // tiles along the output's W
   int64_t tiles;
+  int64_t block_tiles;   // consecutive tiles a block (a multiple of its tile lanes)
 };
 
 cudaError_t LaunchDepthwiseWgrad(const ConvShape& shape, const ConvArgs& args, cudaStream_t stream);
