@@ -1,12 +1,15 @@
 // What the direct depthwise kernels (conv_depthwise.cu) take, host-only (the
 // plans build without CUDA): groups == C, K == C * multiplier, w [K, T, R, S, 1].
 //
-// Taken: any N (0 too), rank 1-3, stride >= 1, dilation >= 1, padding >= 0,
-// any C and multiplier, bf16 / fp16 / fp32. Rejected, with the reason: a
-// window of more than kConvDepthwiseMaxTaps taps (the kernels keep a block's
-// window in shared memory, and a direct kernel does taps FMAs an output: past
-// ~11x11 or 7x7x7 the implicit GEMM is the better algorithm), and extents
-// that do not fit the grid (spatial extents and channels below 2^31).
+// Taken: any N (0 too), rank 1-3, stride >= 1, dilation >= 1, padding >= 0
+// (also past the window), any C and multiplier, bf16 / fp16 / fp32, buffers
+// of any alignment (the vector path needs C % 4 == 0, multiplier 1 and
+// 8-byte (16-bit types) or 16-byte (fp32) aligned buffers; the rest runs a
+// thread per channel). Rejected, with the reason: windows of more than
+// kConvDepthwiseMaxTaps taps (a direct kernel does `taps` FMAs an output
+// element; past 7x7x7 the implicit GEMM is the better algorithm), dgrad on
+// the scalar path with multiplier x taps past a block's shared-memory window
+// table (12288 floats), and extents past 2^31 or the grid.
 #pragma once
 
 #include <cstdint>
@@ -24,11 +27,11 @@ bool ConvDepthwiseSupports(ConvOp op, const ConvShape& shape, DType dtype, std::
 // device with `sm_count` SMs (0: unknown; then an upper bound).
 int64_t ConvDepthwiseWorkspaceBytes(ConvOp op, const ConvShape& shape, DType dtype, int sm_count);
 
-constexpr int64_t kConvDepthwiseMaxTaps = 343;
+constexpr int64_t kConvDepthwiseMaxTaps = 343;  // 7x7x7; 2D up to 18x18, 1D up to 343
 // Threads a block, at most (the kernels' launch bound). The unrolled kernels
 // take 100-160 registers a thread (a 14-output tile of 4 channels is 56
 // accumulators), so blocks of 128 fit 3-4 an SM where blocks of 256 fit one.
-constexpr int kConvDepthwiseThreads = 128;  // 7x7x7 (1D up to 343, 2D up to 18x18)
+constexpr int kConvDepthwiseThreads = 128;
 
 // How the kernels tile one problem: the one place of their tuning choices,
 // asked by the launcher (with the device's SM count) and by the workspace size.
@@ -37,9 +40,11 @@ struct ConvDepthwiseTiling {
   int window_w = 0;   // the window width the kernel unrolls (3, 5, 7), 0: a runtime tap loop
   int stride_w = 0;   // the stride along W the kernel unrolls (1, 2), 0: runtime (any, dilated)
   int tile_w = 4;     // outputs a thread along W (fprop/dgrad; wgrad: dy positions a step)
-  int block_vecs = 32;  // channel vectors a block
-  int block_threads = 256;
-  // fprop/dgrad: a thread one tile of tile_w outputs of one row; grid (tiles / tile lanes, channel blocks).
+  int block_vecs = 1;  // channel vectors a block
+  int block_threads = kConvDepthwiseThreads;
+  // fprop/dgrad: a thread a tile of tile_w outputs along W of one output row
+  // at a time; a block (block_vecs x tile lanes) a run of consecutive tiles;
+  // grid (runs, channel blocks), as many blocks as fit on the device.
   int64_t tiles = 0;
   // wgrad: a thread (channel vector, tap row, lane); a block a share of the (n, o, p)
   // rows ("part"); grid (parts, channel blocks, tap blocks).
