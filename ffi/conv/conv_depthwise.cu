@@ -25,7 +25,7 @@
 // Other windows, strides and dilations take a runtime tap loop (tile of 4).
 //
 // dgrad at stride 1 is a forward pass of dy with the mirrored window and
-// padding (taps - 1) * dilation - pad_lo. At stride > 1 it gathers: input
+// padding (window - 1) * dilation - pad_lo. At stride > 1 it gathers: input
 // position i takes dy at (i + pad_lo - tap * dilation) / stride where that
 // divides, so no zeros are multiplied and nothing is accumulated atomically.
 // With a multiplier, dx[c] sums the M output channels c * M + j.
@@ -105,13 +105,12 @@ __global__ void __launch_bounds__(kMaxThreads, 1) DepthwiseDirectKernel(DirectPa
   const int64_t first = static_cast<int64_t>(blockIdx.x) * p.block_tiles;
   const int64_t last = std::min(p.tiles, first + p.block_tiles);
   for (int64_t tile = first + threadIdx.x / cb; tile < last; tile += lanes) {
-    int64_t rest = tile;
-    const int64_t q0 = (rest % p.tiles_w) * kQt;
-    rest /= p.tiles_w;
-    const int64_t oh = rest % p.out_ext[1];
-    rest /= p.out_ext[1];
-    const int64_t od = rest % p.out_ext[0];
-    const int64_t n = rest / p.out_ext[0];
+    const int64_t rows = static_cast<int64_t>(p.by_tiles_w.Div(tile));
+    const int64_t q0 = (tile - rows * p.tiles_w) * kQt;
+    const int64_t planes = static_cast<int64_t>(p.by_out_h.Div(rows));
+    const int64_t oh = rows - planes * p.out_ext[1];
+    const int64_t n = static_cast<int64_t>(p.by_out_d.Div(planes));
+    const int64_t od = planes - n * p.out_ext[0];
 
     const T* in = static_cast<const T*>(p.in);
     const int64_t in_w_stride = p.in_ch;
@@ -290,9 +289,13 @@ cudaError_t LaunchConvDepthwise(ConvOp op, const ConvShape& s, const ConvArgs& a
     ax.extent = dgrad ? s.output[d] : s.input[d];
     // The mirrored window's tap 0 sits (window - 1) * dilation - pad_lo before its output.
     ax.pad = p.mirror ? (s.window[d] - 1) * s.dilation[d] - s.pad_lo[d] : s.pad_lo[d];
+    ax.by_stride = FastDiv(static_cast<uint64_t>(s.stride[d]));
   }
   p.block_vecs = t.block_vecs;
   p.tiles_w = static_cast<int>((p.out_ext[2] + t.tile_w - 1) / t.tile_w);
+  p.by_tiles_w = FastDiv(static_cast<uint64_t>(std::max(p.tiles_w, 1)));
+  p.by_out_h = FastDiv(static_cast<uint64_t>(std::max(p.out_ext[1], 1)));
+  p.by_out_d = FastDiv(static_cast<uint64_t>(std::max(p.out_ext[0], 1)));
   p.tiles = t.tiles;
   return DispatchDType(a.dtype, [&](auto tag) {
     using T = typename decltype(tag)::type;

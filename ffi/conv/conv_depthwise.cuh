@@ -10,6 +10,7 @@
 #include <cstring>
 
 #include "ffi/common/device.cuh"
+#include "ffi/common/fast_div.h"
 #include "ffi/conv/conv.h"
 #include "ffi/conv/conv_depthwise_plan.h"
 
@@ -45,14 +46,16 @@ __device__ __forceinline__ void LoadChannels(const T* p, float (&out)[V]) {
 struct Axis {
   int64_t stride, dil, pad;  // pad: the offset of tap 0 (may be negative: dgrad's mirrored window)
   int64_t extent;            // of the source
+  FastDiv by_stride;         // the gather's division (a 64-bit `/` is tens of instructions)
 };
 
 template <bool kGather>
 __device__ __forceinline__ bool SourcePos(const Axis& a, int64_t o, int tap, int64_t* i) {
   if constexpr (kGather) {
     const int64_t num = o + a.pad - tap * a.dil;
-    if (num < 0 || num % a.stride != 0) return false;
-    *i = num / a.stride;
+    if (num < 0) return false;
+    *i = static_cast<int64_t>(a.by_stride.Div(static_cast<uint64_t>(num)));
+    if (*i * a.stride != num) return false;
   } else {
     *i = o * a.stride - a.pad + tap * a.dil;
     if (*i < 0) return false;
@@ -81,6 +84,7 @@ struct DirectPass {
   int taps;
   int block_vecs;        // channel vectors a block
   int tiles_w;           // tiles along the output's W
+  FastDiv by_tiles_w, by_out_h, by_out_d;  // a tile's index into (n, od, oh, tile along W)
   int64_t tiles;
   int64_t block_tiles;   // consecutive tiles a block (a multiple of its tile lanes)
 };

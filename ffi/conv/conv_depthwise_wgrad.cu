@@ -208,7 +208,7 @@ cudaError_t LaunchDepthwiseWgrad(const ConvShape& s, const ConvArgs& a, cudaStre
   for (int d = 0; d < 3; ++d) {
     p.win[d] = static_cast<int>(s.window[d]);
     p.out_ext[d] = static_cast<int>(s.output[d]);
-    p.axis[d] = Axis{s.stride[d], s.dilation[d], s.pad_lo[d], s.input[d]};
+    p.axis[d] = Axis{s.stride[d], s.dilation[d], s.pad_lo[d], s.input[d], FastDiv(1)};
   }
   p.taps = static_cast<int>(taps);
   p.block_vecs = t.block_vecs;
