@@ -152,8 +152,9 @@ __global__ void __launch_bounds__(kMaxThreads, 1) DepthwiseDirectKernel(DirectPa
               for (int s = 0; s < kS; ++s) {
                 const int qq = jj - s;
                 if (qq >= 0 && qq % kSw == 0 && qq / kSw < kQt) {
+                  float* a = acc[qq / kSw];
 #pragma unroll
-                  for (int i = 0; i < V; ++i) acc[qq / kSw][i] = fmaf(x[i], wr[s][i], acc[qq / kSw][i]);
+                  for (int i = 0; i < V; ++i) a[i] = fmaf(x[i], wr[s][i], a[i]);
                 }
               }
             }
@@ -177,7 +178,8 @@ __global__ void __launch_bounds__(kMaxThreads, 1) DepthwiseDirectKernel(DirectPa
       }
     }
 
-    const int64_t out_base = ((n * p.out_ext[0] + od) * p.out_ext[1] + oh) * p.out_ext[2] * p.out_ch + oc0;
+    const int64_t out_base =
+        ((n * p.out_ext[0] + od) * p.out_ext[1] + oh) * p.out_ext[2] * p.out_ch + oc0;
     T* out = static_cast<T*>(p.out);
     const T* residual = static_cast<const T*>(p.residual);
 #pragma unroll

@@ -126,7 +126,9 @@ bool ConvDepthwiseSupports(ConvOp op, const ConvShape& s, DType dtype, std::stri
     const int64_t span = s.dilation[d] * (s.window[d] - 1) + 1;
     const int64_t padded = s.input[d] + s.pad_lo[d] + s.pad_hi[d];
     const int64_t out = padded < span ? 0 : (padded - span) / s.stride[d] + 1;
-    if (out != s.output[d]) return no("output extents do not match input, window, stride and padding");
+    if (out != s.output[d]) {
+      return no("output extents do not match input, window, stride and padding");
+    }
   }
   if (Taps(s) > kConvDepthwiseMaxTaps) {
     return no("window of " + std::to_string(Taps(s)) + " taps, past " +

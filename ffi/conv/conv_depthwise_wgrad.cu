@@ -143,7 +143,9 @@ __global__ void __launch_bounds__(kMaxThreads, 1) DepthwiseWgradKernel(WgradPass
 #pragma unroll
     for (int i = 0; i < V; ++i) {
       float sum = mine[u * V + i];
-      for (int l = 1; l < p.lanes; ++l) sum += lanes_sum[(static_cast<int64_t>(l) * slots + slot) * kTaps * V + u * V + i];
+      for (int l = 1; l < p.lanes; ++l) {
+        sum += lanes_sum[(static_cast<int64_t>(l) * slots + slot) * kTaps * V + u * V + i];
+      }
       if (oc0 + i < p.k) out[(oc0 + i) * p.taps + (kS > 0 ? tr * kS + u : tr)] = sum;
     }
   }
@@ -217,7 +219,8 @@ cudaError_t LaunchDepthwiseWgrad(const ConvShape& s, const ConvArgs& a, cudaStre
   p.lanes = t.lanes;
   p.rows = s.n * s.output[0] * s.output[1];
   p.rows_per_part = (p.rows + t.parts - 1) / t.parts;
-  float* sum = a.dtype == DType::kF32 ? static_cast<float*>(a.dw) : static_cast<float*>(a.workspace);
+  float* sum = a.dtype == DType::kF32 ? static_cast<float*>(a.dw)
+                                       : static_cast<float*>(a.workspace);
   cudaError_t e = DispatchDType(a.dtype, [&](auto tag) {
     using T = typename decltype(tag)::type;
     return RunWgrad<T>(t, p, stream);
