@@ -47,13 +47,15 @@ const char* AlgorithmName(int id) {
       return "implicit_gemm_128x64";
     case kConvDepthwiseDirect:
       return "depthwise_direct";
+    case kConvGemm1x1:
+      return "gemm_1x1";
     default:
       return "unknown";
   }
 }
 
 constexpr int kAlgorithmIds[] = {kConvImplicitGemm128x128, kConvImplicitGemm128x64,
-                                 kConvDepthwiseDirect};
+                                 kConvGemm1x1, kConvDepthwiseDirect};
 
 int64_t CeilDiv(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
@@ -64,7 +66,9 @@ std::string Axes(const int64_t (&v)[3]) {
 
 bool IgemmBuilt(ConvOp op, DType dtype, int dims, int algorithm) {
   for (const ConvIgemmKernel& k : kConvIgemmKernels)
-    if (k.op == op && k.dtype == dtype && k.dims == dims && k.algorithm == algorithm) return true;
+    if (k.op == op && k.dtype == dtype && (k.dims == 0 || k.dims == dims) &&
+        k.algorithm == algorithm)
+      return true;
   return false;
 }
 
@@ -81,7 +85,8 @@ std::string IgemmUnsupported(int algorithm, const ConvProblem& p) {
   const int dims = ConvKernelDims(s.rank);
   if (!IgemmBuilt(p.op, p.dtype, dims, algorithm)) {
     std::string why = std::string("no ") + AlgorithmName(algorithm) + " kernel is built for " +
-                      OpName(p.op) + " " + DTypeName(p.dtype) + " " + std::to_string(dims) + "D";
+                      OpName(p.op) + " " + DTypeName(p.dtype) +
+                      (algorithm == kConvGemm1x1 ? "" : " " + std::to_string(dims) + "D");
     if (p.dtype == DType::kF32 && p.op != ConvOp::kFprop)
       why += " (TF32 wgmma reads operands K-major: float32 has fprop only)";
     return why;
@@ -96,6 +101,15 @@ std::string IgemmUnsupported(int algorithm, const ConvProblem& p) {
   if (p.op == ConvOp::kFprop && p.activation != kConvNoActivation && p.activation != 0)
     return "the implicit-GEMM epilogue fuses no activation or relu only; activation id " +
            std::to_string(p.activation) + " runs after the convolution";
+  if (algorithm == kConvGemm1x1) {
+    for (int i = 0; i < 3; ++i)
+      if (s.window[i] != 1 || s.stride[i] != 1 || s.pad_lo[i] != 0 || s.pad_hi[i] != 0)
+        return "gemm_1x1 takes window 1, stride 1 and no padding";
+    if (s.c > kInt32Max || s.k > kInt32Max ||
+        s.input[0] * s.input[1] * s.input[2] > kInt32Max / s.n)
+      return "the GEMM's rows (batch x pixels) pass 2^31 - 1";
+    return "";
+  }
   if (p.op == ConvOp::kDgrad) {
     for (int i = 0; i < 3; ++i)
       if (s.stride[i] != 1)
@@ -161,6 +175,7 @@ ConvAlgorithm Answer(int id, const ConvProblem& p, const DeviceProps& device) {
   switch (id) {
     case kConvImplicitGemm128x128:
     case kConvImplicitGemm128x64:
+    case kConvGemm1x1:
       a.reason = IgemmUnsupported(id, p);
       a.workspace_bytes = 0;
       a.deterministic = true;
@@ -249,6 +264,7 @@ ConvAlgorithm ConvPlan(const ConvProblem& problem, bool deterministic, const Dev
                  " SMs (no split-K: it takes a tile an SM or more, unless deterministic)";
     }
   } else {
+    if (const ConvAlgorithm* a = usable(kConvGemm1x1)) return *a;
     const int64_t gemm_n = problem.op == ConvOp::kFprop ? s.k : s.c;
     const int first = gemm_n <= 64 ? kConvImplicitGemm128x64 : kConvImplicitGemm128x128;
     const int second = first == kConvImplicitGemm128x64 ? kConvImplicitGemm128x128
