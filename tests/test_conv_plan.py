@@ -94,8 +94,39 @@ def test_gemm_1x1(op, dtype, kw, name):
   assert plan.name == (name or "none"), plan
   if name:
     assert plan.deterministic and plan.workspace_bytes == 0
-  wgrad = algorithms(problem("wgrad", window=(1, 1), pad=0))[GEMM_1X1]
+  wgrad = algorithms(problem("wgrad", "float16", window=(1, 1), pad=0))[GEMM_1X1]
   assert not wgrad.supported and "built" in wgrad.reason
+
+
+def _wgrad_1x1(**kw):
+  return problem("wgrad", window=(1, 1), pad=0, **kw)
+
+
+@pytest.mark.parametrize("kw, sm_count, splits", [
+    # ceil(SMs / output tiles) splits, each >= 8 K tiles of 64 pixels, <= 32.
+    (dict(n=8, c=64, k=256), 132, 32),  # 2 tiles, 392 K tiles: 66 capped at 32
+    (dict(n=8, c=256, k=256), 132, 32),  # 4 tiles: ceil(132 / 4) = 33, capped at 32
+    (dict(n=2, spatial=(16, 16), c=64, k=64), 132, 1),  # 8 K tiles: one split of 8
+    (dict(n=1, spatial=(8, 8), c=64, k=64), 132, 1),  # 1 K tile: no split
+    (dict(n=8, c=2048, k=2048), 132, 1),  # 256 tiles fill the SMs
+    (dict(n=8, c=1024, k=1024), 32, 1),  # 64 tiles >= 32 SMs
+    (dict(n=8, c=1024, k=1024), 0, 3),  # no device: 132 SMs assumed, ceil(132 / 64)
+])
+def test_gemm_1x1_wgrad_splits(kw, sm_count, splits):
+  """The splits show in the workspace: none for one split, else CUTLASS's
+  split-K reduction space for every output tile."""
+  p = _wgrad_1x1(**kw)
+  plan = ext.conv_plan(p, False, dev(sm_count))
+  assert plan.name == GEMM_1X1 and plan.deterministic, plan
+  tiles = -(-p.k // 128) * -(-p.c // 128)
+  k_tiles = -(-p.n * p.input[1] * p.input[2] // 64)
+  sms = sm_count or 132
+  assert splits == max(1, min(-(-sms // tiles), k_tiles // 8, 32))
+  if splits == 1:
+    assert plan.workspace_bytes == 0
+  else:
+    # An fp32 128 x 128 tile an output tile, and barrier words, 1 KiB-aligned.
+    assert tiles * 128 * 128 * 4 < plan.workspace_bytes <= tiles * 128 * 128 * 4 + 2048
 
 
 def test_tile_falls_back_where_one_is_not_built():

@@ -35,6 +35,7 @@ constexpr IgemmEntry kIgemmEntries[] = {
     {kConvIgemmKernels[13], ConvIgemmWgradBf16Dims3Tile128x128},
     {kConvIgemmKernels[14], ConvGemm1x1FpropBf16},
     {kConvIgemmKernels[15], ConvGemm1x1DgradBf16},
+    {kConvIgemmKernels[16], ConvGemm1x1WgradBf16},
 };
 static_assert(sizeof(kIgemmEntries) / sizeof(kIgemmEntries[0]) ==
                   sizeof(kConvIgemmKernels) / sizeof(kConvIgemmKernels[0]),

@@ -59,5 +59,7 @@ cudaError_t ConvGemm1x1FpropBf16(const ConvShape&, const ConvArgs&, int, cudaStr
                                  std::string*);
 cudaError_t ConvGemm1x1DgradBf16(const ConvShape&, const ConvArgs&, int, cudaStream_t,
                                  std::string*);
+cudaError_t ConvGemm1x1WgradBf16(const ConvShape&, const ConvArgs&, int, cudaStream_t,
+                                 std::string*);
 
 }  // namespace jax_dnn

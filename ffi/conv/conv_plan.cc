@@ -1,6 +1,7 @@
 // The convolution's algorithm registry and heuristic: see conv_plan.h.
 #include "ffi/conv/conv_plan.h"
 
+#include <algorithm>
 #include <cstdint>
 #include <limits>
 #include <string>
@@ -157,6 +158,11 @@ std::string IgemmUnsupported(int algorithm, const ConvProblem& p) {
   return "";
 }
 
+int64_t WgradPixels(const ConvShape& s) { return s.n * s.input[0] * s.input[1] * s.input[2]; }
+
+// gemm_1x1 wgrad's output tiles (K x C at 128 x 128).
+int64_t Gemm1x1WgradTiles(const ConvShape& s) { return CeilDiv(s.k, 128) * CeilDiv(s.c, 128); }
+
 // wgrad's GEMM output tiles (M = K, N = T*R*S*C) at 128 x 128.
 int64_t WgradTiles(const ConvShape& s) {
   const int64_t trsc = s.window[0] * s.window[1] * s.window[2] * (s.c / s.groups);
@@ -178,6 +184,9 @@ ConvAlgorithm Answer(int id, const ConvProblem& p, const DeviceProps& device) {
     case kConvGemm1x1:
       a.reason = IgemmUnsupported(id, p);
       a.workspace_bytes = 0;
+      if (id == kConvGemm1x1 && p.op == ConvOp::kWgrad && a.reason.empty())
+        a.workspace_bytes = ConvGemm1x1WgradWorkspaceBytes(
+            p.shape, ConvGemm1x1WgradSplits(p.shape, device));
       a.deterministic = true;
       break;
     case kConvDepthwiseDirect: {
@@ -199,6 +208,24 @@ ConvAlgorithm Answer(int id, const ConvProblem& p, const DeviceProps& device) {
 }
 
 }  // namespace
+
+int64_t ConvGemm1x1WgradSplits(const ConvShape& s, const DeviceProps& device) {
+  const int64_t sms = device.sm_count > 0 ? device.sm_count : kAssumedSmCount;
+  const int64_t tiles = Gemm1x1WgradTiles(s);
+  const int64_t k_tiles = CeilDiv(WgradPixels(s), 64);
+  const int64_t splits = std::min<int64_t>({CeilDiv(sms, tiles), k_tiles / 8, 32});
+  return std::max<int64_t>(splits, 1);
+}
+
+int64_t ConvGemm1x1WgradWorkspaceBytes(const ConvShape& s, int64_t splits) {
+  if (splits <= 1) return 0;
+  constexpr int64_t kTileBytes = 128 * 128 * 4;    // fp32 partial accumulators
+  constexpr int64_t kBarrierBytes = 2 * 4;          // an int32 a consumer warp group
+  constexpr int64_t kAlign = 1024;                  // past CUTLASS's L2-line rounding
+  const int64_t tiles = Gemm1x1WgradTiles(s);
+  return CeilDiv(tiles * kTileBytes, kAlign) * kAlign +
+         CeilDiv(tiles * kBarrierBytes, kAlign) * kAlign;
+}
 
 std::string ConvShapeError(const ConvShape& s) {
   if (s.rank < 1 || s.rank > 3) return "the spatial rank must be 1, 2 or 3";
@@ -254,6 +281,7 @@ ConvAlgorithm ConvPlan(const ConvProblem& problem, bool deterministic, const Dev
   // Why the heuristic passed over a supported algorithm (wgrad's tile rule).
   std::string declined;
   if (const ConvAlgorithm* a = usable(kConvDepthwiseDirect)) return *a;
+  if (const ConvAlgorithm* a = usable(kConvGemm1x1)) return *a;
   if (problem.op == ConvOp::kWgrad) {
     if (const ConvAlgorithm* a = usable(kConvImplicitGemm128x128)) {
       const int sms = device.sm_count > 0 ? device.sm_count : kAssumedSmCount;
@@ -264,7 +292,6 @@ ConvAlgorithm ConvPlan(const ConvProblem& problem, bool deterministic, const Dev
                  " SMs (no split-K: it takes a tile an SM or more, unless deterministic)";
     }
   } else {
-    if (const ConvAlgorithm* a = usable(kConvGemm1x1)) return *a;
     const int64_t gemm_n = problem.op == ConvOp::kFprop ? s.k : s.c;
     const int first = gemm_n <= 64 ? kConvImplicitGemm128x64 : kConvImplicitGemm128x128;
     const int second = first == kConvImplicitGemm128x64 ? kConvImplicitGemm128x128

@@ -12,8 +12,10 @@
 //     for which op, dtype and rank each is built for). Deterministic: every
 //     output element is reduced by one CTA in a fixed order.
 //   gemm_1x1: a 1x1 convolution (window 1, stride 1, no padding) as a plain
-//     GEMM on CUTLASS's persistent ping-pong schedule (conv_implicit_gemm_1x1.cuh),
-//     fprop and dgrad. Deterministic, as the implicit GEMM.
+//     GEMM (conv_implicit_gemm_1x1.cuh): fprop and dgrad on CUTLASS's
+//     persistent ping-pong schedule, wgrad split over its reduction
+//     (ConvGemm1x1WgradSplits) with a fixed-order reduction of the splits.
+//     Deterministic.
 //   depthwise_direct: the direct depthwise kernels (conv_depthwise.h); its
 //     rules and workspace are ConvDepthwiseSupports / ConvDepthwiseWorkspaceBytes.
 #pragma once
@@ -53,7 +55,7 @@ struct ConvIgemmKernel {
   int algorithm;  // kConvImplicitGemm128x128, kConvImplicitGemm128x64 or kConvGemm1x1
 };
 
-// Sixteen kernels keep the CUDA build within CI's limits (each takes 30-60 s
+// Seventeen kernels keep the CUDA build within CI's limits (each takes 30-60 s
 // to compile): bf16 and fp16 2D first, then bf16 3D, then TF32 2D fprop, and
 // the bf16 1x1 GEMM (ResNet's bottlenecks are two-thirds 1x1). The 128 x 64
 // tile where it measured faster: GEMM N = 64 (fprop's K, dgrad's C), 229 vs
@@ -75,7 +77,19 @@ inline constexpr ConvIgemmKernel kConvIgemmKernels[] = {
     {ConvOp::kWgrad, DType::kBF16, 3, kConvImplicitGemm128x128},
     {ConvOp::kFprop, DType::kBF16, 0, kConvGemm1x1},
     {ConvOp::kDgrad, DType::kBF16, 0, kConvGemm1x1},
+    {ConvOp::kWgrad, DType::kBF16, 0, kConvGemm1x1},
 };
+
+// gemm_1x1's wgrad (dw[K, C] = dy^T . x, reduced over M = N*D*H*W pixels)
+// splits its reduction so that its 128 x 128 output tiles times the splits
+// fill the device's SMs (132 assumed where no device is known), each split
+// at least 8 K tiles (512 pixels) long, at most 32 splits.
+int64_t ConvGemm1x1WgradSplits(const ConvShape& shape, const DeviceProps& device);
+// Its workspace for `splits`: CUTLASS's split-K reduction keeps an fp32
+// 128 x 128 tile and a barrier word a warp group for every output tile
+// (0 bytes for one split). An upper bound of CUTLASS's own figure (its
+// allocations round to the L2 line); the launcher checks the exact one.
+int64_t ConvGemm1x1WgradWorkspaceBytes(const ConvShape& shape, int64_t splits);
 
 // The kernel spatial rank a problem of caller rank `rank` runs on.
 constexpr int ConvKernelDims(int rank) { return rank == 3 ? 3 : 2; }
@@ -118,10 +132,10 @@ ConvAlgorithm ConvAlgorithmFor(int id, const ConvProblem& problem, const DeviceP
 
 // The heuristic's choice, instantly:
 //   - depthwise_direct where it takes the problem (groups == C > 1);
-//   - fprop and dgrad: gemm_1x1 where it takes the problem;
+//   - gemm_1x1 where it takes the problem (fprop, dgrad and wgrad);
 //   - fprop and dgrad: implicit_gemm_128x64 where the GEMM's N (fprop's K,
 //     dgrad's C) is at most 64 and it is built, else implicit_gemm_128x128;
-//   - wgrad: implicit_gemm_128x128 only where its GEMM (M = K, N = T*R*S*C,
+//   - wgrad otherwise: implicit_gemm_128x128 only where its GEMM (M = K, N = T*R*S*C,
 //     reduced over N*O*P*Q) has at least as many 128 x 128 output tiles as
 //     the device has SMs (132 assumed where no device is known). CUTLASS's
 //     sm90 conv has no split-K: each CTA reduces the whole N*O*P*Q, so with
