@@ -14,6 +14,7 @@ if ext is None:
 H100 = 132
 IGEMM_128 = "implicit_gemm_128x128"
 IGEMM_64 = "implicit_gemm_128x64"
+GEMM_1X1 = "gemm_1x1"
 DEPTHWISE = "depthwise_direct"
 
 
@@ -50,8 +51,8 @@ def algorithms(p, sm_count=H100):
 def test_every_algorithm_answers():
   for op in ("fwd", "dgrad", "wgrad"):
     algos = ext.conv_algorithms(problem(op), dev())
-    assert [a.name for a in algos] == [IGEMM_128, IGEMM_64, DEPTHWISE]
-    assert len({a.id for a in algos}) == 3
+    assert [a.name for a in algos] == [IGEMM_128, IGEMM_64, GEMM_1X1, DEPTHWISE]
+    assert len({a.id for a in algos}) == 4
     for a in algos:
       assert a.workspace_bytes >= 0
       assert a.supported == (a.reason == ""), a
@@ -70,6 +71,62 @@ def test_tile_choice(op, k, c, tile):
   plan = ext.conv_plan(problem(op, c=c, k=k), False, dev())
   assert plan.supported and plan.name == tile, plan
   assert plan.deterministic
+
+
+@pytest.mark.parametrize("op, dtype, kw, name", [
+    # A 1x1 convolution (window 1, stride 1, no padding) runs as a plain GEMM
+    # where one is built (bf16 fprop and dgrad, any rank), with any channels.
+    ("fwd", "bfloat16", dict(c=64, k=256), GEMM_1X1),
+    ("dgrad", "bfloat16", dict(c=1024, k=256), GEMM_1X1),
+    ("fwd", "bfloat16", dict(spatial=(8, 8, 8), window=(1, 1, 1)), GEMM_1X1),
+    ("fwd", "bfloat16", dict(spatial=(1000,), window=(1,)), GEMM_1X1),
+    ("fwd", "bfloat16", dict(c=64, k=256, activation=0, bias=True, residual=True), GEMM_1X1),
+    ("fwd", "float16", dict(c=64, k=256), IGEMM_128),  # no fp16 GEMM built
+    ("fwd", "bfloat16", dict(c=256, k=512, stride=2), IGEMM_128),  # strided: implicit GEMM
+    ("fwd", "bfloat16", dict(c=64, k=64, pad=1), IGEMM_64),  # padded
+    ("fwd", "bfloat16", dict(c=64, k=256, activation=1), None),  # gelu: fused by neither
+])
+def test_gemm_1x1(op, dtype, kw, name):
+  kw = dict(kw)
+  kw.setdefault("window", (1,) * len(kw.get("spatial", (56, 56))))
+  kw.setdefault("pad", 0)
+  plan = ext.conv_plan(problem(op, dtype, **kw), False, dev())
+  assert plan.name == (name or "none"), plan
+  if name:
+    assert plan.deterministic and plan.workspace_bytes == 0
+  wgrad = algorithms(problem("wgrad", "float16", window=(1, 1), pad=0))[GEMM_1X1]
+  assert not wgrad.supported and "built" in wgrad.reason
+
+
+def _wgrad_1x1(**kw):
+  return problem("wgrad", window=(1, 1), pad=0, **kw)
+
+
+@pytest.mark.parametrize("kw, sm_count, splits", [
+    # ceil(SMs / output tiles) splits, each >= 8 K tiles of 64 pixels, <= 32.
+    (dict(n=8, c=64, k=256), 132, 32),  # 2 tiles, 392 K tiles: 66 capped at 32
+    (dict(n=8, c=256, k=256), 132, 32),  # 4 tiles: ceil(132 / 4) = 33, capped at 32
+    (dict(n=2, spatial=(16, 16), c=64, k=64), 132, 1),  # 8 K tiles: one split of 8
+    (dict(n=1, spatial=(8, 8), c=64, k=64), 132, 1),  # 1 K tile: no split
+    (dict(n=8, c=2048, k=2048), 132, 1),  # 256 tiles fill the SMs
+    (dict(n=8, c=1024, k=1024), 32, 1),  # 64 tiles >= 32 SMs
+    (dict(n=8, c=1024, k=1024), 0, 3),  # no device: 132 SMs assumed, ceil(132 / 64)
+])
+def test_gemm_1x1_wgrad_splits(kw, sm_count, splits):
+  """The splits show in the workspace: none for one split, else CUTLASS's
+  split-K reduction space for every output tile."""
+  p = _wgrad_1x1(**kw)
+  plan = ext.conv_plan(p, False, dev(sm_count))
+  assert plan.name == GEMM_1X1 and plan.deterministic, plan
+  tiles = -(-p.k // 128) * -(-p.c // 128)
+  k_tiles = -(-p.n * p.input[1] * p.input[2] // 64)
+  sms = sm_count or 132
+  assert splits == max(1, min(-(-sms // tiles), k_tiles // 8, 32))
+  if splits == 1:
+    assert plan.workspace_bytes == 0
+  else:
+    # An fp32 128 x 128 tile an output tile, and barrier words, 1 KiB-aligned.
+    assert tiles * 128 * 128 * 4 < plan.workspace_bytes <= tiles * 128 * 128 * 4 + 2048
 
 
 def test_tile_falls_back_where_one_is_not_built():
@@ -105,7 +162,7 @@ def test_built_kernels(op, dtype, rank, takes):
 def test_float32_gradients_have_no_kernel():
   plan = ext.conv_plan(problem("dgrad", "float32"), False, dev())
   assert not plan.supported and plan.id == -1
-  for name in (IGEMM_128, IGEMM_64, DEPTHWISE):
+  for name in (IGEMM_128, IGEMM_64, GEMM_1X1, DEPTHWISE):
     assert name + ":" in plan.reason
 
 

@@ -33,6 +33,9 @@ constexpr IgemmEntry kIgemmEntries[] = {
     {kConvIgemmKernels[11], ConvIgemmWgradBf16Dims2Tile128x128},
     {kConvIgemmKernels[12], ConvIgemmWgradF16Dims2Tile128x128},
     {kConvIgemmKernels[13], ConvIgemmWgradBf16Dims3Tile128x128},
+    {kConvIgemmKernels[14], ConvGemm1x1FpropBf16},
+    {kConvIgemmKernels[15], ConvGemm1x1DgradBf16},
+    {kConvIgemmKernels[16], ConvGemm1x1WgradBf16},
 };
 static_assert(sizeof(kIgemmEntries) / sizeof(kIgemmEntries[0]) ==
                   sizeof(kConvIgemmKernels) / sizeof(kConvIgemmKernels[0]),
@@ -46,7 +49,8 @@ cudaError_t LaunchConvImplicitGemm(ConvOp op, int algorithm, const ConvShape& sh
   const int dims = ConvKernelDims(shape.rank);
   for (const IgemmEntry& e : kIgemmEntries) {
     const ConvIgemmKernel& k = e.kernel;
-    if (k.op == op && k.dtype == args.dtype && k.dims == dims && k.algorithm == algorithm)
+    if (k.op == op && k.dtype == args.dtype && (k.dims == 0 || k.dims == dims) &&
+        k.algorithm == algorithm)
       return e.launch(shape, args, sm_count, stream, declined);
   }
   *declined = "no implicit-GEMM kernel is built for this op, dtype, rank and tile";

@@ -14,7 +14,7 @@
 namespace jax_dnn {
 
 // Runs `op` on `shape` with implicit-GEMM algorithm `algorithm`
-// (kConvImplicitGemm128x128 or kConvImplicitGemm128x64) on `stream`, with the
+// (kConvImplicitGemm128x128, kConvImplicitGemm128x64 or kConvGemm1x1) on `stream`, with the
 // pointers of `args` that `op` uses (conv.h) and `args.workspace`. `sm_count`
 // is the device's (CUTLASS's KernelHardwareInfo). The caller checked the
 // plan's rules (ConvAlgorithmFor). Returns cudaErrorNotSupported with the
@@ -24,7 +24,7 @@ cudaError_t LaunchConvImplicitGemm(ConvOp op, int algorithm, const ConvShape& sh
                                    const ConvArgs& args, int sm_count, cudaStream_t stream,
                                    std::string* declined);
 
-// The kernels, by op, dtype, kernel rank and CTA tile (M x N).
+// The kernels, by op, dtype, kernel rank and CTA tile (M x N); the 1x1 GEMMs.
 using ConvIgemmLaunch = cudaError_t (*)(const ConvShape&, const ConvArgs&, int, cudaStream_t,
                                         std::string*);
 cudaError_t ConvIgemmFpropBf16Dims2Tile128x128(const ConvShape&, const ConvArgs&, int,
@@ -55,5 +55,11 @@ cudaError_t ConvIgemmWgradF16Dims2Tile128x128(const ConvShape&, const ConvArgs&,
                                               cudaStream_t, std::string*);
 cudaError_t ConvIgemmWgradBf16Dims3Tile128x128(const ConvShape&, const ConvArgs&, int,
                                                cudaStream_t, std::string*);
+cudaError_t ConvGemm1x1FpropBf16(const ConvShape&, const ConvArgs&, int, cudaStream_t,
+                                 std::string*);
+cudaError_t ConvGemm1x1DgradBf16(const ConvShape&, const ConvArgs&, int, cudaStream_t,
+                                 std::string*);
+cudaError_t ConvGemm1x1WgradBf16(const ConvShape&, const ConvArgs&, int, cudaStream_t,
+                                 std::string*);
 
 }  // namespace jax_dnn

@@ -1,6 +1,7 @@
 // The convolution's algorithm registry and heuristic: see conv_plan.h.
 #include "ffi/conv/conv_plan.h"
 
+#include <algorithm>
 #include <cstdint>
 #include <limits>
 #include <string>
@@ -47,13 +48,15 @@ const char* AlgorithmName(int id) {
       return "implicit_gemm_128x64";
     case kConvDepthwiseDirect:
       return "depthwise_direct";
+    case kConvGemm1x1:
+      return "gemm_1x1";
     default:
       return "unknown";
   }
 }
 
 constexpr int kAlgorithmIds[] = {kConvImplicitGemm128x128, kConvImplicitGemm128x64,
-                                 kConvDepthwiseDirect};
+                                 kConvGemm1x1, kConvDepthwiseDirect};
 
 int64_t CeilDiv(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
@@ -64,7 +67,9 @@ std::string Axes(const int64_t (&v)[3]) {
 
 bool IgemmBuilt(ConvOp op, DType dtype, int dims, int algorithm) {
   for (const ConvIgemmKernel& k : kConvIgemmKernels)
-    if (k.op == op && k.dtype == dtype && k.dims == dims && k.algorithm == algorithm) return true;
+    if (k.op == op && k.dtype == dtype && (k.dims == 0 || k.dims == dims) &&
+        k.algorithm == algorithm)
+      return true;
   return false;
 }
 
@@ -81,7 +86,8 @@ std::string IgemmUnsupported(int algorithm, const ConvProblem& p) {
   const int dims = ConvKernelDims(s.rank);
   if (!IgemmBuilt(p.op, p.dtype, dims, algorithm)) {
     std::string why = std::string("no ") + AlgorithmName(algorithm) + " kernel is built for " +
-                      OpName(p.op) + " " + DTypeName(p.dtype) + " " + std::to_string(dims) + "D";
+                      OpName(p.op) + " " + DTypeName(p.dtype) +
+                      (algorithm == kConvGemm1x1 ? "" : " " + std::to_string(dims) + "D");
     if (p.dtype == DType::kF32 && p.op != ConvOp::kFprop)
       why += " (TF32 wgmma reads operands K-major: float32 has fprop only)";
     return why;
@@ -96,6 +102,15 @@ std::string IgemmUnsupported(int algorithm, const ConvProblem& p) {
   if (p.op == ConvOp::kFprop && p.activation != kConvNoActivation && p.activation != 0)
     return "the implicit-GEMM epilogue fuses no activation or relu only; activation id " +
            std::to_string(p.activation) + " runs after the convolution";
+  if (algorithm == kConvGemm1x1) {
+    for (int i = 0; i < 3; ++i)
+      if (s.window[i] != 1 || s.stride[i] != 1 || s.pad_lo[i] != 0 || s.pad_hi[i] != 0)
+        return "gemm_1x1 takes window 1, stride 1 and no padding";
+    if (s.c > kInt32Max || s.k > kInt32Max ||
+        s.input[0] * s.input[1] * s.input[2] > kInt32Max / s.n)
+      return "the GEMM's rows (batch x pixels) pass 2^31 - 1";
+    return "";
+  }
   if (p.op == ConvOp::kDgrad) {
     for (int i = 0; i < 3; ++i)
       if (s.stride[i] != 1)
@@ -143,6 +158,11 @@ std::string IgemmUnsupported(int algorithm, const ConvProblem& p) {
   return "";
 }
 
+int64_t WgradPixels(const ConvShape& s) { return s.n * s.input[0] * s.input[1] * s.input[2]; }
+
+// gemm_1x1 wgrad's output tiles (K x C at 128 x 128).
+int64_t Gemm1x1WgradTiles(const ConvShape& s) { return CeilDiv(s.k, 128) * CeilDiv(s.c, 128); }
+
 // wgrad's GEMM output tiles (M = K, N = T*R*S*C) at 128 x 128.
 int64_t WgradTiles(const ConvShape& s) {
   const int64_t trsc = s.window[0] * s.window[1] * s.window[2] * (s.c / s.groups);
@@ -161,8 +181,12 @@ ConvAlgorithm Answer(int id, const ConvProblem& p, const DeviceProps& device) {
   switch (id) {
     case kConvImplicitGemm128x128:
     case kConvImplicitGemm128x64:
+    case kConvGemm1x1:
       a.reason = IgemmUnsupported(id, p);
       a.workspace_bytes = 0;
+      if (id == kConvGemm1x1 && p.op == ConvOp::kWgrad && a.reason.empty())
+        a.workspace_bytes = ConvGemm1x1WgradWorkspaceBytes(
+            p.shape, ConvGemm1x1WgradSplits(p.shape, device));
       a.deterministic = true;
       break;
     case kConvDepthwiseDirect: {
@@ -184,6 +208,24 @@ ConvAlgorithm Answer(int id, const ConvProblem& p, const DeviceProps& device) {
 }
 
 }  // namespace
+
+int64_t ConvGemm1x1WgradSplits(const ConvShape& s, const DeviceProps& device) {
+  const int64_t sms = device.sm_count > 0 ? device.sm_count : kAssumedSmCount;
+  const int64_t tiles = Gemm1x1WgradTiles(s);
+  const int64_t k_tiles = CeilDiv(WgradPixels(s), 64);
+  const int64_t splits = std::min<int64_t>({CeilDiv(sms, tiles), k_tiles / 8, 32});
+  return std::max<int64_t>(splits, 1);
+}
+
+int64_t ConvGemm1x1WgradWorkspaceBytes(const ConvShape& s, int64_t splits) {
+  if (splits <= 1) return 0;
+  constexpr int64_t kTileBytes = 128 * 128 * 4;    // fp32 partial accumulators
+  constexpr int64_t kBarrierBytes = 2 * 4;          // an int32 a consumer warp group
+  constexpr int64_t kAlign = 1024;                  // past CUTLASS's L2-line rounding
+  const int64_t tiles = Gemm1x1WgradTiles(s);
+  return CeilDiv(tiles * kTileBytes, kAlign) * kAlign +
+         CeilDiv(tiles * kBarrierBytes, kAlign) * kAlign;
+}
 
 std::string ConvShapeError(const ConvShape& s) {
   if (s.rank < 1 || s.rank > 3) return "the spatial rank must be 1, 2 or 3";
@@ -239,6 +281,7 @@ ConvAlgorithm ConvPlan(const ConvProblem& problem, bool deterministic, const Dev
   // Why the heuristic passed over a supported algorithm (wgrad's tile rule).
   std::string declined;
   if (const ConvAlgorithm* a = usable(kConvDepthwiseDirect)) return *a;
+  if (const ConvAlgorithm* a = usable(kConvGemm1x1)) return *a;
   if (problem.op == ConvOp::kWgrad) {
     if (const ConvAlgorithm* a = usable(kConvImplicitGemm128x128)) {
       const int sms = device.sm_count > 0 ? device.sm_count : kAssumedSmCount;

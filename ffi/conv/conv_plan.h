@@ -11,6 +11,11 @@
 //     with a 128 x 128 or 128 x 64 CTA tile (GEMM M x N; see kConvIgemmKernels
 //     for which op, dtype and rank each is built for). Deterministic: every
 //     output element is reduced by one CTA in a fixed order.
+//   gemm_1x1: a 1x1 convolution (window 1, stride 1, no padding) as a plain
+//     GEMM (conv_implicit_gemm_1x1.cuh): fprop and dgrad on CUTLASS's
+//     persistent ping-pong schedule, wgrad split over its reduction
+//     (ConvGemm1x1WgradSplits) with a fixed-order reduction of the splits.
+//     Deterministic.
 //   depthwise_direct: the direct depthwise kernels (conv_depthwise.h); its
 //     rules and workspace are ConvDepthwiseSupports / ConvDepthwiseWorkspaceBytes.
 #pragma once
@@ -32,11 +37,14 @@ enum ConvAlgorithmId : int {
   kConvImplicitGemm128x128 = 0,
   kConvImplicitGemm128x64 = 1,
   kConvDepthwiseDirect = 2,
+  kConvGemm1x1 = 3,
 };
 
 // One built implicit-GEMM kernel (one CUDA translation unit each,
-// conv_implicit_gemm_<op>_<dtype>_<dims>d_<tile>.cu). `dims` is the kernel's
-// spatial rank: 2 serves rank 1 and 2 problems (1D as H = 1), 3 serves rank 3.
+// conv_implicit_gemm_<op>_<dtype>_<dims>d_<tile>.cu, or
+// conv_implicit_gemm_1x1_<op>_<dtype>.cu). `dims` is the kernel's spatial
+// rank: 2 serves rank 1 and 2 problems (1D as H = 1), 3 serves rank 3, 0
+// (gemm_1x1) every rank.
 // float32 runs on TF32 tensor cores with a 32-deep K tile; TF32 wgmma reads
 // both operands K-major, which only fprop's are (dgrad reads the filter and
 // wgrad both operands MN-major), so float32 has fprop alone.
@@ -44,13 +52,14 @@ struct ConvIgemmKernel {
   ConvOp op;
   DType dtype;
   int dims;
-  int algorithm;  // kConvImplicitGemm128x128 or kConvImplicitGemm128x64
+  int algorithm;  // kConvImplicitGemm128x128, kConvImplicitGemm128x64 or kConvGemm1x1
 };
 
-// Fourteen kernels keep the CUDA build within CI's limits (each takes 30-60 s
-// to compile): bf16 and fp16 2D first, then bf16 3D, then TF32 2D fprop. The
-// 128 x 64 tile where it measured faster: GEMM N = 64 (fprop's K, dgrad's C),
-// 229 vs 161 TFLOP/s at 56^2 3x3 C = K = 64 (H200).
+// Seventeen kernels keep the CUDA build within CI's limits (each takes 30-60 s
+// to compile): bf16 and fp16 2D first, then bf16 3D, then TF32 2D fprop, and
+// the bf16 1x1 GEMM (ResNet's bottlenecks are two-thirds 1x1). The 128 x 64
+// tile where it measured faster: GEMM N = 64 (fprop's K, dgrad's C), 229 vs
+// 161 TFLOP/s at 56^2 3x3 C = K = 64 (H200).
 inline constexpr ConvIgemmKernel kConvIgemmKernels[] = {
     {ConvOp::kFprop, DType::kBF16, 2, kConvImplicitGemm128x128},
     {ConvOp::kFprop, DType::kBF16, 2, kConvImplicitGemm128x64},
@@ -66,7 +75,21 @@ inline constexpr ConvIgemmKernel kConvIgemmKernels[] = {
     {ConvOp::kWgrad, DType::kBF16, 2, kConvImplicitGemm128x128},
     {ConvOp::kWgrad, DType::kF16, 2, kConvImplicitGemm128x128},
     {ConvOp::kWgrad, DType::kBF16, 3, kConvImplicitGemm128x128},
+    {ConvOp::kFprop, DType::kBF16, 0, kConvGemm1x1},
+    {ConvOp::kDgrad, DType::kBF16, 0, kConvGemm1x1},
+    {ConvOp::kWgrad, DType::kBF16, 0, kConvGemm1x1},
 };
+
+// gemm_1x1's wgrad (dw[K, C] = dy^T . x, reduced over M = N*D*H*W pixels)
+// splits its reduction so that its 128 x 128 output tiles times the splits
+// fill the device's SMs (132 assumed where no device is known), each split
+// at least 8 K tiles (512 pixels) long, at most 32 splits.
+int64_t ConvGemm1x1WgradSplits(const ConvShape& shape, const DeviceProps& device);
+// Its workspace for `splits`: CUTLASS's split-K reduction keeps an fp32
+// 128 x 128 tile and a barrier word a warp group for every output tile
+// (0 bytes for one split). An upper bound of CUTLASS's own figure (its
+// allocations round to the L2 line); the launcher checks the exact one.
+int64_t ConvGemm1x1WgradWorkspaceBytes(const ConvShape& shape, int64_t splits);
 
 // The kernel spatial rank a problem of caller rank `rank` runs on.
 constexpr int ConvKernelDims(int rank) { return rank == 3 ? 3 : 2; }
@@ -109,9 +132,10 @@ ConvAlgorithm ConvAlgorithmFor(int id, const ConvProblem& problem, const DeviceP
 
 // The heuristic's choice, instantly:
 //   - depthwise_direct where it takes the problem (groups == C > 1);
+//   - gemm_1x1 where it takes the problem (fprop, dgrad and wgrad);
 //   - fprop and dgrad: implicit_gemm_128x64 where the GEMM's N (fprop's K,
 //     dgrad's C) is at most 64 and it is built, else implicit_gemm_128x128;
-//   - wgrad: implicit_gemm_128x128 only where its GEMM (M = K, N = T*R*S*C,
+//   - wgrad otherwise: implicit_gemm_128x128 only where its GEMM (M = K, N = T*R*S*C,
 //     reduced over N*O*P*Q) has at least as many 128 x 128 output tiles as
 //     the device has SMs (132 assumed where no device is known). CUTLASS's
 //     sm90 conv has no split-K: each CTA reduces the whole N*O*P*Q, so with
