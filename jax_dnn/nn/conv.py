@@ -5,8 +5,8 @@ names (`kernel` [*window, C/groups, K], `bias` [K]), computed by jax_dnn.
 Conv is flax.nnx.Conv with jax_dnn.conv_general_dilated as its convolution;
 where the layer has a bias and nothing beyond the fused form's reach (no input
 dilation, SAME/VALID/explicit padding, default precision and output type), the
-convolution and the bias add run as one jax_dnn.conv, whose backward gives
-dbias in the same pass. Flax's ConvTranspose calls lax.conv_transpose
+convolution and the bias add run as one jax_dnn.conv, so the bias costs no
+pass of its own over the output, forward or backward. Flax's ConvTranspose calls lax.conv_transpose
 directly, so ConvTranspose repeats its __call__ around jax_dnn.conv_transpose
 (including CIRCULAR padding's periodic wrap).
 
