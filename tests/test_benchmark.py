@@ -18,7 +18,7 @@ import pytest
 import jax_dnn
 from jax_dnn import benchmark
 from jax_dnn.benchmark import __main__ as cli
-from jax_dnn.benchmark import attention, harness, report, rowwise
+from jax_dnn.benchmark import attention, conv, harness, report, rowwise
 from jax_dnn.benchmark.harness import Case, Settings
 
 # Every call small and timed once: the plumbing, not the numbers.
@@ -61,7 +61,7 @@ def test_help_lists_every_family(capsys):
     cli.parse_args(["--help"])
   assert e.value.code == 0
   text = capsys.readouterr().out
-  for name in ("activations", "softmax", "norms", "attention"):
+  for name in ("activations", "softmax", "norms", "attention", "conv"):
     assert f"  {name} " in text
   assert "--quick" in text and "--out" in text
 
@@ -69,9 +69,9 @@ def test_help_lists_every_family(capsys):
 def test_family_names():
   assert benchmark.select([]) == list(benchmark.FAMILIES)
   assert benchmark.select(["norms", "softmax", "norms"]) == ["norms", "softmax"]
-  with pytest.raises(ValueError, match="unknown benchmark family 'conv'; choose from "
-                                       "activations, softmax, norms, attention"):
-    benchmark.select(["norms", "conv"])
+  with pytest.raises(ValueError, match="unknown benchmark family 'pooling'; choose from "
+                                       "activations, softmax, norms, attention, conv"):
+    benchmark.select(["norms", "pooling"])
 
 
 def test_unknown_family_is_a_usage_error(capsys):
@@ -276,3 +276,143 @@ def test_norms_end_to_end_on_cpu(tmp_path):
   text = stream.getvalue()
   assert "[norms 3/3] layer_norm 8x100 bf16 fwd+bwd: ours" in text
   assert "ours / xla" in text and "norms.json" in text
+
+
+# The conv family.
+
+
+def test_partial_modes_differentiate_one_argument():
+  """dgrad / wgrad: the pullback with respect to the first / second argument alone."""
+  x, w = jnp.arange(6.0).reshape(2, 3), jnp.arange(3.0, 12.0).reshape(3, 3) / 7
+  dy = jnp.linspace(-1.0, 1.0, 6).reshape(2, 3)
+  f = lambda x, w: jnp.tanh(x @ w)
+  _, pullback = jax.vjp(f, x, w)
+  for mode, expected in zip(("dgrad", "wgrad"), pullback(dy)):
+    prepare, apply = harness._programs(f, mode)  # pylint: disable=protected-access
+    (got,) = apply(*prepare((x, w), dy))
+    assert got.shape == expected.shape
+    assert jnp.allclose(got, expected, rtol=1e-6, atol=1e-6), mode
+  with pytest.raises(ValueError, match="unknown mode 'xgrad'"):
+    harness._programs(f, "xgrad")  # pylint: disable=protected-access
+
+
+def test_conv_layer_set():
+  """The issue's layers, bf16 channels-last, each with the modes it runs."""
+  full = conv.cases(False)
+  by_net = {}
+  for c in full:
+    assert c.dtype == "bfloat16"
+    by_net.setdefault(c.option("net"), []).append(c)
+  resnet = [c for c in by_net["resnet50"] if c.op == "conv"]
+  assert all(c.shape[0] == 128 and c.modes == ("fwd", "dgrad", "wgrad", "fwd+bwd")
+             for c in resnet)
+  stem = resnet[0]
+  assert (stem.shape, conv.kernel_shape(stem), stem.option("stride")) == (
+      (128, 224, 224, 3), (7, 7, 3, 64), 2)
+  for size, width in ((56, 64), (28, 128), (14, 256), (7, 512)):
+    shapes = {(c.shape[1:], conv.kernel_shape(c), c.option("stride")) for c in resnet}
+    assert ((size, size, width), (3, 3, width, width), 1) in shapes
+    assert ((size, size, width), (1, 1, width, 4 * width), 1) in shapes
+    assert ((size, size, 4 * width), (1, 1, 4 * width, width), 1) in shapes
+    if size < 56:  # the strided 3x3 and 1x1 downsample into this stage
+      assert ((2 * size, 2 * size, width), (3, 3, width, width), 2) in shapes
+      assert ((2 * size, 2 * size, 2 * width), (1, 1, 2 * width, 4 * width), 2) in shapes
+  assert len(resnet) == 23
+  assert {(c.shape, c.option("out_channels")) for c in by_net["sd-unet"]} == {
+      ((8, 64, 64, 320), 320), ((8, 32, 32, 640), 640), ((8, 128, 128, 128), 128)}
+  assert [(c.shape, conv.kernel_shape(c)) for c in by_net["1d"]] == [
+      ((32, 16000, 256), (3, 256, 256))]
+  assert {c.shape for c in by_net["3d"]} == {(2, 64, 64, 64, 32), (2, 32, 32, 32, 64),
+                                             (1, 128, 128, 128, 16)}
+  assert all(conv.kernel_shape(c)[:3] == (3, 3, 3) for c in by_net["3d"])
+  depthwise = by_net["convnext"] + by_net["mobilenet"]
+  assert {(c.shape, c.option("window")) for c in depthwise} == {
+      ((64, 56, 56, 128), (7, 7)), ((64, 28, 28, 256), (7, 7)),
+      ((128, 112, 112, 32), (3, 3)), ((128, 56, 56, 144), (3, 3))}
+  assert all(conv.depthwise(c) for c in depthwise)
+  assert [c for c in full if conv.depthwise(c)] == depthwise
+  (grouped,) = by_net["resnext"]
+  assert (grouped.shape, conv.kernel_shape(grouped), grouped.option("groups")) == (
+      (128, 56, 56, 128), (3, 3, 4, 128), 32)
+  (transposed,) = by_net["transposed"]
+  assert transposed.op == "conv_transpose" and transposed.shape == (16, 32, 32, 512)
+  assert conv.kernel_shape(transposed) == (4, 4, 512, 256) and conv.output_shape(transposed) == (
+      16, 64, 64, 256)
+  fused = [c for c in by_net["resnet50"] if c.op == "conv+bias+relu+residual"]
+  assert {conv.kernel_shape(c)[:2] for c in fused} == {(3, 3), (1, 1)} and len(fused) == 8
+  assert {(c.op, c.shape) for c in by_net["matmul"]} == {
+      (op, (n, n)) for op in ("matmul", "matmul+bias+gelu") for n in (4096, 8192)}
+  assert all(c.modes == ("fwd", "fwd+bwd") for c in fused + by_net["matmul"])
+  quick = conv.cases(True)
+  assert 4 <= len(quick) <= 6 and all(c.modes == ("fwd", "fwd+bwd") for c in quick)
+  assert any(conv.depthwise(c) for c in quick)
+
+
+def test_conv_flops_and_bytes():
+  by_label = {c.label: c for c in conv.cases(False)}
+  c = by_label["resnet50 3x3 56^2 64 N=128"]
+  assert conv.flops(c, "fwd") == 2 * 128 * 56 * 56 * 64 * 64 * 9
+  assert conv.flops(c, "dgrad") == conv.flops(c, "wgrad") == conv.flops(c, "fwd")
+  assert conv.flops(c, "fwd+bwd") == 3 * conv.flops(c, "fwd")
+  c = by_label["resnet50 3x3 s2 56^2 128 N=128"]  # 56^2 in, 28^2 out
+  assert conv.output_shape(c) == (128, 28, 28, 128)
+  assert conv.flops(c, "fwd") == 2 * 128 * 28 * 28 * 128 * 128 * 9
+  c = by_label["resnet50 7x7 s2 224^2 3->64 N=128"]
+  assert conv.flops(c, "fwd") == 2 * 128 * 112 * 112 * 64 * 3 * 49
+  c = by_label["resnext g32 3x3 56^2 128 N=128"]
+  assert conv.flops(c, "fwd") == 2 * 128 * 56 * 56 * 128 * 4 * 9
+  c = by_label["transposed 4x4 s2 32^2 512->256 N=16"]  # the passes of the conv it transposes
+  assert conv.flops(c, "fwd") == 2 * 16 * 32 * 32 * 512 * 256 * 16
+  c = by_label["mobilenet dw 3x3 112^2 32 N=128"]
+  x = 128 * 112 * 112 * 32 * 2
+  assert conv.flops(c, "fwd") == 2 * 128 * 112 * 112 * 32 * 9
+  assert conv.moved_bytes(c) == {"fwd": 2 * x, "dgrad": 2 * x, "wgrad": 2 * x, "fwd+bwd": 4 * x}
+  c = by_label["matmul 8192^3"]
+  assert conv.flops(c, "fwd") == 2 * 8192**3 and conv.flops(c, "fwd+bwd") == 6 * 8192**3
+
+
+def test_conv_input_sets_fill_a_call_within_memory():
+  settings = Settings()
+  for c in conv.cases(False):
+    sets = conv.input_sets(c, settings)
+    nbytes = conv.set_bytes(c)
+    assert 1 <= sets <= settings.max_sets
+    assert sets == 1 or 2 * sets * nbytes <= conv.SET_MEMORY, c.label
+    capped = sets == settings.max_sets or 2 * (sets + 1) * nbytes > conv.SET_MEMORY
+    assert capped or sets * conv.flops(c, "fwd") >= conv.CALL_FLOPS, c.label
+    assert capped or sets * nbytes >= settings.l2_bytes, c.label
+    if conv.depthwise(c):  # memory-bound: as the row families, a GiB of x a call
+      assert capped or sets * math.prod(c.shape) * 2 >= 1 << 30, c.label
+  small = next(c for c in conv.cases(False) if c.label == "resnet50 3x3 7^2 512 N=128")
+  assert conv.input_sets(small, settings) > 1
+
+
+def test_conv_end_to_end_on_cpu(tmp_path):
+  """Every kind of case on tiny shapes: the ops, their modes, GB/s for depthwise."""
+  cases = [conv.layer("resnet50", 2, (9, 8), 8, 16, (3, 3), stride=2),
+           conv.layer("mobilenet", 2, (6, 6), 8, 8, (3, 3), groups=8),
+           conv.layer("resnext", 1, (7,), 8, 8, (3,), groups=4),
+           conv.layer("3d", 1, (4, 5, 3), 3, 5, (3, 3, 3)),
+           conv.layer("transposed", 2, (4, 4), 8, 4, (4, 4), stride=2, op="conv_transpose"),
+           conv.layer("resnet50", 2, (5, 5), 8, 8, (3, 3), op="conv+bias+relu+residual",
+                      modes=conv.FUSED_MODES, tag="fused "),
+           conv.matmul_case(24, "gelu"), conv.matmul_case(16, None)]
+  reporter, stream = _plain()
+  assert harness.run(["conv"], out=tmp_path, settings=TINY, cases={"conv": cases},
+                     reporter=reporter) == 0
+  data = json.loads((tmp_path / "conv.json").read_text())
+  assert data["family"] == "conv" and data["unit"] == "TFLOP/s"
+  assert set(data["ceilings"]) == {"matmul", "copy"}
+  assert [(r["case"], r["mode"], r["impl"]) for r in data["rows"]] == [
+      (c.label, m, i) for c in cases for m in c.modes for i in ("ours", "xla")]
+  for r in data["rows"]:
+    assert r["failure"] is None and r["rate"] > 0, (r["case"], r["mode"], r["failure"])
+    if r["impl"] == "ours":
+      assert r["ok"] and r["reference"] == "xla" and r["ratio"]["xla"] > 0
+    if r["op"] == "conv" and r["groups"] == 8:  # depthwise
+      assert r["gbps"] > 0 and r["copy_fraction"] > 0
+    else:
+      assert r["gbps"] is None and r["copy_fraction"] is None
+  text = stream.getvalue()
+  assert "ours GB/s" in text and "ours % copy" in text and "conv.json" in text
+  assert "resnet50 3x3 s2 9x8 8->16 N=2 wgrad: ours" in text

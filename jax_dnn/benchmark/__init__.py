@@ -21,6 +21,8 @@ FAMILIES = {
     "norms": ("jax_dnn.benchmark.norms", "layer_norm and rms_norm vs XLA, GB/s"),
     "attention": ("jax_dnn.benchmark.attention",
                   "dot_product_attention vs cuDNN and XLA, TFLOP/s"),
+    "conv": ("jax_dnn.benchmark.conv",
+             "convolutions (fwd, dgrad, wgrad), fused conv and matmul vs XLA/cuDNN, TFLOP/s"),
 }
 
 

@@ -26,7 +26,8 @@ def parse_args(argv=None):
                   help="families to run (default: all, in the order listed below)")
   ap.add_argument("--quick", action="store_true",
                   help="a few cases per family: the 16384x4096 bf16 headline and one odd "
-                       "width; attention at D=128, S=2048 and 8192")
+                       "width; attention at D=128, S=2048 and 8192; conv: four layers, one "
+                       "fused conv and one matmul, fwd and fwd+bwd")
   ap.add_argument("--out", default="bench_out",
                   help="directory for <family>.json and <family>.png (default: bench_out)")
   args = ap.parse_args(argv)

@@ -5,7 +5,9 @@ Method, the same for every family:
 - Modes. fwd: y = f(*args). bwd: the backward alone, as a training step runs
   it: each implementation's pullback (jax.vjp) applied to dy, its residuals
   computed before the timed calls and passed in as arguments. fwd+bwd: y and
-  the gradients with respect to every argument, in one jitted call.
+  the gradients with respect to every argument, in one jitted call. A
+  family may add dgrad and wgrad: the pullback with respect to the first
+  (data) or the second (weights) argument alone, timed as bwd is.
 - A timed call is one jitted program applying the mode to each of K input
   sets. Memory-bound families take K = ceil(1 GiB / the bytes of x), at least
   enough sets to cycle through more bytes than L2 holds, at most 32, so that
@@ -22,7 +24,9 @@ Method, the same for every family:
   run, which timing one implementation after the other put into the ratios.
 - Rate: the case's bytes or FLOPs per application over that time; fraction:
   the rate over the ceiling measured in the same run (copy bandwidth or a
-  bf16 matmul's rate).
+  bf16 matmul's rate). A compute-bound family's memory-bound cases (depthwise
+  convolution) also give their bytes: their rows add GB/s and the fraction of
+  the copy bandwidth.
 - Correctness, in the same run: each implementation's outputs for the first
   input set (those of its first call) against the family's reference
   implementation, as max |a - b| / (1 + max |b|) over every output array.
@@ -46,6 +50,7 @@ import jax
 import jax.numpy as jnp
 
 MODES = ("fwd", "bwd", "fwd+bwd")
+PARTIAL_MODES = {"dgrad": 0, "wgrad": 1}  # mode -> the one argument its pullback differentiates
 UNIT_SCALE = {"GB/s": 1e9, "TFLOP/s": 1e12}  # unit -> bytes or FLOPs a second per unit
 
 
@@ -89,6 +94,7 @@ class Workload:
   cotangents: list  # dy for each set, shaped like f's output
   work: dict[str, float]  # mode -> bytes moved (GB/s) or FLOPs done (TFLOP/s) by one application
   tolerance: float  # largest correctness error accepted
+  bytes: dict[str, float] | None = None  # mode -> bytes moved, where GB/s matter too
 
 
 @dataclasses.dataclass(frozen=True)
@@ -103,6 +109,7 @@ class Family:
   workload: Callable[[Case, Settings], Workload]
   plot_point: Callable[[dict], tuple[str, float, str] | None]  # row -> (panel, x, variant)
   plot_x: str  # the plot's x-axis label
+  bandwidth: bool = False  # some workloads give bytes: measure the copy ceiling too
 
 
 def input_sets(nbytes: int, settings: Settings) -> int:
@@ -161,7 +168,14 @@ def _programs(fn, mode: str):
       y, pullback = jax.vjp(fn, *args_dy[:-1])
       return y, pullback(args_dy[-1])
     return (lambda args, dy: (*args, dy)), fwd_bwd
-  raise ValueError(f"unknown mode {mode!r}; modes are {MODES}")
+  if mode in PARTIAL_MODES:
+    i = PARTIAL_MODES[mode]
+
+    def partial_vjp(*args):
+      return jax.vjp(lambda a: fn(*args[:i], a, *args[i + 1:]), args[i])[1]
+    residuals = jax.jit(partial_vjp)
+    return (lambda args, dy: (residuals(*args), dy)), (lambda pullback, dy: pullback(dy))
+  raise ValueError(f"unknown mode {mode!r}; modes are {MODES + tuple(PARTIAL_MODES)}")
 
 
 def short_reason(e: Exception) -> str:
@@ -182,8 +196,9 @@ def _error(out, ref) -> float:
 
 
 def run_mode(family: Family, case: Case, work: Workload, mode: str,
-             settings: Settings, ceiling: float) -> list[dict]:
-  """Times every implementation of one case in one mode; one row each."""
+             settings: Settings, ceiling: float, copy: float | None = None) -> list[dict]:
+  """Times every implementation of one case in one mode; one row each.
+  `copy`: the copy bandwidth (GB/s), for a bandwidth family's rows."""
   timed, outputs, failures = {}, {}, {}
   for impl in family.impls:
     fn = work.fns.get(impl, "not run for this case")
@@ -233,17 +248,20 @@ def run_mode(family: Family, case: Case, work: Workload, mode: str,
         error=error, reference=reference if error is not None else None,
         ok=error <= work.tolerance if error is not None else None,
         failure=failures.get(impl), applications=calls.get(impl, 0)))
+    if family.bandwidth:
+      gbps = work.bytes[mode] / t / 1e9 if t and work.bytes else None
+      rows[-1].update(gbps=gbps, copy_fraction=gbps / copy if gbps and copy else None)
   return rows
 
 
 def run_family(family: Family, cases: list[Case], settings: Settings, ceiling: float,
-               progress) -> list[dict]:
+               progress, copy: float | None = None) -> list[dict]:
   rows = []
   for case in cases:
     work = family.workload(case, settings)
     for mode in case.modes:
       progress.start(family.name, f"{case.label} {mode}")
-      mode_rows = run_mode(family, case, work, mode, settings, ceiling)
+      mode_rows = run_mode(family, case, work, mode, settings, ceiling, copy)
       progress.done(family.name, mode_rows)
       rows.extend(mode_rows)
     del work
@@ -344,13 +362,13 @@ def run(names, *, quick: bool = False, out=None, settings: Settings = Settings()
   ceilings, bad, written = {}, [], []
   with reporter.progress([(f.name, sum(len(c.modes) for c in cs)) for f, cs in plan]) as progress:
     for family, family_cases in plan:
-      if family.ceiling not in ceilings:
-        progress.note(f"measuring the {family.ceiling} ceiling")
-        ceilings[family.ceiling] = measure_ceiling(family.ceiling, settings)
-        progress.note(f"{family.ceiling} ceiling: {ceilings[family.ceiling]['value']:.0f} "
-                      f"{ceilings[family.ceiling]['unit']}")
+      for name in [family.ceiling] + (["copy"] if family.bandwidth else []):
+        if name not in ceilings:
+          progress.note(f"measuring the {name} ceiling")
+          ceilings[name] = measure_ceiling(name, settings)
+          progress.note(f"{name} ceiling: {ceilings[name]['value']:.0f} {ceilings[name]['unit']}")
       rows = run_family(family, family_cases, settings, ceilings[family.ceiling]["value"],
-                        progress)
+                        progress, ceilings["copy"]["value"] if family.bandwidth else None)
       result = dict(family=family.name, unit=family.unit, ceiling=family.ceiling, **env,
                     ceilings=dict(ceilings), rows=rows)
       progress.table(family, result)

@@ -43,7 +43,8 @@ def _fmt(x, spec: str) -> str:
 def table(result: dict) -> tuple[str, list[str], list[list[str]], list[str]]:
   """(title, headers, cells, notes) of a family's result: one line per case
   and mode, each implementation's rate, ours' fraction of the ceiling, ours'
-  ratio to each peer (its rate over theirs) and ours' correctness error."""
+  GB/s and fraction of the copy bandwidth where rows give them, ours' ratio
+  to each peer (its rate over theirs) and ours' correctness error."""
   unit, rows = result["unit"], result["rows"]
   impls = list(dict.fromkeys(r["impl"] for r in rows))
   peers = [i for i in impls if i != "ours"]
@@ -51,7 +52,9 @@ def table(result: dict) -> tuple[str, list[str], list[list[str]], list[str]]:
   for r in rows:
     lines.setdefault((r["case"], r["mode"]), {})[r["impl"]] = r
   spec = RATE_FORMAT.get(unit, ".1f")
+  bandwidth = any(r.get("gbps") is not None for r in rows)
   headers = (["case", "mode"] + [f"{i} {unit}" for i in impls] + [f"ours % {result['ceiling']}"]
+             + (["ours GB/s", "ours % copy"] if bandwidth else [])
              + [f"ours / {p}" for p in peers] + ["error"])
   cells = []
   for (case, mode), by_impl in lines.items():
@@ -61,6 +64,9 @@ def table(result: dict) -> tuple[str, list[str], list[list[str]], list[str]]:
     cells.append([case, mode]
                  + [_fmt(by_impl.get(i, {}).get("rate"), spec) for i in impls]
                  + [_fmt(None if fraction is None else 100 * fraction, ".0f")]
+                 + ([_fmt(ours.get("gbps"), ".0f"),
+                     _fmt(None if ours.get("copy_fraction") is None
+                          else 100 * ours["copy_fraction"], ".0f")] if bandwidth else [])
                  + [_fmt(ours.get("ratio", {}).get(p), ".2f") for p in peers] + [error])
   ceiling = result["ceilings"][result["ceiling"]]
   title = (f"{result['family']} on {result['device']}: {unit}; ceiling {ceiling['value']:{spec}} "

@@ -1,6 +1,8 @@
 """Flax NNX layers over jax_dnn's ops (drop-in for their flax.nnx namesakes)."""
 
 from jax_dnn.nn.attention import MultiHeadAttention, dot_product_attention
+from jax_dnn.nn.conv import Conv, ConvTranspose
 from jax_dnn.nn.normalization import LayerNorm, RMSNorm
 
-__all__ = ["LayerNorm", "MultiHeadAttention", "RMSNorm", "dot_product_attention"]
+__all__ = ["Conv", "ConvTranspose", "LayerNorm", "MultiHeadAttention", "RMSNorm",
+           "dot_product_attention"]
