@@ -10,7 +10,9 @@ axes, as the FFI targets take it: ffi/conv/conv.h):
 Output channel k belongs to group k // (K/G), which reads input channels
 [g C/G, (g+1) C/G).
 
-Params (static): groups, rank (the caller's spatial rank, 1-3), stride,
+Params (static): k_per_group (K/G, or 0 for one group: G is read from the
+operands' K, so that a device's shard of whole groups, or of one group's
+channels, keeps the params), rank (the caller's spatial rank, 1-3), stride,
 dilation, pad_lo, pad_hi (3-tuples in (D, H, W) order; padding >= 0: the
 public ops crop negative padding), deterministic (jax_dnn.config's, read at
 trace time), precision ("default" | "high" | "highest": what fp32 operands
@@ -58,6 +60,11 @@ def output_extent(size, window, stride, dilation, lo, hi):
   return (size + lo + hi - (window - 1) * dilation - 1) // stride + 1
 
 
+def groups_of(k, k_per_group) -> int:
+  """The groups G of K output channels (k_per_group = K/G, 0: one group)."""
+  return 1 if k_per_group == 0 else k // k_per_group
+
+
 def _present(a) -> bool:
   """Whether an optional operand (bias [K], residual [N, O, P, Q, K]) is given."""
   return a.ndim == 5 or a.shape[0] != 0
@@ -66,8 +73,9 @@ def _present(a) -> bool:
 # --- references (pure JAX; what runs where the kernels do not) -----------------
 
 
-def _conv_f32(x, w, *, groups, stride, dilation, pad_lo, pad_hi, precision, **unused):
+def _conv_f32(x, w, *, k_per_group, stride, dilation, pad_lo, pad_hi, precision, **unused):
   del unused
+  groups = groups_of(w.shape[0], k_per_group)
   return lax.conv_general_dilated(
       x, w, stride, tuple(zip(pad_lo, pad_hi)), rhs_dilation=dilation, dimension_numbers=_DNUMS,
       feature_group_count=groups, precision=_PRECISION[precision],
@@ -86,13 +94,20 @@ def _fwd_reference(x, w, bias, residual, *, activation, **params):
 
 
 def _dgrad_reference(dy, w, *, input, **params):  # pylint: disable=redefined-builtin
-  x0 = jnp.zeros((dy.shape[0], *input, w.shape[-1] * params["groups"]), dy.dtype)
+  x0 = jnp.zeros((dy.shape[0], *input, w.shape[-1] * groups_of(w.shape[0], params["k_per_group"])),
+                 dy.dtype)
+  # x0 varies over dy's manual mesh axes (inside shard_map): JAX would
+  # otherwise cast it, and the VJP would add up dx over the devices (the
+  # cast's transpose), which the op's own cast does once more.
+  x0 = same_manual_axes(x0, dy)[0]
   _, vjp = jax.vjp(lambda x: _conv_f32(x, w, **params), x0)
   return vjp(dy.astype(jnp.float32))[0].astype(dy.dtype)
 
 
 def _wgrad_reference(x, dy, *, window, **params):
-  w0 = jnp.zeros((dy.shape[-1], *window, x.shape[-1] // params["groups"]), x.dtype)
+  w0 = jnp.zeros((dy.shape[-1], *window, x.shape[-1] // groups_of(dy.shape[-1], params["k_per_group"])),
+                 x.dtype)
+  w0 = same_manual_axes(w0, x)[0]  # as in _dgrad_reference
   _, vjp = jax.vjp(lambda w: _conv_f32(x, w, **params), w0)
   return vjp(dy.astype(jnp.float32))[0].astype(x.dtype)
 
@@ -112,14 +127,15 @@ def _fwd_abstract(x, w, bias, residual, **params):
   return ShapedArray(_output_shape(x, w, **params), x.dtype)
 
 
-def _dgrad_abstract(dy, w, *, input, groups, **params):  # pylint: disable=redefined-builtin
+def _dgrad_abstract(dy, w, *, input, k_per_group, **params):  # pylint: disable=redefined-builtin
   del params
-  return ShapedArray((dy.shape[0], *input, w.shape[-1] * groups), dy.dtype)
+  return ShapedArray((dy.shape[0], *input, w.shape[-1] * groups_of(w.shape[0], k_per_group)), dy.dtype)
 
 
-def _wgrad_abstract(x, dy, *, window, groups, **params):
+def _wgrad_abstract(x, dy, *, window, k_per_group, **params):
   del params
-  return ShapedArray((dy.shape[-1], *window, x.shape[-1] // groups), x.dtype)
+  return ShapedArray((dy.shape[-1], *window, x.shape[-1] // groups_of(dy.shape[-1], k_per_group)),
+                     x.dtype)
 
 
 # --- the kernels' plans (ffi/conv/conv_plan.h) ---------------------------------------
@@ -157,7 +173,7 @@ def plan_key(op, avals, params):
   if not plans.is_static(*x.shape[1:], *w.shape, *y[1:]):
     return None
   return (op, jnp.dtype(x.dtype).name, plans.static_dim(x.shape[0], plans.LARGE), x.shape[-1],
-          w.shape[0], params["groups"], tuple(x.shape[1:4]), tuple(w.shape[1:4]), tuple(y[1:4]),
+          w.shape[0], groups_of(w.shape[0], params["k_per_group"]), tuple(x.shape[1:4]), tuple(w.shape[1:4]), tuple(y[1:4]),
           params["stride"], params["dilation"], params["pad_lo"], params["pad_hi"],
           params["rank"], params.get("activation", NO_ACTIVATION),
           op == "fwd" and _present(bias), op == "fwd" and _present(residual))
@@ -193,8 +209,9 @@ def _ffi_params(op):
   """Primitive params -> the handlers' attributes (ffi/conv: algo, groups,
   rank, stride, dilation, pad_lo, pad_hi; the forward's activation)."""
   def ffi_params(avals, **params):
-    attrs = dict(algo=int(_plan_for(op, avals, params).id), groups=params["groups"],
-                 rank=params["rank"])
+    plan = _plan_for(op, avals, params)
+    k = avals[0].shape[-1] if op == "dgrad" else avals[1].shape[0 if op == "fwd" else -1]
+    attrs = dict(algo=int(plan.id), groups=groups_of(k, params["k_per_group"]), rank=params["rank"])
     for name in ("stride", "dilation", "pad_lo", "pad_hi"):
       attrs[name] = np.asarray(params[name], np.int64)
     if op == "fwd":
@@ -209,21 +226,27 @@ def _ffi_params(op):
 
 def _fold_channels(a, bdim, size):
   """[..., C] with a vmapped axis -> [..., size * C]: copy v's channels are
-  [v C, (v+1) C), so that with size * G groups, group v * G + g is copy v's g."""
-  a = jnp.moveaxis(move_to_front(a, bdim, size), 0, -2)
-  return a.reshape(a.shape[:-2] + (size * a.shape[-1],))
+  [v C, (v+1) C), so that with size * G groups, group v * G + g is copy v's g.
+  (Through merge_leading: under explicit mesh axes the split carries over.)"""
+  a = jnp.moveaxis(move_to_front(a, bdim, size), -1, 1)  # [size, C, N, ...]
+  return jnp.moveaxis(merge_leading(a), 0, -1)
 
 
 def _unfold_channels(a, size):
   """The inverse of _fold_channels, the vmapped axis in front."""
-  return jnp.moveaxis(a.reshape(a.shape[:-1] + (size, a.shape[-1] // size)), -2, 0)
+  return jnp.moveaxis(split_leading(jnp.moveaxis(a, -1, 0), size), 1, -1)
 
 
 def _fold_rows(a, bdim, size):
   """[K, ...] with a vmapped axis -> [size * K, ...] (weights and biases of
   size * G groups)."""
-  a = move_to_front(a, bdim, size)
-  return a.reshape((size * a.shape[1],) + a.shape[2:])
+  return merge_leading(move_to_front(a, bdim, size))
+
+
+def _copy_groups(params, k):
+  """Params for the copies folded into groups: one group of K channels
+  becomes groups of K channels each."""
+  return dict(params, k_per_group=params["k_per_group"] or k)
 
 
 def _fwd_batch(args, dims, **params):
@@ -240,7 +263,7 @@ def _fwd_batch(args, dims, **params):
     bias = _fold_rows(bias, dims[2], size)
   if _present(residual):
     residual = _fold_channels(residual, dims[3], size)
-  params = dict(params, groups=params["groups"] * size)
+  params = _copy_groups(params, w.shape[0] // size)
   return _unfold_channels(conv_fwd_p.bind(x, w, bias, residual, **params), size), 0
 
 
@@ -250,24 +273,27 @@ def _dgrad_batch(args, dims, **params):
   if dims[1] is NOT_MAPPED:
     dx = conv_dgrad_p.bind(merge_leading(move_to_front(dy, dims[0], size)), w, **params)
     return split_leading(dx, size), 0
-  params = dict(params, groups=params["groups"] * size)
-  dx = conv_dgrad_p.bind(_fold_channels(dy, dims[0], size), _fold_rows(w, dims[1], size), **params)
-  return _unfold_channels(dx, size), 0
+  w = _fold_rows(w, dims[1], size)
+  params = _copy_groups(params, w.shape[0] // size)
+  return _unfold_channels(conv_dgrad_p.bind(_fold_channels(dy, dims[0], size), w, **params),
+                          size), 0
 
 
 def _wgrad_batch(args, dims, **params):
   """Per-example weight gradients: one grouped wgrad of size * G groups."""
   x, dy = args
   size = batch_size(args, dims)
-  params = dict(params, groups=params["groups"] * size)
-  dw = conv_wgrad_p.bind(_fold_channels(x, dims[0], size), _fold_channels(dy, dims[1], size),
-                         **params)
-  return dw.reshape((size, dw.shape[0] // size) + dw.shape[1:]), 0
+  dy = _fold_channels(dy, dims[1], size)
+  params = _copy_groups(params, dy.shape[-1] // size)
+  dw = conv_wgrad_p.bind(_fold_channels(x, dims[0], size), dy, **params)
+  return split_leading(dw, size), 0
 
 
 # --- sharding: the batch splits; with one group, output channels split with
-# the kernel (forward, wgrad) and input channels with it (dgrad). Spatial axes
-# stay whole (windows overlap shards); the contracted channels stay whole. ----------
+# the kernel (forward, wgrad; dgrad then adds its partial sums) and input
+# channels with it (dgrad, wgrad; a forward without bias, residual or
+# activation adds its partial sums). Spatial axes stay whole (windows cross
+# shard edges). ------------------------------------------------------------------------
 
 
 def _dims(b, shape):
@@ -278,46 +304,64 @@ def _optional(b, shape, factors):
   return factors if len(shape) == len(factors) and shape[0] != 0 else (b.own(shape[0]),)
 
 
-def _fwd_sharding(operands, results, *, groups, **params):
-  """x, w, bias, residual -> y."""
+def _channels(b, k, c, groups):
+  """The factors of K, of C and of the kernel's C/G. With groups, K and C
+  are (g, K/G) and (g, C/G), which split along g only: each device runs
+  whole groups."""
+  if groups == 1:
+    return b.factor("k", k), b.factor("c", c), "c"
+  g = b.factor("g", groups)
+  cg = b.factor("c", c // groups, whole=True)
+  return (g, b.factor("k", k // groups, whole=True)), (g, cg), cg
+
+
+def _fwd_sharding(operands, results, *, k_per_group, activation, **params):
+  """x, w, bias, residual -> y. Without bias, residual and activation (the
+  data gradient's transpose, a transposed convolution's backward) the input
+  channels may split too: each device's y is then a partial sum, added over
+  them."""
   del params
   x, w, bias, residual = operands
+  linear = activation == NO_ACTIVATION and bias[0] == 0 and len(residual) == 1
   b = sharding.RuleBuilder()
   n = b.factor("n", x[0])
-  k = b.factor("k", w[0], whole=groups > 1)
+  k, c, cg = _channels(b, w[0], x[-1], groups_of(w[0], k_per_group))
+  if not linear:
+    b.whole.add(cg)
   out = (n, *_dims(b, results[0][1:4]), k)
-  b.operand(n, *_dims(b, x[1:]))
-  b.operand(k, *_dims(b, w[1:]))
+  b.operand(n, *_dims(b, x[1:4]), c)
+  b.operand(k, *_dims(b, w[1:4]), cg)
   b.operand(*_optional(b, bias, (k,)))
   b.operand(*_optional(b, residual, out))
-  b.result(*out)
+  b.result(*out, sum_=linear)
   return b.build()
 
 
-def _dgrad_sharding(operands, results, *, groups, **params):
-  """dy, w -> dx: each device's dx channels from the kernel's input channels."""
+def _dgrad_sharding(operands, results, *, k_per_group, **params):
+  """dy, w -> dx: dx's channels split with the kernel's input channels; with
+  dy's channels split (with the kernel's output channels, as the forward
+  splits them), each device's dx is a partial sum, added over them."""
   del params
   dy, w = operands
   b = sharding.RuleBuilder()
   n = b.factor("n", dy[0])
-  c = b.factor("c", w[-1], whole=groups > 1)
-  b.operand(n, *_dims(b, dy[1:]))
-  b.operand(*_dims(b, w[:-1]), c)
-  b.result(n, *_dims(b, results[0][1:4]), c)
+  k, c, cg = _channels(b, w[0], results[0][-1], groups_of(w[0], k_per_group))
+  b.operand(n, *_dims(b, dy[1:4]), k)
+  b.operand(k, *_dims(b, w[1:4]), cg)
+  b.result(n, *_dims(b, results[0][1:4]), c, sum_=True)
   return b.build()
 
 
-def _wgrad_sharding(operands, results, *, groups, **params):
+def _wgrad_sharding(operands, results, *, k_per_group, **params):
   """x, dy -> dw, summed over the devices holding batch rows."""
   del params
   x, dy = operands
   b = sharding.RuleBuilder()
   n = b.factor("n", x[0])
-  k = b.factor("k", dy[-1], whole=groups > 1)
-  c = b.factor("c", x[-1], whole=groups > 1)
+  k, c, cg = _channels(b, dy[-1], x[-1], groups_of(dy[-1], k_per_group))
   b.operand(n, *_dims(b, x[1:4]), c)
   b.operand(n, *_dims(b, dy[1:4]), k)
-  b.result(k, *_dims(b, results[0][1:4]), c, sum_=True)
+  b.result(k, *_dims(b, results[0][1:4]), cg, sum_=True)
   return b.build()
 
 
@@ -428,9 +472,9 @@ def _dgrad_bwd(params, res, g):
   """dgrad is linear in dy and w: <dgrad(dy, w), g> = <dy, fwd(g, w)>."""
   dy, w = res
   geo = {k: v for k, v in dict(params).items() if k != "input"}
-  g = g.astype(dy.dtype)
   empty = jnp.zeros((0,), dy.dtype)
-  ddy = conv_fwd_p.bind(g, w, empty, empty, activation=NO_ACTIVATION, **geo)
+  g, w, bias, residual = same_manual_axes(g.astype(dy.dtype), w, empty, empty)
+  ddy = conv_fwd_p.bind(g, w, bias, residual, activation=NO_ACTIVATION, **geo)
   dw = conv_wgrad_p.bind(g, dy, window=tuple(w.shape[1:4]), **geo)
   return like_primal(ddy, dy), like_primal(dw, w)
 
