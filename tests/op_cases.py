@@ -301,7 +301,7 @@ CASES += [
          Arg(lambda s: (16,), split=("model",), batch=None)),
         _CONV_TARGETS,
         tol=1e-4, rows=False, check_shape=(2, 3, 8), out_split=("data", None, "model"),
-        vmap_keeps_batch_split=False, vmap_split_gathers=False),
+        vmap_keeps_batch_split=False, vmap_split_gathers=False, vmap_out_split=(None, "data")),
 ]
 
 # Public functions that are no ops (they run nothing): no case.
