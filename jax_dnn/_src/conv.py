@@ -166,7 +166,7 @@ def _transposed(x, w, pads, lhs_dil, rhs_dil, groups, precision, out_spatial):
   wt = jnp.transpose(wt, (0, nsp + 2) + tuple(range(2, nsp + 2)) + (1,))
   wt = lax.rev(wt.reshape((groups * cg,) + window + (k // groups,)), tuple(range(1, nsp + 1)))
   lo, hi, crops, extent = _transposed_pads(window, pads, lhs_dil, rhs_dil, out_spatial)
-  params = _params(k_per_group=0 if groups == 1 else k // groups, nsp=nsp, stride=lhs_dil, dilation=rhs_dil, pad_lo=lo, pad_hi=hi,
+  params = _params(k_per_group=0 if groups == 1 else cg, nsp=nsp, stride=lhs_dil, dilation=rhs_dil, pad_lo=lo, pad_hi=hi,
                    precision=precision)
   y = _from3(prims.conv_dgrad(_to3(x, nsp), _to3(wt, nsp), input=_pad3(extent, 1), **params), nsp)
   if any(c != (0, 0) for c in crops):
