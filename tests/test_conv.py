@@ -7,6 +7,7 @@ jit/vmap/grad/vmap(grad), check_grads, sharding and export of the table's
 cases: tests/test_transforms.py and the other readers of tests/op_cases.py."""
 
 import contextlib
+import dataclasses
 import functools
 import re
 
@@ -23,6 +24,7 @@ import jax_dnn
 from helpers import DTYPES, check_fwd_bwd, cuda_hlo, on_gpu, x64
 from op_cases import randn
 from jax_dnn._src import conv_primitives
+from jax_dnn._src import extension
 from jax_dnn._src import plans
 
 HIGHEST = lax.Precision.HIGHEST
@@ -598,3 +600,107 @@ def test_plan_key_of_each_primitive():
   wgrad = conv_primitives.plan_key("wgrad", [s(2, 1, 7, 9, 6), s(2, 1, 4, 9, 8)],
                                    dict(params, window=(1, 3, 3)))
   assert wgrad[:9] == ("wgrad", "bfloat16", 2, 6, 8, 2, (1, 7, 9), (1, 3, 3), (1, 4, 9))
+
+
+# --- the CUDA lowering's use of the plans, against a stand-in registry -------------------------
+
+
+@dataclasses.dataclass(frozen=True)
+class _Algorithm:
+  """The extension's ConvAlgorithm's attributes."""
+  id: int
+  name: str
+  supported: bool
+  reason: str = ""
+  workspace_bytes: int = 0
+  deterministic: bool = True
+
+
+def _stand_in_plan(problem, deterministic=False, device=None):
+  """Takes one group only; wgrad asks 128 bytes of workspace."""
+  del device
+  if problem["groups"] > 1:
+    return _Algorithm(-1, "", False, "groups > 1")
+  op = ("fwd", "dgrad", "wgrad").index(problem["op"])
+  return _Algorithm(3 + op, f"gemm_{problem['op']}", True,
+                    workspace_bytes=128 if op == 2 else 0, deterministic=deterministic)
+
+
+@pytest.fixture
+def stand_in_registry(monkeypatch):
+  """The extension's plan functions and registered targets replaced by a
+  stand-in: the lowering's glue (supported, workspace, attributes) is
+  checked on any build. The real registry: test_cuda_lowering_calls_the_conv_kernels."""
+  monkeypatch.setattr(plans, "has_conv_plans", lambda: True)
+  monkeypatch.setattr(plans, "conv_problem", lambda **kw: kw)
+  monkeypatch.setattr(plans, "conv_plan", _stand_in_plan)
+  monkeypatch.setattr(plans, "conv_algorithms", lambda problem, device=None: [
+      _stand_in_plan(problem), _Algorithm(9, "direct_depthwise", False, "groups != channels")])
+  monkeypatch.setattr(extension, "registered_targets", lambda: frozenset(_PRIMS))
+  conv_primitives._plan.cache_clear()  # pylint: disable=protected-access
+  yield
+  conv_primitives._plan.cache_clear()  # pylint: disable=protected-access
+
+
+def _calls(text, target):
+  return [l for l in text.splitlines() if f"custom_call @{target}(" in l]
+
+
+def test_cuda_lowering_glue(stand_in_registry):
+  del stand_in_registry
+  # Shapes of this test alone: JAX caches lowerings.
+  x, w = randn(50, (3, 11, 13, 5), jnp.bfloat16), randn(51, (3, 2, 5, 7), jnp.bfloat16)
+  b = randn(52, (7,), jnp.bfloat16)
+  fn = lambda x, w, b: jax_dnn.conv(x, w, b, strides=(2, 1), activation="relu")
+  text = cuda_hlo(jax.grad(lambda *a: jnp.sum(fn(*a).astype(jnp.float32)), (0, 1, 2)), x, w, b)
+  (fwd,), (dgrad,), (wgrad,) = (_calls(text, t) for t in _PRIMS)
+  for call, algo in ((fwd, 3), (dgrad, 4), (wgrad, 5)):
+    assert f"algo = {algo} : i64" in call and "groups = 1 : i64" in call, call
+    assert "rank = 2 : i64" in call and "stride = dense<[1, 2, 1]> : tensor<3xi64>" in call, call
+    assert "deterministic" not in call and "precision" not in call, call
+  assert "activation = 0 : i64" in fwd and "pad_lo = dense<[0, 1, 0]> : tensor<3xi64>" in fwd, fwd
+  assert "tensor<0xui8>" in fwd and "tensor<128xui8>" in wgrad  # the workspace results
+  # Two groups: the stand-in takes none, so the reference runs.
+  text = cuda_hlo(lambda x, w: jax_dnn.conv(x, w, groups=5), x, randn(53, (3, 2, 1, 10),
+                                                                      jnp.bfloat16))
+  assert "jax_dnn_conv" not in text and "stablehlo.convolution" in text
+  # fp32 at HIGHEST: the reference; at the default precision: the kernels (TF32).
+  xf, wf = x.astype(jnp.float32), w.astype(jnp.float32)
+  call = lambda **kw: cuda_hlo(lambda x, w: jax_dnn.conv_general_dilated(
+      x, w, (1, 1), "SAME", dimension_numbers=_DN[2], **kw), xf, wf)
+  assert not _calls(call(precision=HIGHEST), "jax_dnn_conv_fwd")
+  assert _calls(call(), "jax_dnn_conv_fwd")
+
+
+def test_conv_algorithms_report(stand_in_registry):
+  del stand_in_registry
+  x = jax.ShapeDtypeStruct((4, 9, 10, 6), jnp.bfloat16)
+  k = jax.ShapeDtypeStruct((3, 3, 6, 8), jnp.bfloat16)
+  result = jax_dnn.conv_algorithms(x, k, jax.ShapeDtypeStruct((8,), jnp.bfloat16),
+                                   activation="silu", strides=2, deterministic=True)
+  assert [result[op].chosen.name for op in ("fwd", "dgrad", "wgrad")] == [
+      "gemm_fwd", "gemm_dgrad", "gemm_wgrad"]
+  fwd = result["fwd"].problem
+  assert (fwd["n"], fwd["c"], fwd["k"], fwd["input"], fwd["output"], fwd["stride"]) == (
+      4, 6, 8, (1, 9, 10), (1, 5, 5), (1, 2, 2))
+  assert fwd["activation"] == 3 and fwd["bias"] and not fwd["residual"]
+  assert result["wgrad"].chosen.workspace_bytes == 128 and result["wgrad"].chosen.deterministic
+  text = str(result["dgrad"])
+  assert "runs gemm_dgrad" in text and "- direct_depthwise: groups != channels" in text
+  grouped = jax_dnn.conv_algorithms(x, jax.ShapeDtypeStruct((3, 3, 3, 8), jnp.bfloat16),
+                                    groups=2)
+  assert grouped["fwd"].chosen is None and "runs the reference" in str(grouped["fwd"])
+
+
+def test_flax_conv_takes_it():
+  """flax.nnx.Conv(..., conv_general_dilated=jax_dnn.conv_general_dilated):
+  Flax passes ConvDimensionNumbers, precision and preferred_element_type."""
+  from flax import nnx  # pylint: disable=g-import-not-at-top
+  x = randn(60, (2, 9, 8, 6), jnp.float32)
+  for kw in (dict(strides=2, padding="SAME"), dict(feature_group_count=2, kernel_dilation=2),
+             dict(input_dilation=2, padding=((1, 2), (2, 1)))):
+    ours = nnx.Conv(6, 4, (3, 3), conv_general_dilated=jax_dnn.conv_general_dilated,
+                    rngs=nnx.Rngs(0), **kw)
+    theirs = nnx.Conv(6, 4, (3, 3), rngs=nnx.Rngs(0), **kw)
+    with jax.default_matmul_precision("highest"):
+      np.testing.assert_allclose(ours(x), theirs(x), rtol=1e-5, atol=1e-5, err_msg=str(kw))
