@@ -15,7 +15,7 @@ axes in front of 1D and 2D problems, negative padding cropped from x.
 
 What the kernels take in no form runs lax.conv_general_dilated itself:
 batch_group_count > 1, preferred_element_type other than the operands'
-dtype, operands of two dtypes or of a dtype other than fp32/bf16/fp16, a
+dtype, a given out_sharding, operands of two dtypes or of a dtype other than fp32/bf16/fp16, a
 precision given as a dot algorithm, spatial ranks other than 1-3, empty
 operands or results, lhs dilation with window strides. fp32 at HIGHEST
 precision (the argument, or jax.default_matmul_precision) goes through the
@@ -206,9 +206,12 @@ def _lax_only(lhs, rhs, out, *, nsp, precision, preferred_element_type, batch_gr
 
 def conv_general_dilated(lhs, rhs, window_strides, padding, lhs_dilation=None, rhs_dilation=None,
                          dimension_numbers=None, feature_group_count=1, batch_group_count=1,
-                         precision=None, preferred_element_type=None) -> jax.Array:
+                         precision=None, preferred_element_type=None,
+                         out_sharding=None) -> jax.Array:
   """jax.lax.conv_general_dilated on jax_dnn's kernels: the same arguments,
-  defaults, layouts, errors and results (see its documentation).
+  defaults, layouts, errors and results (see its documentation). A given
+  out_sharding runs lax's (the op's result is split as its sharding rule
+  says: the batch, and output channels with the kernel).
 
   Channels-last layouts (e.g. ("NHWC", "HWIO", "NHWC")) transpose only the
   kernel; others are transposed around the kernels. lhs_dilation > 1 (a
@@ -223,7 +226,8 @@ def conv_general_dilated(lhs, rhs, window_strides, padding, lhs_dilation=None, r
       lax.conv_general_dilated, window_strides=window_strides, padding=padding,
       lhs_dilation=lhs_dilation, rhs_dilation=rhs_dilation, dimension_numbers=dimension_numbers,
       feature_group_count=feature_group_count, batch_group_count=batch_group_count,
-      precision=precision, preferred_element_type=preferred_element_type)
+      precision=precision, preferred_element_type=preferred_element_type,
+      **({} if out_sharding is None else dict(out_sharding=out_sharding)))
   # lax's own argument checks (and errors), and the result's shape.
   out = jax.eval_shape(call, jax.ShapeDtypeStruct(lhs.shape, lhs.dtype),
                        jax.ShapeDtypeStruct(rhs.shape, rhs.dtype))
@@ -243,7 +247,7 @@ def conv_general_dilated(lhs, rhs, window_strides, padding, lhs_dilation=None, r
   pads = [(int(lo), int(hi)) for lo, hi in pads]
   out_spatial = [out.shape[i] for i in dn.out_spec[2:]]
   prec = _precision(precision, lhs.dtype)
-  if _lax_only(lhs, rhs, out, nsp=nsp, precision=prec,
+  if out_sharding is not None or _lax_only(lhs, rhs, out, nsp=nsp, precision=prec,
                preferred_element_type=preferred_element_type,
                batch_group_count=batch_group_count, lhs_dil=lhs_dil, strides=strides,
                pads=pads, window=window, rhs_dil=rhs_dil, out_spatial=out_spatial):
