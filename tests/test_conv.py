@@ -50,7 +50,8 @@ def _check(device, ours, naive, args, dtype, what):
                              err_msg=f"{what} forward")
   dy = randn(1000, got.shape, dtype)
   vjp = lambda fn: jax.jit(lambda *a: jax.vjp(fn, *a[:-1])[1](a[-1]))
-  for i, (g, w) in enumerate(zip(vjp(ours)(*args, dy), vjp(up(naive))(*args, dy.astype(jnp.float32)))):
+  grads = zip(vjp(ours)(*args, dy), vjp(up(naive))(*args, dy.astype(jnp.float32)))
+  for i, (g, w) in enumerate(grads):
     assert g.dtype == args[i].dtype, (what, i, g.dtype)
     scale = max(1.0, float(jnp.max(jnp.abs(w.astype(jnp.float32)))))
     np.testing.assert_allclose(np.asarray(g, np.float32), np.asarray(w, np.float32), rtol=tol,

@@ -107,6 +107,11 @@ def _transpose(a, perm):
   return a if tuple(perm) == tuple(range(a.ndim)) else jnp.transpose(a, perm)
 
 
+def _k_per_group(k, groups) -> int:
+  """The primitives' k_per_group param (conv_primitives.py): K/G, 0 for one group."""
+  return 0 if groups == 1 else k // groups
+
+
 def _params(*, k_per_group, nsp, stride, dilation, pad_lo, pad_hi, precision):
   return dict(k_per_group=int(k_per_group), rank=nsp, stride=_pad3(stride, 1),
               dilation=_pad3(dilation, 1), pad_lo=_pad3(pad_lo, 0), pad_hi=_pad3(pad_hi, 0),
@@ -135,7 +140,8 @@ def _forward(x, w, pads, strides, rhs_dil, groups, precision, bias=None, residua
              activation=prims.NO_ACTIVATION):
   nsp = x.ndim - 2
   x, pads = _crop(x, pads)
-  params = _params(k_per_group=0 if groups == 1 else w.shape[0] // groups, nsp=nsp, stride=strides, dilation=rhs_dil,
+  params = _params(k_per_group=_k_per_group(w.shape[0], groups), nsp=nsp, stride=strides,
+                   dilation=rhs_dil,
                    pad_lo=[p[0] for p in pads], pad_hi=[p[1] for p in pads], precision=precision)
   bias = _empty(x.dtype) if bias is None else bias
   residual = _empty(x.dtype) if residual is None else _to3(residual, nsp)
@@ -166,7 +172,8 @@ def _transposed(x, w, pads, lhs_dil, rhs_dil, groups, precision, out_spatial):
   wt = jnp.transpose(wt, (0, nsp + 2) + tuple(range(2, nsp + 2)) + (1,))
   wt = lax.rev(wt.reshape((groups * cg,) + window + (k // groups,)), tuple(range(1, nsp + 1)))
   lo, hi, crops, extent = _transposed_pads(window, pads, lhs_dil, rhs_dil, out_spatial)
-  params = _params(k_per_group=0 if groups == 1 else cg, nsp=nsp, stride=lhs_dil, dilation=rhs_dil, pad_lo=lo, pad_hi=hi,
+  params = _params(k_per_group=_k_per_group(groups * cg, groups), nsp=nsp, stride=lhs_dil,
+                   dilation=rhs_dil, pad_lo=lo, pad_hi=hi,
                    precision=precision)
   y = _from3(prims.conv_dgrad(_to3(x, nsp), _to3(wt, nsp), input=_pad3(extent, 1), **params), nsp)
   if any(c != (0, 0) for c in crops):

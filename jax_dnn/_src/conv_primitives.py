@@ -10,9 +10,9 @@ axes, as the FFI targets take it: ffi/conv/conv.h):
 Output channel k belongs to group k // (K/G), which reads input channels
 [g C/G, (g+1) C/G).
 
-Params (static): k_per_group (K/G, or 0 for one group: G is read from the
-operands' K, so that a device's shard of whole groups, or of one group's
-channels, keeps the params), rank (the caller's spatial rank, 1-3), stride,
+Params (static): k_per_group (K/G; 0: one group. G is K / k_per_group: a
+device's shard of whole groups, or of one group's channels, keeps the
+params), rank (the caller's spatial rank, 1-3), stride,
 dilation, pad_lo, pad_hi (3-tuples in (D, H, W) order; padding >= 0: the
 public ops crop negative padding), deterministic (jax_dnn.config's, read at
 trace time), precision ("default" | "high" | "highest": what fp32 operands
@@ -38,7 +38,8 @@ import numpy as np
 from jax_dnn._src import activation as activation_lib
 from jax_dnn._src import plans
 from jax_dnn._src import sharding
-from jax_dnn._src.batching import NOT_MAPPED, batch_size, merge_leading, move_to_front, split_leading
+from jax_dnn._src.batching import (NOT_MAPPED, batch_size, merge_leading, move_to_front,
+                                   split_leading)
 from jax_dnn._src.mesh_types import like_primal, same_manual_axes
 from jax_dnn._src.primitive import ShapedArray, define_primitive
 
@@ -105,7 +106,8 @@ def _dgrad_reference(dy, w, *, input, **params):  # pylint: disable=redefined-bu
 
 
 def _wgrad_reference(x, dy, *, window, **params):
-  w0 = jnp.zeros((dy.shape[-1], *window, x.shape[-1] // groups_of(dy.shape[-1], params["k_per_group"])),
+  groups = groups_of(dy.shape[-1], params["k_per_group"])
+  w0 = jnp.zeros((dy.shape[-1], *window, x.shape[-1] // groups),
                  x.dtype)
   w0 = same_manual_axes(w0, x)[0]  # as in _dgrad_reference
   _, vjp = jax.vjp(lambda w: _conv_f32(x, w, **params), w0)
@@ -129,7 +131,8 @@ def _fwd_abstract(x, w, bias, residual, **params):
 
 def _dgrad_abstract(dy, w, *, input, k_per_group, **params):  # pylint: disable=redefined-builtin
   del params
-  return ShapedArray((dy.shape[0], *input, w.shape[-1] * groups_of(w.shape[0], k_per_group)), dy.dtype)
+  c = w.shape[-1] * groups_of(w.shape[0], k_per_group)
+  return ShapedArray((dy.shape[0], *input, c), dy.dtype)
 
 
 def _wgrad_abstract(x, dy, *, window, k_per_group, **params):
@@ -173,7 +176,8 @@ def plan_key(op, avals, params):
   if not plans.is_static(*x.shape[1:], *w.shape, *y[1:]):
     return None
   return (op, jnp.dtype(x.dtype).name, plans.static_dim(x.shape[0], plans.LARGE), x.shape[-1],
-          w.shape[0], groups_of(w.shape[0], params["k_per_group"]), tuple(x.shape[1:4]), tuple(w.shape[1:4]), tuple(y[1:4]),
+          w.shape[0], groups_of(w.shape[0], params["k_per_group"]), tuple(x.shape[1:4]),
+          tuple(w.shape[1:4]), tuple(y[1:4]),
           params["stride"], params["dilation"], params["pad_lo"], params["pad_hi"],
           params["rank"], params.get("activation", NO_ACTIVATION),
           op == "fwd" and _present(bias), op == "fwd" and _present(residual))
