@@ -1,7 +1,7 @@
-"""Convolutions: conv_general_dilated and conv_transpose against lax's (fp64
-references, the tolerance rule) over spatial ranks, strides, dilations,
-padding, groups, lhs dilation and dimension numbers; the fused conv against
-its composition; matmul against jnp; per-example kernels under vmap; the
+"""Convolutions: conv_general_dilated and conv_transpose against lax's (on
+the GPU: fp64 references and the tolerance rule) over spatial ranks,
+strides, dilations, padding, groups, lhs dilation and dimension numbers;
+the fused conv against its composition; matmul against jnp; per-example kernels under vmap; the
 paths each call takes; bad inputs; deterministic mode; the CUDA lowering.
 jit/vmap/grad/vmap(grad), check_grads, sharding and export of the table's
 cases: tests/test_transforms.py and the other readers of tests/op_cases.py."""
@@ -28,10 +28,14 @@ from jax_dnn._src import extension
 from jax_dnn._src import plans
 
 HIGHEST = lax.Precision.HIGHEST
+# The references' precision: lax's default, exact fp32 on the CPU; on a GPU
+# TF32 for fp32 operands, as the kernels compute them, so that the tolerance
+# rule's same-dtype baseline is what JAX computes in fp32 there.
+REF_PRECISION = None
 
 
 def _check(device, ours, naive, args, dtype, what):
-  """ours against naive (lax at HIGHEST), values and the VJP with a random
+  """ours against naive (lax), values and the VJP with a random
   cotangent. GPU: helpers.check_fwd_bwd (fp64 references, the tolerance
   rule, poisoned outputs); returns how many outputs reused poisoned buffers.
   CPU (the reference path, where what is checked is the mapping onto the
@@ -61,7 +65,7 @@ _PRIMS = ("jax_dnn_conv_fwd", "jax_dnn_conv_dgrad", "jax_dnn_conv_wgrad")
 
 
 def _lax(**kw):
-  return lambda x, w: lax.conv_general_dilated(x, w, precision=HIGHEST, **kw)
+  return lambda x, w: lax.conv_general_dilated(x, w, precision=REF_PRECISION, **kw)
 
 
 def _ours(**kw):
@@ -178,7 +182,7 @@ def test_conv_transpose(device, case, transpose_kernel):
   dtype = jnp.bfloat16 if on_gpu(device) else jnp.float32
   x, w = randn(3, lhs_shape, dtype), randn(4, tuple(rhs_shape), dtype, scale=0.5)
   ours = lambda x, w: jax_dnn.conv_transpose(x, w, **kw)
-  naive = lambda x, w: lax.conv_transpose(x, w, precision=HIGHEST, **kw)
+  naive = lambda x, w: lax.conv_transpose(x, w, precision=REF_PRECISION, **kw)
   _check(device, ours, naive, (x, w), dtype, what=name)
 
 
@@ -235,7 +239,7 @@ def _composed(x, kernel, bias=None, *, residual=None, activation=None, strides=1
     padding = [(padding, padding)] * nsp
   y = lax.conv_general_dilated(x, kernel, tup(strides), padding, rhs_dilation=tup(dilation),
                                dimension_numbers=_DN[nsp], feature_group_count=groups,
-                               precision=HIGHEST)
+                               precision=REF_PRECISION)
   if bias is not None:
     y = y + bias
   if residual is not None:
@@ -313,7 +317,7 @@ def test_matmul(device, x_shape, activation):
 
 
 def _composed_matmul(x, w, b, activation):
-  y = jnp.matmul(x, w, precision=HIGHEST) + b
+  y = jnp.matmul(x, w, precision=REF_PRECISION) + b
   return y if activation is None else jax.nn.gelu(y, approximate=True)
 
 
