@@ -651,7 +651,7 @@ def _calls(text, target):
   return [l for l in text.splitlines() if f"custom_call @{target}(" in l]
 
 
-def test_cuda_lowering_glue(stand_in_registry):
+def test_lowering_glue_with_a_stand_in_registry(stand_in_registry):
   del stand_in_registry
   # Shapes of this test alone: JAX caches lowerings.
   x, w = randn(50, (3, 11, 13, 5), jnp.bfloat16), randn(51, (3, 2, 5, 7), jnp.bfloat16)
