@@ -622,10 +622,13 @@ class _Algorithm:
 
 
 def _stand_in_plan(problem, deterministic=False, device=None):
-  """Takes one group only; wgrad asks 128 bytes of workspace."""
+  """Takes one group only and fuses every activation but sigmoid; wgrad asks
+  128 bytes of workspace."""
   del device
   if problem["groups"] > 1:
     return _Algorithm(-1, "", False, "groups > 1")
+  if problem["activation"] == 4:
+    return _Algorithm(-1, "", False, "sigmoid is not fused")
   op = ("fwd", "dgrad", "wgrad").index(problem["op"])
   return _Algorithm(3 + op, f"gemm_{problem['op']}", True,
                     workspace_bytes=128 if op == 2 else 0, deterministic=deterministic)
@@ -675,6 +678,24 @@ def test_lowering_glue_with_a_stand_in_registry(stand_in_registry):
       x, w, (1, 1), "SAME", dimension_numbers=_DN[2], **kw), xf, wf)
   assert not _calls(call(precision=HIGHEST), "jax_dnn_conv_fwd")
   assert _calls(call(), "jax_dnn_conv_fwd")
+
+
+def test_an_activation_the_kernel_does_not_fuse(stand_in_registry):
+  """The stand-in fuses no sigmoid: the kernel runs without it and jax_dnn's
+  activation op follows (not the reference for the whole op)."""
+  del stand_in_registry
+  x, w = randn(54, (2, 7, 5, 3), jnp.bfloat16), randn(55, (3, 3, 3, 5), jnp.bfloat16)
+  for act, fused in (("sigmoid", False), ("tanh", True)):
+    fn = functools.partial(jax_dnn.conv, activation=act)
+    text = str(jax.make_jaxpr(fn)(x, w))
+    fwd = re.search(r"jax_dnn_conv_fwd\[\s*activation=(-?\d+)", text)
+    assert (int(fwd.group(1)) >= 0) == fused and ("jax_dnn_activation_fwd" in text) != fused
+    text = cuda_hlo(jax.grad(lambda x, w, fn=fn: jnp.sum(fn(x, w).astype(jnp.float32)), (0, 1)),
+                    x, w)
+    assert all(_calls(text, t) for t in _PRIMS), act
+    np.testing.assert_allclose(np.asarray(jax.jit(fn)(x, w), np.float32),
+                               np.asarray(_composed(x, w, activation=act), np.float32),
+                               rtol=2e-2, atol=2e-2)
 
 
 def test_conv_algorithms_report(stand_in_registry):

@@ -384,7 +384,9 @@ def _common_dtype(op, *named):
 
 def conv(x, kernel, bias=None, *, residual=None, activation=None, strides=1, padding="SAME",
          dilation=1, groups=1) -> jax.Array:
-  """act(conv(x, kernel) + bias + residual) in one kernel call.
+  """act(conv(x, kernel) + bias + residual) in one kernel call (an
+  activation the kernels' plan does not fuse runs as jax_dnn's activation op
+  after the kernel).
 
   Args:
     x: [N, *spatial, C], 1 to 3 spatial axes; float32, bfloat16 or float16.

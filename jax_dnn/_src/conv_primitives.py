@@ -429,16 +429,37 @@ def _act_backward(dy, saved, activation):
   return g.astype(dy.dtype)
 
 
+def _kernel_fuses(operands, params) -> bool:
+  """Whether the forward kernel takes the activation fused: False only
+  where the plan takes the problem without it but not with it (the
+  kernels fuse some activations). Asked while tracing, of the plan the
+  CUDA lowering will ask; elsewhere both forms compute the same."""
+  if params["activation"] == NO_ACTIVATION or not plans.has_conv_plans():
+    return True
+  if _plan_for("fwd", operands, params) is not None:
+    return True
+  return _plan_for("fwd", operands, dict(params, activation=NO_ACTIVATION)) is None
+
+
+def _fused_forward(x, w, bias, residual, params):
+  """act(conv + bias + residual): in one kernel where it fuses the
+  activation, else the kernel and jax_dnn's activation op after it."""
+  if _kernel_fuses((x, w, bias, residual), params):
+    return conv_fwd_p.bind(x, w, bias, residual, **params)
+  z = conv_fwd_p.bind(x, w, bias, residual, **dict(params, activation=NO_ACTIVATION))
+  return activation_lib.activation_fwd_p.bind(z, activation=params["activation"])
+
+
 @functools.partial(jax.custom_vjp, nondiff_argnums=(0,))
 def _conv(params, x, w, bias, residual):
-  return conv_fwd_p.bind(x, w, bias, residual, **dict(params))
+  return _fused_forward(x, w, bias, residual, dict(params))
 
 
 def _conv_fwd(params, x, w, bias, residual):
   p = dict(params)
   act = p["activation"]
   if act == NO_ACTIVATION or act in _FROM_OUTPUT:
-    y = conv_fwd_p.bind(x, w, bias, residual, **p)
+    y = _fused_forward(x, w, bias, residual, p)
     saved = y
   else:
     saved = conv_fwd_p.bind(x, w, bias, residual, **dict(p, activation=NO_ACTIVATION))
