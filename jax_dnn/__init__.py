@@ -9,6 +9,8 @@ from jax_dnn._src import extension as _extension
 from jax_dnn._src.activation import bias_act, gelu, relu, sigmoid, silu, tanh
 from jax_dnn._src.attention import dot_product_attention
 from jax_dnn._src.config import config
+from jax_dnn._src.conv import (conv, conv_algorithms, conv_general_dilated, conv_transpose,
+                               matmul)
 from jax_dnn._src.layer_norm import layer_norm, rms_norm
 from jax_dnn._src.softmax import log_softmax, softmax
 
@@ -34,12 +36,17 @@ def __dir__():
 __all__ = [
     "bias_act",
     "config",
+    "conv",
+    "conv_algorithms",
+    "conv_general_dilated",
+    "conv_transpose",
     "dot_product_attention",
     "export_disabled_checks",
     "gelu",
     "has_cuda_kernels",
     "layer_norm",
     "log_softmax",
+    "matmul",
     "nn",
     "relu",
     "rms_norm",

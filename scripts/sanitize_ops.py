@@ -1,7 +1,8 @@
 """Runs every kernel once (forward and backward, each dtype, awkward shapes)
 so that compute-sanitizer can check them: see scripts/gpu_check.sh.
 `python3 sanitize_ops.py ops` skips attention (the memory-bound ops only),
-`python3 sanitize_ops.py attention` runs attention only.
+`python3 sanitize_ops.py attention` runs attention only, `python3
+sanitize_ops.py conv` the convolutions only (also part of the default run).
 
 The row ops come from the table of ops (tests/op_cases.py): each one with
 `rows` set runs over SHAPES; attention's layouts, and the kernels' paths
@@ -109,13 +110,60 @@ def attention(key):
     jax.block_until_ready(jax.jit(jax_dnn.dot_product_attention)(q, k, k))
 
 
+def conv(key):
+  """The convolutions of the table (forward, dgrad, wgrad) in each dtype, and
+  the kernels' other paths: depthwise 3x3 and 7x7 (strided), grouped, 1D
+  strided and dilated, 3D, channels that are not a multiple of 8, odd
+  spatial sizes, a 1x1 strided downsample, the transposed 4x4 stride 2, the
+  fused epilogue with each activation, deterministic wgrad."""
+  for case in CASES:
+    if not case.rows and case.family.startswith("conv"):
+      for dtype in (jnp.float32, jnp.bfloat16, jnp.float16):
+        run(jax.jit(case.fn), *case.make_args(dtype))
+  layers = [  # x [N, *spatial, C], kernel [*window, C / groups, K], options
+      ((4, 17, 19, 32), (3, 3, 1, 32), dict(groups=32)),
+      ((2, 23, 21, 48), (7, 7, 1, 48), dict(groups=48, strides=2)),
+      ((2, 15, 15, 64), (3, 3, 16, 64), dict(groups=4)),
+      ((3, 101, 20), (3, 20, 36), dict(strides=2, dilation=2)),
+      ((1, 9, 10, 11, 12), (3, 3, 3, 12, 16), dict()),
+      ((2, 13, 11, 13), (3, 3, 13, 21), dict(padding="VALID")),
+      ((2, 14, 14, 64), (1, 1, 64, 128), dict(strides=2)),
+  ]
+  for dtype in (jnp.bfloat16, jnp.float16, jnp.float32):
+    for x_shape, k_shape, opts in layers:
+      x = jax.random.normal(key, x_shape, jnp.float32).astype(dtype)
+      k = (0.2 * jax.random.normal(key, k_shape, jnp.float32)).astype(dtype)
+      run(jax.jit(functools.partial(jax_dnn.conv, **opts)), x, k)
+    x = jax.random.normal(key, (2, 9, 11, 24), jnp.float32).astype(dtype)
+    k = (0.2 * jax.random.normal(key, (4, 4, 24, 16), jnp.float32)).astype(dtype)
+    run(jax.jit(functools.partial(jax_dnn.conv_transpose, strides=(2, 2), padding="SAME")), x, k)
+  x = jax.random.normal(key, (2, 12, 12, 40), jnp.bfloat16)
+  k = (0.2 * jax.random.normal(key, (3, 3, 40, 24), jnp.float32)).astype(jnp.bfloat16)
+  bias = jnp.linspace(-1, 1, 24, dtype=jnp.bfloat16)
+  residual = jax.random.normal(key, (2, 12, 12, 24), jnp.bfloat16)
+  for act in ("relu", "gelu", "gelu_tanh", "silu", "sigmoid", "tanh"):
+    fn = functools.partial(jax_dnn.conv, activation=act)
+    run(jax.jit(lambda x, k, b, r, fn=fn: fn(x, k, b, residual=r)), x, k, bias, residual)
+  jax_dnn.config.update("deterministic", True)
+  try:
+    run(jax.jit(jax_dnn.conv), x, k)
+  finally:
+    jax_dnn.config.update("deterministic", False)
+
+
 def main():
   key = jax.random.key(0)
+  if sys.argv[1:] == ["conv"]:
+    conv(key)
+    print("sanitize_ops: convolution kernels ran")
+    return
   if sys.argv[1:] != ["ops"]:
     attention(key)
   if sys.argv[1:] == ["attention"]:
     print("sanitize_ops: attention kernels ran")
     return
+  if not sys.argv[1:]:
+    conv(key)
   row_ops = [case for case in CASES if case.rows]
   for dtype in (jnp.float32, jnp.bfloat16, jnp.float16):
     for shape in SHAPES:

@@ -73,8 +73,8 @@ class OpCase:
     own where it has one).
   shape: the leading argument's shape in the small cases.
   args: the array arguments, in order.
-  targets: the FFI targets its CUDA lowering calls (forward, backward) for
-    the kernel dtype's arguments.
+  targets: the FFI targets its CUDA lowering calls for the kernel dtype's
+    arguments: the forward's, then the backward's (one or more).
   kernel_dtype: a dtype whose CUDA lowering takes the kernels.
   tol: rtol = atol of fp32 comparisons against the reference.
   rows: the leading argument is [rows..., width] and `shape` may be any
@@ -94,7 +94,7 @@ class OpCase:
   reference: Callable
   shape: tuple[int, ...]
   args: tuple[Arg, ...]
-  targets: tuple[str, str]
+  targets: tuple[str, ...]
   kernel_dtype: Any = jnp.bfloat16
   tol: float = 2e-5
   rows: bool = True
@@ -103,6 +103,8 @@ class OpCase:
   check_shape: tuple[int, ...] | None = None
   out_split: tuple | None = None
   vmap_keeps_batch_split: bool = True
+  vmap_split_gathers: bool = True
+  vmap_out_split: tuple | None = None
 
   def make_args(self, dtype=jnp.float32, *, key=0, shape=None):
     """Random arguments for `dtype`, the leading one of `shape` (default:
@@ -225,6 +227,85 @@ CASES: list[OpCase] = [
         ("jax_dnn_attention_fwd", "jax_dnn_attention_bwd"),
         tol=1e-4, rows=False, check_shape=(1, 3, 2, 8), vmap_keeps_batch_split=False),
 ]
+
+
+# --- convolutions -------------------------------------------------------------------------
+
+_NHWC = ("NHWC", "HWIO", "NHWC")
+_CONV_TARGETS = ("jax_dnn_conv_fwd", "jax_dnn_conv_dgrad", "jax_dnn_conv_wgrad")
+
+
+def _conv_ref(x, kernel, bias, residual):
+  y = jax.lax.conv_general_dilated(x, kernel, (1, 1), "SAME", dimension_numbers=_NHWC)
+  return jax.nn.silu(y + bias + residual)
+
+
+def _grouped(fn):
+  """A strided, dilated, grouped 2D convolution in NCHW (lax's default layout)."""
+  return lambda x, w: fn(x, w, (2, 1), ((1, 2), (0, 1)), rhs_dilation=(1, 2),
+                         feature_group_count=2)
+
+
+def _transposed(fn):
+  return lambda x, w: fn(x, w, (2, 2), "SAME", dimension_numbers=_NHWC)
+
+
+CASES += [
+    # The fused form: act(conv + bias + residual), NHWC with Flax's kernel.
+    # The batch splits, and output channels with the kernel, the bias and the
+    # residual; the spatial axes stay whole (windows cross shard edges).
+    OpCase(
+        "conv",
+        lambda x, kernel, bias, residual: jax_dnn.conv(x, kernel, bias, residual=residual,
+                                                       activation="silu"),
+        _conv_ref,
+        (8, 6, 5, 4),  # [N, H, W, C]
+        (Arg(split=("data",), whole=(1,)),
+         Arg(lambda s: (3, 3, s[-1], 6), scale=0.5, split=(None, None, None, "model"),
+             batch=None),
+         Arg(lambda s: (6,), split=("model",), batch=None),
+         Arg(lambda s: s[:-1] + (6,), split=("data", None, None, "model"), whole=(1,))),
+        _CONV_TARGETS,
+        tol=1e-4, rows=False, check_shape=(2, 4, 3, 4), out_split=("data", None, None, "model"),
+        vmap_keeps_batch_split=False, vmap_split_gathers=False,
+        vmap_out_split=(None, "data")),
+    OpCase(
+        "conv_general_dilated",
+        _grouped(jax_dnn.conv_general_dilated),
+        _grouped(jax.lax.conv_general_dilated),
+        (8, 4, 7, 6),  # [N, C, H, W]
+        (Arg(split=("data",)), Arg(lambda s: (6, s[1] // 2, 3, 3), scale=0.5, batch=None)),
+        _CONV_TARGETS,
+        tol=1e-4, rows=False, check_shape=(2, 4, 5, 4), vmap_keeps_batch_split=False,
+        vmap_split_gathers=False, vmap_out_split=(None, "data")),
+    # lhs dilation: the data-gradient kernel; its backward the forward and wgrad.
+    OpCase(
+        "conv_transpose",
+        _transposed(jax_dnn.conv_transpose),
+        _transposed(jax.lax.conv_transpose),
+        (8, 5, 4, 6),  # [N, H, W, C]
+        (Arg(split=("data",)),
+         Arg(lambda s: (3, 3, s[-1], 4), scale=0.5, split=(None, None, None, "model"),
+             batch=None)),
+        ("jax_dnn_conv_dgrad", "jax_dnn_conv_fwd", "jax_dnn_conv_wgrad"),
+        tol=1e-4, rows=False, check_shape=(2, 3, 2, 4), out_split=("data", None, None, "model"),
+        vmap_keeps_batch_split=False, vmap_split_gathers=False,
+        vmap_out_split=(None, "data")),
+    OpCase(
+        "matmul",
+        lambda x, w, bias: jax_dnn.matmul(x, w, bias, activation="gelu_tanh"),
+        lambda x, w, bias: jax.nn.gelu(x @ w + bias, approximate=True),
+        (8, 4, 32),
+        (Arg(split=("data",)), Arg(lambda s: (s[-1], 16), scale=0.2, split=(None, "model"),
+                                   batch=None),
+         Arg(lambda s: (16,), split=("model",), batch=None)),
+        _CONV_TARGETS,
+        tol=1e-4, rows=False, check_shape=(2, 3, 8), out_split=("data", None, "model"),
+        vmap_keeps_batch_split=False, vmap_split_gathers=False, vmap_out_split=(None, "data")),
+]
+
+# Public functions that are no ops (they run nothing): no case.
+NOT_OPS = frozenset({"conv_algorithms"})
 
 BY_NAME = {c.name: c for c in CASES}
 NAMES = list(BY_NAME)

@@ -143,13 +143,15 @@ def test_split_along_a_whole_dimension_is_gathered(mesh, name):
 @pytest.mark.parametrize("name", SHARDED)
 def test_vmapped_axis_split(mesh, name):
   """vmap over every operand, split along the vmapped axis: each device's
-  rows carry their own parameter copies, with no gather."""
+  rows carry their own parameter copies, with no gather (where the case
+  says so: OpCase.vmap_split_gathers)."""
   case = BY_NAME[name]
   args = [jnp.stack([a, a * 0.5, a * -0.25, a * 2])
           for a in case.make_args(_case_dtype(mesh, case))]
   fn = jax.value_and_grad(lambda *a: jnp.sum(jax.vmap(_case_loss(case))(*a)),
                           argnums=case.argnums)
-  _check(mesh, fn, args, [P("data")] * len(args), tol=max(_tol(mesh), 1e-4))
+  gathers = 0 if case.vmap_split_gathers else None
+  _check(mesh, fn, args, [P("data")] * len(args), gathers=gathers, tol=max(_tol(mesh), 1e-4))
 
 
 # --- attention -----------------------------------------------------------------------
@@ -313,6 +315,8 @@ def _block_case(mesh, name, vmapped):
     # major part, a split of the inner batch alone is gathered for the op
     # (README, limits).
     want_spec = P(None, *want_spec) if keeps_batch_split else P(None, None, *want_spec[1:])
+    if name in BY_NAME and BY_NAME[name].vmap_out_split is not None:
+      want_spec = P(*BY_NAME[name].vmap_out_split)
   argnums = tuple(i for i, a in enumerate(args) if jnp.issubdtype(a.dtype, jnp.floating))
   loss = lambda f: (lambda *a: jnp.sum(jnp.sin(f(*a).astype(jnp.float32))))
   return fn, args, specs, argnums, loss, want_spec
@@ -334,7 +338,12 @@ def test_inside_shard_map_with_check_vma(mesh, name, vmapped):
   scales, a bias, multi-query K/V) are summed over the devices by JAX (the
   transpose of the cast that makes the operands agree)."""
   fn, args, specs, argnums, loss, _ = _block_case(mesh, name, vmapped)
-  mapped = jax.shard_map(fn, mesh=mesh, in_specs=tuple(specs), out_specs=specs[0])
+  # Each device's block of the result (split as the leading operand, or as
+  # the case says: a convolution's output channels split with its kernel).
+  out_spec = specs[0]
+  if name in BY_NAME:
+    out_spec = P(*((None,) if vmapped else ()), *BY_NAME[name].result_spec)
+  mapped = jax.shard_map(fn, mesh=mesh, in_specs=tuple(specs), out_specs=out_spec)
   got = jax.jit(jax.value_and_grad(loss(mapped), argnums=argnums))(*args)
   want = _on_one_device(mesh, jax.value_and_grad(loss(fn), argnums=argnums), args)
   _assert_close(mesh, got, want, name)

@@ -118,3 +118,39 @@ def layer_norm_bwd_parts(rows: int, param_sets: int, width: int, rms: bool, devi
 def bias_act_bwd_parts(rows: int, param_sets: int, width: int, dtype: str, device=None) -> int:
   """Row parts of the bias backward's workspace [param_sets, parts, 1, width]."""
   return _ext().bias_act_bwd_parts(rows, param_sets, width, dtype, _device(device))
+
+
+# --- convolution (ffi/conv/conv_plan.h: the algorithm registry) -------------------
+
+
+def has_conv_plans() -> bool:
+  """Whether the extension has the convolution's algorithm registry."""
+  module = extension.module()
+  return module is not None and hasattr(module, "conv_plan")
+
+
+def conv_problem(*, op: str, dtype: str, n: int, c: int, k: int, groups: int, input, window,
+                 output, stride, dilation, pad_lo, pad_hi, rank: int, activation: int = -1,
+                 bias: bool = False, residual: bool = False) -> Any:
+  """One convolution problem as the kernels see it (ffi/conv/conv.h ConvShape):
+  op "fwd" | "dgrad" | "wgrad"; dtype "bfloat16" | "float16" | "float32";
+  x [n, *input, c], w [k, *window, c / groups], y [n, *output, k]; each
+  spatial argument 3 ints (D, H, W), rank the caller's spatial rank (1-3);
+  activation bias_act's id (-1: none); bias and residual present or not."""
+  i3 = lambda v: [int(a) for a in v]
+  return _ext().ConvProblem(op, dtype, int(n), int(c), int(k), int(groups), i3(input),
+                            i3(window), i3(output), i3(stride), i3(dilation), i3(pad_lo),
+                            i3(pad_hi), int(rank), activation=int(activation), bias=bool(bias),
+                            residual=bool(residual))
+
+
+def conv_algorithms(problem, device=None) -> list:
+  """Every registered algorithm for the problem's op (ConvAlgorithm: id,
+  name, supported, reason (why not), workspace_bytes, deterministic)."""
+  return list(_ext().conv_algorithms(problem, _device(device)))
+
+
+def conv_plan(problem, deterministic: bool = False, device=None) -> Any:
+  """The heuristic's algorithm for the problem (deterministic ones only when
+  asked); supported=False and id=-1 when none takes it, with the reasons."""
+  return _ext().conv_plan(problem, bool(deterministic), _device(device))
