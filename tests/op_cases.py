@@ -88,6 +88,10 @@ class OpCase:
     dimension 0 carries over to the result; False where the batching rule
     folds the vmapped axis into that dimension as its major part (the inner
     split is then no contiguous split of the folded one, and is gathered).
+  lowering_here: test_transforms checks its small case's CUDA lowering; False
+    where the kernels' plans decline such cases and the op's own test lowers
+    shapes they take (the convolutions: channels not a multiple of 8, groups,
+    strided dgrad, wgrads with fewer output tiles than SMs).
   """
   name: str
   fn: Callable
@@ -105,6 +109,7 @@ class OpCase:
   vmap_keeps_batch_split: bool = True
   vmap_split_gathers: bool = True
   vmap_out_split: tuple | None = None
+  lowering_here: bool = True
 
   def make_args(self, dtype=jnp.float32, *, key=0, shape=None):
     """Random arguments for `dtype`, the leading one of `shape` (default:
@@ -268,7 +273,7 @@ CASES += [
         _CONV_TARGETS,
         tol=1e-4, rows=False, check_shape=(2, 4, 3, 4), out_split=("data", None, None, "model"),
         vmap_keeps_batch_split=False, vmap_split_gathers=False,
-        vmap_out_split=(None, "data")),
+        vmap_out_split=(None, "data"), lowering_here=False),
     OpCase(
         "conv_general_dilated",
         _grouped(jax_dnn.conv_general_dilated),
@@ -277,7 +282,7 @@ CASES += [
         (Arg(split=("data",)), Arg(lambda s: (6, s[1] // 2, 3, 3), scale=0.5, batch=None)),
         _CONV_TARGETS,
         tol=1e-4, rows=False, check_shape=(2, 4, 5, 4), vmap_keeps_batch_split=False,
-        vmap_split_gathers=False, vmap_out_split=(None, "data")),
+        vmap_split_gathers=False, vmap_out_split=(None, "data"), lowering_here=False),
     # lhs dilation: the data-gradient kernel; its backward the forward and wgrad.
     OpCase(
         "conv_transpose",
@@ -290,7 +295,7 @@ CASES += [
         ("jax_dnn_conv_dgrad", "jax_dnn_conv_fwd", "jax_dnn_conv_wgrad"),
         tol=1e-4, rows=False, check_shape=(2, 3, 2, 4), out_split=("data", None, None, "model"),
         vmap_keeps_batch_split=False, vmap_split_gathers=False,
-        vmap_out_split=(None, "data")),
+        vmap_out_split=(None, "data"), lowering_here=False),
     OpCase(
         "matmul",
         lambda x, w, bias: jax_dnn.matmul(x, w, bias, activation="gelu_tanh"),
@@ -301,7 +306,7 @@ CASES += [
          Arg(lambda s: (16,), split=("model",), batch=None)),
         _CONV_TARGETS,
         tol=1e-4, rows=False, check_shape=(2, 3, 8), out_split=("data", None, "model"),
-        vmap_keeps_batch_split=False, vmap_split_gathers=False, vmap_out_split=(None, "data")),
+        vmap_keeps_batch_split=False, vmap_split_gathers=False, vmap_out_split=(None, "data"), lowering_here=False),
 ]
 
 # Public functions that are no ops (they run nothing): no case.

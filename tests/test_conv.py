@@ -43,7 +43,7 @@ def _check(device, ours, naive, args, dtype, what):
   fp64 compilation; reduced-precision results within their rounding (2^-8
   relative for bf16, after fp32 accumulation)."""
   if on_gpu(device):
-    return _check(device, ours, naive, args, dtype, what=what)
+    return check_fwd_bwd(device, ours, naive, args, dtype, what=what)
   up = lambda fn: (lambda *a: fn(*[x.astype(jnp.float32) for x in a]))
   tol = 1e-5 if dtype == jnp.float32 else 2e-2
   got = jax.jit(ours)(*args)
@@ -547,17 +547,22 @@ def _require_conv_kernels():
 
 def test_cuda_lowering_calls_the_conv_kernels():
   _require_conv_kernels()
-  x, w = randn(40, (2, 8, 8, 16), jnp.bfloat16), randn(41, (3, 3, 16, 32), jnp.bfloat16)
-  b, r = randn(42, (32,), jnp.bfloat16), randn(43, (2, 8, 8, 32), jnp.bfloat16)
+  # Large enough that the plan takes the implicit-GEMM wgrad (>= one 128x128
+  # output tile an SM: 2048/128 x 9*256/128 = 288 tiles); lowering runs nothing.
+  x, w = randn(40, (2, 16, 16, 256), jnp.bfloat16), randn(41, (3, 3, 256, 2048), jnp.bfloat16)
+  b, r = randn(42, (2048,), jnp.bfloat16), randn(43, (2, 16, 16, 2048), jnp.bfloat16)
   fn = lambda x, w, b, r: jax_dnn.conv(x, w, b, residual=r, activation="relu")
   text = cuda_hlo(jax.grad(lambda *a: jnp.sum(fn(*a).astype(jnp.float32)), (0, 1, 2, 3)),
                   x, w, b, r)
   for target in _PRIMS:
     assert f"custom_call @{target}(" in text, target
-  xt = randn(44, (2, 8, 8, 32), jnp.bfloat16)
-  text = cuda_hlo(lambda x, w: jax_dnn.conv_transpose(x, w, (2, 2), "SAME",
+  # A transposed convolution at stride 1 is a forward convolution with the
+  # window flipped (lhs dilation 1): the forward kernel. (Strided ones map onto
+  # the data-gradient primitive, whose kernels take stride 1 only: XLA.)
+  xt = randn(44, (2, 8, 8, 256), jnp.bfloat16)
+  text = cuda_hlo(lambda x, w: jax_dnn.conv_transpose(x, w, (1, 1), "SAME",
                                                       dimension_numbers=_DN[2]), xt, w)
-  assert "custom_call @jax_dnn_conv_dgrad(" in text
+  assert "custom_call @jax_dnn_conv_fwd(" in text
   # fp32 at HIGHEST: exact fp32 through the reference.
   text = cuda_hlo(lambda x, w: jax_dnn.conv_general_dilated(
       x, w, (1, 1), "SAME", dimension_numbers=_DN[2], precision=HIGHEST),
