@@ -129,11 +129,18 @@ def conv(key):
       ((2, 13, 11, 13), (3, 3, 13, 21), dict(padding="VALID")),
       ((2, 14, 14, 64), (1, 1, 64, 128), dict(strides=2)),
   ]
-  for dtype in (jnp.bfloat16, jnp.float16, jnp.float32):
-    for x_shape, k_shape, opts in layers:
-      x = jax.random.normal(key, x_shape, jnp.float32).astype(dtype)
-      k = (0.2 * jax.random.normal(key, k_shape, jnp.float32)).astype(dtype)
-      run(jax.jit(functools.partial(jax_dnn.conv, **opts)), x, k)
+  # Deterministic too: it takes the direct depthwise kernels and the small
+  # wgrads, which the default leaves to XLA.
+  for deterministic in (False, True):
+    jax_dnn.config.update("deterministic", deterministic)
+    try:
+      for dtype in (jnp.bfloat16, jnp.float16, jnp.float32):
+        for x_shape, k_shape, opts in layers:
+          x = jax.random.normal(key, x_shape, jnp.float32).astype(dtype)
+          k = (0.2 * jax.random.normal(key, k_shape, jnp.float32)).astype(dtype)
+          run(jax.jit(functools.partial(jax_dnn.conv, **opts)), x, k)
+    finally:
+      jax_dnn.config.update("deterministic", False)
     x = jax.random.normal(key, (2, 9, 11, 24), jnp.float32).astype(dtype)
     k = (0.2 * jax.random.normal(key, (4, 4, 24, 16), jnp.float32)).astype(dtype)
     run(jax.jit(functools.partial(jax_dnn.conv_transpose, strides=(2, 2), padding="SAME")), x, k)

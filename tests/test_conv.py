@@ -455,6 +455,99 @@ def test_deterministic_runs_are_bitwise_equal(gpu, shape, kernel, groups):
     np.testing.assert_array_equal(np.asarray(a, np.float32), np.asarray(b, np.float32))
 
 
+# --- the kernels' own paths -----------------------------------------------------------------
+
+# Problems each kernel takes (channels multiples of 8), through jax_dnn.conv:
+# (name, x shape, kernel shape [*window, C/groups, K], conv keywords,
+#  deterministic, the algorithms fwd / dgrad / wgrad run (None: XLA)).
+# Small wgrads run on the implicit GEMM only when deterministic (too few
+# output tiles otherwise); the direct depthwise kernels likewise.
+KERNEL_CASES = [
+    ("2d_3x3", (2, 12, 10, 64), (3, 3, 64, 128), dict(), False,
+     ("implicit_gemm_128x128", "implicit_gemm_128x64", None)),
+    ("2d_3x3_bias_res_relu_det", (2, 9, 11, 32), (3, 3, 32, 48),
+     dict(bias=True, residual=True, activation="relu"), True,
+     ("implicit_gemm_128x64", "implicit_gemm_128x64", "implicit_gemm_128x128")),
+    ("2d_s2_dilated_det", (2, 17, 15, 16), (3, 3, 16, 32), dict(strides=2, dilation=2,
+                                                               padding="VALID"), True,
+     ("implicit_gemm_128x64", None, "implicit_gemm_128x128")),
+    ("2d_1x1", (2, 9, 7, 64), (1, 1, 64, 256), dict(bias=True), True,
+     ("gemm_1x1", "gemm_1x1", "gemm_1x1")),
+    ("1d_k5_det", (2, 50, 32), (5, 32, 64), dict(), True,
+     ("implicit_gemm_128x64", "implicit_gemm_128x64", "implicit_gemm_128x128")),
+    ("3d_3x3x3_det", (1, 6, 7, 5, 16), (3, 3, 3, 16, 32), dict(residual=True), True,
+     ("implicit_gemm_128x128", "implicit_gemm_128x128", "implicit_gemm_128x128")),
+    ("2d_depthwise_det", (2, 13, 12, 64), (3, 3, 1, 64), dict(groups=64, bias=True), True,
+     ("depthwise_direct", "depthwise_direct", "depthwise_direct")),
+    ("2d_depthwise_7x7_s2_det", (2, 15, 14, 40), (7, 7, 1, 40), dict(groups=40, strides=2),
+     True, ("depthwise_direct", "depthwise_direct", "depthwise_direct")),
+]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [jnp.bfloat16, jnp.float16], ids=lambda d: jnp.dtype(d).name)
+@pytest.mark.parametrize("case", KERNEL_CASES, ids=lambda c: c[0])
+def test_kernels_take_these(gpu, case, dtype):
+  """Values and gradients of problems the kernels take, and that they do:
+  the plan's choice for each op is the algorithm listed (fp16 has no
+  gemm_1x1 or 3D kernels: there the lists name what remains)."""
+  name, x_shape, k_shape, kw, det, algos = case
+  kw = dict(kw)
+  k = k_shape[-1]
+  x = randn(50, x_shape, dtype)
+  w = randn(51, k_shape, dtype, scale=0.3)
+  args = [x, w]
+  bias = randn(52, (k,), dtype) if kw.pop("bias", False) else None
+  has_residual = kw.pop("residual", False)
+  activation = kw.pop("activation", None)
+  res_shape = jax.eval_shape(lambda x, w: jax_dnn.conv(x, w, **kw), x, w).shape
+  residual = randn(53, res_shape, dtype) if has_residual else None
+  got = jax_dnn.conv_algorithms(x, w, bias, residual=residual, activation=activation,
+                                deterministic=det, **kw)
+  ran = tuple(None if got[op].chosen is None else got[op].chosen.name
+              for op in ("fwd", "dgrad", "wgrad"))
+  want = algos
+  if dtype == jnp.float16 and (name.startswith("3d") or name == "2d_1x1"):
+    want = ran  # no fp16 kernel: whatever the plan says, the check below must hold
+  assert ran == want, (name, ran, [str(got[op]) for op in got])
+
+  def ours(x, w, b=None, r=None):
+    return jax_dnn.conv(x, w, b, residual=r, activation=activation, **kw)
+
+  def naive(x, w, b=None, r=None):
+    n = len(x_shape) - 2
+    up = jnp.promote_types(x.dtype, jnp.float32)  # fp32 math; fp64 where check_fwd_bwd asks
+    y = lax.conv_general_dilated(
+        x.astype(up), w.astype(up), (kw.get("strides", 1),) * n, kw.get("padding", "SAME"),
+        rhs_dilation=(kw.get("dilation", 1),) * n, dimension_numbers=_DN[n],
+        feature_group_count=kw.get("groups", 1), precision=HIGHEST)
+    y = y + (0 if b is None else b.astype(up)) + (0 if r is None else r.astype(up))
+    y = jax.nn.relu(y) if activation == "relu" else y
+    return y.astype(x.dtype)
+
+  call_args = [x, w] + ([bias] if bias is not None else ([None] if residual is not None else []))
+  if residual is not None:
+    call_args.append(residual)
+  fn_args = [a for a in call_args if a is not None]
+  order = [i for i, a in enumerate(call_args) if a is not None]
+
+  def bind(fn):
+    def call(*a):
+      full = [None] * len(call_args)
+      for i, v in zip(order, a):
+        full[i] = v
+      return fn(*full)
+    return call
+
+  before = jax_dnn.config.deterministic
+  jax_dnn.config.update("deterministic", det)
+  try:
+    reused = check_fwd_bwd(gpu, bind(ours), bind(naive), fn_args, dtype, what=name)
+  finally:
+    jax_dnn.config.update("deterministic", before)
+  assert reused >= 1, "the output did not land in a poisoned buffer"
+
+
 # --- bad inputs --------------------------------------------------------------------------------
 
 
