@@ -645,8 +645,8 @@ def test_cuda_lowering_calls_the_conv_kernels():
   x, w = randn(40, (2, 16, 16, 256), jnp.bfloat16), randn(41, (3, 3, 256, 2048), jnp.bfloat16)
   b, r = randn(42, (2048,), jnp.bfloat16), randn(43, (2, 16, 16, 2048), jnp.bfloat16)
   fn = lambda x, w, b, r: jax_dnn.conv(x, w, b, residual=r, activation="relu")
-  text = cuda_hlo(jax.grad(lambda *a: jnp.sum(fn(*a).astype(jnp.float32)), (0, 1, 2, 3)),
-                  x, w, b, r)
+  loss = lambda *a: jnp.sum(fn(*a).astype(jnp.float32))
+  text = cuda_hlo(jax.grad(loss, (0, 1, 2, 3)), x, w, b, r)
   for target in _PRIMS:
     assert f"custom_call @{target}(" in text, target
   # A transposed convolution at stride 1 is a forward convolution with the
@@ -661,6 +661,12 @@ def test_cuda_lowering_calls_the_conv_kernels():
       x, w, (1, 1), "SAME", dimension_numbers=_DN[2], precision=HIGHEST),
                   x.astype(jnp.float32), w.astype(jnp.float32))
   assert "jax_dnn_conv" not in text
+
+  # jax.export (the handlers are not covered by its compatibility checks).
+  exported = jax.export.export(jax.jit(jax.grad(loss, (0, 1, 2, 3))), platforms=("cuda",),
+                               disabled_checks=jax_dnn.export_disabled_checks())(x, w, b, r)
+  for target in _PRIMS:
+    assert f"custom_call @{target}(" in exported.mlir_module(), target
 
 
 def test_conv_algorithms():

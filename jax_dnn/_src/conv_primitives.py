@@ -51,7 +51,6 @@ NO_ACTIVATION = -1
 _FROM_OUTPUT = frozenset(activation_lib.ACTIVATIONS[n] for n in ("relu", "sigmoid", "tanh"))
 
 # x [N, D, H, W, C], w [K, T, R, S, C/G], y [N, O, P, Q, K] as lax sees them.
-_DNUMS = lax.ConvDimensionNumbers((0, 4, 1, 2, 3), (0, 4, 1, 2, 3), (0, 4, 1, 2, 3))
 _PRECISION = {"default": lax.Precision.DEFAULT, "high": lax.Precision.HIGH,
               "highest": lax.Precision.HIGHEST}
 
@@ -74,17 +73,29 @@ def _present(a) -> bool:
 # --- references (pure JAX; what runs where the kernels do not) -----------------
 
 
-def _conv_f32(x, w, *, k_per_group, stride, dilation, pad_lo, pad_hi, precision, **unused):
+def _lax_conv(x, w, *, k_per_group, stride, dilation, pad_lo, pad_hi, precision, rank, **unused):
+  """lax's convolution of the caller's rank (the padded leading axes dropped:
+  XLA lays out 3D convolutions channels-first, with transposes around them),
+  in the operands' dtype (cuDNN accumulates in fp32), as lax.conv would run."""
   del unused
   groups = groups_of(w.shape[0], k_per_group)
-  return lax.conv_general_dilated(
-      x, w, stride, tuple(zip(pad_lo, pad_hi)), rhs_dilation=dilation, dimension_numbers=_DNUMS,
-      feature_group_count=groups, precision=_PRECISION[precision],
-      preferred_element_type=jnp.float32)
+  lead = 3 - rank
+  xs = x.reshape(x.shape[:1] + x.shape[1 + lead:])
+  ws = w.reshape(w.shape[:1] + w.shape[1 + lead:])
+  axes = tuple(range(rank + 2))
+  nums = lax.ConvDimensionNumbers((0, rank + 1) + axes[1:-1], (0, rank + 1) + axes[1:-1],
+                                  (0, rank + 1) + axes[1:-1])
+  y = lax.conv_general_dilated(
+      xs, ws, stride[lead:], tuple(zip(pad_lo, pad_hi))[lead:], rhs_dilation=dilation[lead:],
+      dimension_numbers=nums, feature_group_count=groups, precision=_PRECISION[precision])
+  return y.reshape(y.shape[:1] + (1,) * lead + y.shape[1:])
 
 
 def _fwd_reference(x, w, bias, residual, *, activation, **params):
-  z = _conv_f32(x, w, **params)
+  z = _lax_conv(x, w, **params)
+  if not (_present(bias) or _present(residual) or activation != NO_ACTIVATION):
+    return z
+  z = z.astype(jnp.float32)
   if _present(bias):
     z = z + bias.astype(jnp.float32)
   if _present(residual):
@@ -101,8 +112,8 @@ def _dgrad_reference(dy, w, *, input, **params):  # pylint: disable=redefined-bu
   # otherwise cast it, and the VJP would add up dx over the devices (the
   # cast's transpose), which the op's own cast does once more.
   x0 = same_manual_axes(x0, dy)[0]
-  _, vjp = jax.vjp(lambda x: _conv_f32(x, w, **params), x0)
-  return vjp(dy.astype(jnp.float32))[0].astype(dy.dtype)
+  _, vjp = jax.vjp(lambda x: _lax_conv(x, w, **params), x0)
+  return vjp(dy)[0]
 
 
 def _wgrad_reference(x, dy, *, window, **params):
@@ -110,8 +121,8 @@ def _wgrad_reference(x, dy, *, window, **params):
   w0 = jnp.zeros((dy.shape[-1], *window, x.shape[-1] // groups),
                  x.dtype)
   w0 = same_manual_axes(w0, x)[0]  # as in _dgrad_reference
-  _, vjp = jax.vjp(lambda w: _conv_f32(x, w, **params), w0)
-  return vjp(dy.astype(jnp.float32))[0].astype(x.dtype)
+  _, vjp = jax.vjp(lambda w: _lax_conv(x, w, **params), w0)
+  return vjp(dy)[0]
 
 
 # --- abstract evaluation -----------------------------------------------------------
