@@ -496,7 +496,6 @@ def test_kernels_take_these(gpu, case, dtype):
   k = k_shape[-1]
   x = randn(50, x_shape, dtype)
   w = randn(51, k_shape, dtype, scale=0.3)
-  args = [x, w]
   bias = randn(52, (k,), dtype) if kw.pop("bias", False) else None
   has_residual = kw.pop("residual", False)
   activation = kw.pop("activation", None)
@@ -511,10 +510,18 @@ def test_kernels_take_these(gpu, case, dtype):
     want = ran  # no fp16 kernel: whatever the plan says, the check below must hold
   assert ran == want, (name, ran, [str(got[op]) for op in got])
 
-  def ours(x, w, b=None, r=None):
+  args = [x, w] + [a for a in (bias, residual) if a is not None]
+
+  def optional(extra):  # the given optional operands back in their places
+    given = iter(extra)
+    return tuple(next(given) if a is not None else None for a in (bias, residual))
+
+  def ours(x, w, *extra):
+    b, r = optional(extra)
     return jax_dnn.conv(x, w, b, residual=r, activation=activation, **kw)
 
-  def naive(x, w, b=None, r=None):
+  def naive(x, w, *extra):
+    b, r = optional(extra)
     n = len(x_shape) - 2
     up = jnp.promote_types(x.dtype, jnp.float32)  # fp32 math; fp64 where check_fwd_bwd asks
     y = lax.conv_general_dilated(
@@ -525,24 +532,10 @@ def test_kernels_take_these(gpu, case, dtype):
     y = jax.nn.relu(y) if activation == "relu" else y
     return y.astype(x.dtype)
 
-  call_args = [x, w] + ([bias] if bias is not None else ([None] if residual is not None else []))
-  if residual is not None:
-    call_args.append(residual)
-  fn_args = [a for a in call_args if a is not None]
-  order = [i for i, a in enumerate(call_args) if a is not None]
-
-  def bind(fn):
-    def call(*a):
-      full = [None] * len(call_args)
-      for i, v in zip(order, a):
-        full[i] = v
-      return fn(*full)
-    return call
-
   before = jax_dnn.config.deterministic
   jax_dnn.config.update("deterministic", det)
   try:
-    reused = check_fwd_bwd(gpu, bind(ours), bind(naive), fn_args, dtype, what=name)
+    reused = check_fwd_bwd(gpu, ours, naive, args, dtype, what=name)
   finally:
     jax_dnn.config.update("deterministic", before)
   assert reused >= 1, "the output did not land in a poisoned buffer"

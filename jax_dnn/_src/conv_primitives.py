@@ -380,39 +380,24 @@ def _wgrad_sharding(operands, results, *, k_per_group, **params):
   return b.build()
 
 
-conv_fwd_p = define_primitive(
-    "conv_fwd",
-    abstract_eval=_fwd_abstract,
-    batching_rule=_fwd_batch,
-    reference=_fwd_reference,
-    multiple_results=False,
-    ffi_params=_ffi_params("fwd"),
-    supported=_supported("fwd"),
-    workspace=_workspace("fwd"),
-    sharding=_fwd_sharding,
-)
-conv_dgrad_p = define_primitive(
-    "conv_dgrad",
-    abstract_eval=_dgrad_abstract,
-    batching_rule=_dgrad_batch,
-    reference=_dgrad_reference,
-    multiple_results=False,
-    ffi_params=_ffi_params("dgrad"),
-    supported=_supported("dgrad"),
-    workspace=_workspace("dgrad"),
-    sharding=_dgrad_sharding,
-)
-conv_wgrad_p = define_primitive(
-    "conv_wgrad",
-    abstract_eval=_wgrad_abstract,
-    batching_rule=_wgrad_batch,
-    reference=_wgrad_reference,
-    multiple_results=False,
-    ffi_params=_ffi_params("wgrad"),
-    supported=_supported("wgrad"),
-    workspace=_workspace("wgrad"),
-    sharding=_wgrad_sharding,
-)
+def _define(op, abstract_eval, batching_rule, reference, sharding_rule):
+  """Primitive jax_dnn_conv_<op>, its kernel planned by conv_plan for `op`."""
+  return define_primitive(
+      f"conv_{op}",
+      abstract_eval=abstract_eval,
+      batching_rule=batching_rule,
+      reference=reference,
+      multiple_results=False,
+      ffi_params=_ffi_params(op),
+      supported=_supported(op),
+      workspace=_workspace(op),
+      sharding=sharding_rule,
+  )
+
+
+conv_fwd_p = _define("fwd", _fwd_abstract, _fwd_batch, _fwd_reference, _fwd_sharding)
+conv_dgrad_p = _define("dgrad", _dgrad_abstract, _dgrad_batch, _dgrad_reference, _dgrad_sharding)
+conv_wgrad_p = _define("wgrad", _wgrad_abstract, _wgrad_batch, _wgrad_reference, _wgrad_sharding)
 
 
 # --- custom VJPs ----------------------------------------------------------------------
