@@ -9,7 +9,9 @@
 //     plan says what it assumes then).
 //   The convolution's algorithm registry (ffi/conv/conv_plan.h): ConvProblem,
 //     ConvAlgorithm, conv_algorithms(problem, device), conv_plan(problem,
-//     deterministic, device).
+//     deterministic, device); in CUDA builds conv_benchmark(problem,
+//     algorithm_ids, repeats) (ffi/conv/conv_benchmark.h: the algorithms
+//     timed on the current device; absent in a CPU-only build).
 #include <nanobind/nanobind.h>
 #include <nanobind/stl/optional.h>
 #include <nanobind/stl/string.h>
@@ -18,6 +20,7 @@
 
 #include <cstdint>
 #include <optional>
+#include <stdexcept>
 #include <string>
 #include <tuple>
 #include <vector>
@@ -31,6 +34,7 @@
 
 #ifdef JAX_DNN_WITH_CUDA
 #include "ffi/common/device_info.h"
+#include "ffi/conv/conv_benchmark.h"
 #include "xla/ffi/api/ffi.h"
 namespace jax_dnn {
 XLA_FFI_DECLARE_HANDLER_SYMBOL(ActivationFwd);
@@ -283,6 +287,34 @@ void DefinePlans(nb::module_& m) {
 
   m.def("conv_algorithms", &jax_dnn::ConvAlgorithms, "problem"_a, "device"_a);
   m.def("conv_plan", &jax_dnn::ConvPlan, "problem"_a, "deterministic"_a, "device"_a);
+
+#ifdef JAX_DNN_WITH_CUDA
+  // One entry per id: the median milliseconds (float), or why that
+  // algorithm could not run (str). Raises RuntimeError where nothing could
+  // be timed (no device, out of memory). The GIL is released while the
+  // device works.
+  m.def(
+      "conv_benchmark",
+      [](const ConvProblem& problem, const std::vector<int>& algorithm_ids, int repeats) {
+        const ConvProblem copy = problem;
+        std::vector<jax_dnn::ConvTiming> timings;
+        std::string error;
+        {
+          nb::gil_scoped_release release;
+          error = jax_dnn::ConvBenchmark(copy, algorithm_ids, repeats, &timings);
+        }
+        if (!error.empty()) throw std::runtime_error("conv_benchmark: " + error);
+        nb::list out;
+        for (const jax_dnn::ConvTiming& t : timings) {
+          if (t.error.empty())
+            out.append(nb::float_(t.ms));
+          else
+            out.append(nb::str(t.error.c_str()));
+        }
+        return out;
+      },
+      "problem"_a, "algorithm_ids"_a, "repeats"_a = 10);
+#endif
 }
 
 }  // namespace

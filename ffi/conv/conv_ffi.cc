@@ -1,7 +1,8 @@
 // XLA FFI handlers for the convolution (conv.h): forward, data gradient and
 // weight gradient. Each decodes its buffers into a ConvShape, checks the call
 // against the rules of the algorithm the plan chose (ConvAlgorithmFor, the
-// function Python's plan asked), and launches that algorithm's kernel.
+// function Python's plan asked), and launches that algorithm's kernel
+// (LaunchConv, conv_launch.h).
 //
 // Buffers (every spatial rank padded to 3 in Python):
 //   x [N, D, H, W, C], w [K, T, R, S, C / groups], y / dy [N, O, P, Q, K];
@@ -12,8 +13,7 @@
 #include "ffi/common/device_info.h"
 #include "ffi/common/ffi_util.h"
 #include "ffi/conv/conv.h"
-#include "ffi/conv/conv_depthwise.h"
-#include "ffi/conv/conv_implicit_gemm.h"
+#include "ffi/conv/conv_launch.h"
 #include "ffi/conv/conv_plan.h"
 
 namespace jax_dnn {
@@ -76,31 +76,16 @@ ffi::Error DecodeShape(const std::string& op, const ConvAttrs& a, const ffi::Any
   return ffi::Error::Success();
 }
 
-// Checks the call against algorithm a.algo's rules for `problem` and runs it.
+// Checks the call against algorithm a.algo's rules for `problem` and runs it
+// (LaunchConv, the path the benchmark times too).
 ffi::Error Launch(cudaStream_t stream, const std::string& op, const ConvAttrs& a,
                   const ConvProblem& problem, ConvArgs& args, ffi::AnyBuffer& workspace) {
-  const DeviceProps device = CurrentDeviceProps();
-  const ConvAlgorithm algorithm = ConvAlgorithmFor(static_cast<int>(a.algo), problem, device);
-  if (!algorithm.supported)
-    return InvalidArgument(op + ": algorithm " + algorithm.name + " (" + std::to_string(a.algo) +
-                           ") does not take this call: " + algorithm.reason);
-  const int64_t workspace_bytes = static_cast<int64_t>(workspace.size_bytes());
-  // gemm_1x1's wgrad fits its splits to the workspace it gets (one split
-  // needs none), so a plan made for another device still runs.
-  const bool adapts = algorithm.id == kConvGemm1x1 && problem.op == ConvOp::kWgrad;
-  if (!adapts && workspace_bytes < algorithm.workspace_bytes)
-    return InvalidArgument(op + ": the workspace has " + std::to_string(workspace_bytes) +
-                           " bytes, " + algorithm.name + " needs " +
-                           std::to_string(algorithm.workspace_bytes));
-  args.dtype = problem.dtype;
-  args.workspace = workspace_bytes > 0 ? workspace.untyped_data() : nullptr;
-  args.workspace_bytes = workspace_bytes;
-  if (algorithm.id == kConvDepthwiseDirect)
-    return LaunchStatus(LaunchConvDepthwise(problem.op, problem.shape, args, stream), op.c_str());
-  std::string declined;
-  const cudaError_t status = LaunchConvImplicitGemm(problem.op, algorithm.id, problem.shape, args,
-                                                    SmCount(), stream, &declined);
-  if (!declined.empty()) return InvalidArgument(op + ": " + declined);
+  args.workspace_bytes = static_cast<int64_t>(workspace.size_bytes());
+  args.workspace = args.workspace_bytes > 0 ? workspace.untyped_data() : nullptr;
+  std::string invalid;
+  const cudaError_t status = LaunchConv(static_cast<int>(a.algo), problem, args,
+                                        CurrentDeviceProps(), stream, &invalid);
+  if (!invalid.empty()) return InvalidArgument(op + ": " + invalid);
   return LaunchStatus(status, op.c_str());
 }
 
