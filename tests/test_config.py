@@ -28,12 +28,13 @@ def test_update_and_read(restore):
 
 
 def test_bad_updates():
-  with pytest.raises(ValueError, match="unknown setting 'determinstic'; settings: deterministic"):
+  with pytest.raises(ValueError,
+                     match="unknown setting 'determinstic'; settings: benchmark, deterministic"):
     jax_dnn.config.update("determinstic", True)
   with pytest.raises(TypeError, match="deterministic must be a bool"):
     jax_dnn.config.update("deterministic", 1)
-  with pytest.raises(AttributeError, match="no setting 'benchmark'"):
-    jax_dnn.config.benchmark  # pylint: disable=pointless-statement
+  with pytest.raises(AttributeError, match="no setting 'benchmarks'"):
+    jax_dnn.config.benchmarks  # pylint: disable=pointless-statement
 
 
 def _read_in_fresh_process(env_value):

@@ -2,9 +2,16 @@
 or an environment variable read when jax_dnn is imported.
 
   deterministic  (JAX_DNN_DETERMINISTIC=1): every op runs bitwise-
-                 reproducible algorithms only. Today that changes attention's
-                 backward, whose default single pass adds dQ in fp32 in a
-                 varying order; every other op is deterministic already.
+                 reproducible algorithms only: attention's backward (whose
+                 default single pass adds dQ in fp32 in a varying order) and
+                 the convolutions (deterministic algorithms only, never XLA's).
+  benchmark      (JAX_DNN_BENCHMARK=1), as torch.backends.cudnn.benchmark: a
+                 convolution problem new to the process is timed when it is
+                 compiled for a GPU -- each algorithm that takes it and XLA's
+                 convolution, on the device -- and the fastest runs. Results
+                 are cached in memory and in a file in the user's cache
+                 directory (conv_tuning.py), so a later process compiles
+                 without timing. Off: a heuristic picks instantly.
 
 A setting is read when an op is traced, and what it chooses is passed to the
 kernels as a static attribute: a compiled program keeps the behaviour it was
@@ -16,7 +23,10 @@ from __future__ import annotations
 import os
 
 # name -> (environment variable, default)
-_SETTINGS = {"deterministic": ("JAX_DNN_DETERMINISTIC", False)}
+_SETTINGS = {
+    "benchmark": ("JAX_DNN_BENCHMARK", False),
+    "deterministic": ("JAX_DNN_DETERMINISTIC", False),
+}
 _TRUE = ("1", "true", "yes", "on")
 _FALSE = ("0", "false", "no", "off", "")
 

@@ -6,7 +6,7 @@
     with Flax's kernel layout [*window, C/groups, K].
   matmul: act(x @ w + bias), a 1x1 convolution on the same kernels.
   conv_algorithms: which algorithm forward, dgrad and wgrad run for a
-    problem, and why the others do not.
+    problem, and why the others do not (in benchmark mode, the times).
 
 Each brings its operands to the primitives' layout (conv_primitives.py:
 x [N, D, H, W, C], w [K, T, R, S, C/G]): transposes where the dimension
@@ -50,6 +50,7 @@ import numpy as np
 from jax_dnn._src import activation as activation_lib
 from jax_dnn._src import checks
 from jax_dnn._src import conv_primitives as prims
+from jax_dnn._src import conv_tuning
 from jax_dnn._src import plans
 from jax_dnn._src.config import config
 
@@ -115,7 +116,8 @@ def _k_per_group(k, groups) -> int:
 def _params(*, k_per_group, nsp, stride, dilation, pad_lo, pad_hi, precision):
   return dict(k_per_group=int(k_per_group), rank=nsp, stride=_pad3(stride, 1),
               dilation=_pad3(dilation, 1), pad_lo=_pad3(pad_lo, 0), pad_hi=_pad3(pad_hi, 0),
-              deterministic=bool(config.deterministic), precision=precision)
+              deterministic=bool(config.deterministic), benchmark=bool(config.benchmark),
+              precision=precision)
 
 
 def _crop(x, pads):
@@ -496,23 +498,33 @@ class ConvAlgorithms:
 
   op: "fwd", "dgrad" or "wgrad". problem: the kernel's view of it (channels
   last, spatial axes padded to 3 in (D, H, W) order). chosen: the
-  ConvAlgorithm the heuristic picks (its name, id, workspace_bytes,
-  deterministic), or None where none takes the problem and the reference
-  (XLA) runs. algorithms: every registered one, each with `supported` and,
-  where not, its `reason`.
+  ConvAlgorithm that runs (its name, id, workspace_bytes, deterministic),
+  or None where the reference (XLA) runs: the heuristic's choice, or in
+  benchmark mode, where the problem was timed, the fastest.
+  algorithms: every registered one, each with `supported` and, where not,
+  its `reason`. times_ms: in benchmark mode, each timed candidate's
+  milliseconds ("xla" for the reference); None where the heuristic chose.
   """
   op: str
   problem: dict
   chosen: Any
   algorithms: tuple
+  times_ms: dict | None = None
 
   def __str__(self) -> str:
     p = self.problem
     head = (f"{self.op}: {p['dtype']} n={p['n']} c={p['c']} k={p['k']} groups={p['groups']} "
             f"input={p['input']} window={p['window']} output={p['output']} "
             f"stride={p['stride']} dilation={p['dilation']} pad={p['pad_lo']}/{p['pad_hi']}")
-    chosen = (f"  runs {self.chosen.name} (workspace {self.chosen.workspace_bytes} B)"
-              if self.chosen is not None else "  runs the reference (XLA): no algorithm takes it")
+    if self.times_ms is not None:
+      timed = ", ".join(f"{n} {t:.3g} ms" for n, t in sorted(self.times_ms.items(),
+                                                             key=lambda item: item[1]))
+      name = self.chosen.name if self.chosen is not None else "the reference (XLA)"
+      chosen = f"  runs {name}: the fastest in benchmark mode ({timed})"
+    elif self.chosen is not None:
+      chosen = f"  runs {self.chosen.name} (workspace {self.chosen.workspace_bytes} B)"
+    else:
+      chosen = "  runs the reference (XLA): the heuristic takes no algorithm for it"
     rows = [f"  {'+' if a.supported else '-'} {a.name}" + ("" if a.supported else f": {a.reason}")
             for a in self.algorithms]
     return "\n".join([head, chosen] + rows)
@@ -533,7 +545,7 @@ def _primitive_calls(jaxpr, found):
 
 
 def conv_algorithms(x, kernel, bias=None, *, residual=None, activation=None, strides=1,
-                    padding="SAME", dilation=1, groups=1, deterministic=None,
+                    padding="SAME", dilation=1, groups=1, deterministic=None, benchmark=None,
                     sm_count=None) -> dict[str, ConvAlgorithms]:
   """Which algorithm jax_dnn.conv's forward, dgrad and wgrad kernels run
   for these operands, and why the others do not.
@@ -541,8 +553,12 @@ def conv_algorithms(x, kernel, bias=None, *, residual=None, activation=None, str
   Takes jax_dnn.conv's arguments (arrays, or jax.ShapeDtypeStruct for
   shapes alone; bias and residual may be either, or None). deterministic:
   plan as under jax_dnn.config's deterministic setting (None: the current
-  one). sm_count: plan for a GPU of that many SMs (None: the current
-  device's properties, all 0 where no GPU is present). Returns
+  one). benchmark: report benchmark mode's choice and times where this
+  process or the cache file has them for the current device (None:
+  jax_dnn.config's setting; nothing is timed here: a problem not yet
+  timed reports the heuristic's choice, times_ms None). sm_count: plan for
+  a GPU of that many SMs (None: the current device's properties, all 0
+  where no GPU is present; no benchmark results then). Returns
   {"fwd": ConvAlgorithms, "dgrad": ..., "wgrad": ...}; print one for a
   summary. The forward is the one inference runs (with a gelu or silu
   activation, training runs it without and applies the activation after).
@@ -562,6 +578,7 @@ def conv_algorithms(x, kernel, bias=None, *, residual=None, activation=None, str
     return back(y)
 
   det = config.deterministic if deterministic is None else bool(deterministic)
+  use_benchmark = config.benchmark if benchmark is None else bool(benchmark)
   before = config.deterministic
   config.update("deterministic", det)
   try:
@@ -579,8 +596,13 @@ def conv_algorithms(x, kernel, bias=None, *, residual=None, activation=None, str
     problem = prims.problem_of(key)
     algos = tuple(plans.conv_algorithms(problem, device))
     plan = plans.conv_plan(problem, deterministic=det, device=device)
+    chosen, times = plan if plan.supported else None, None
+    tuned = (conv_tuning.TUNER.lookup(key, det, params["precision"])
+             if use_benchmark and sm_count is None else None)
+    if tuned is not None:
+      chosen = next((a for a in algos if a.id == tuned.algorithm_id and a.supported), None)
+      times = dict(tuned.times_ms)
     names = ("op", "dtype", "n", "c", "k", "groups", "input", "window", "output", "stride",
              "dilation", "pad_lo", "pad_hi", "rank", "activation", "bias", "residual")
-    result[op] = ConvAlgorithms(op, dict(zip(names, key)), plan if plan.supported else None,
-                                algos)
+    result[op] = ConvAlgorithms(op, dict(zip(names, key)), chosen, algos, times)
   return result

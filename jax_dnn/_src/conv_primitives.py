@@ -14,8 +14,8 @@ Params (static): k_per_group (K/G; 0: one group. G is K / k_per_group: a
 device's shard of whole groups, or of one group's channels, keeps the
 params), rank (the caller's spatial rank, 1-3), stride,
 dilation, pad_lo, pad_hi (3-tuples in (D, H, W) order; padding >= 0: the
-public ops crop negative padding), deterministic (jax_dnn.config's, read at
-trace time), precision ("default" | "high" | "highest": what fp32 operands
+public ops crop negative padding), deterministic and benchmark
+(jax_dnn.config's, read at trace time), precision ("default" | "high" | "highest": what fp32 operands
 asked for; the kernels run fp32 as TF32, so "highest" takes the reference); the
 forward's activation (bias_act's id, -1 none); dgrad's input (D, H, W) and
 wgrad's window (T, R, S), which dy and w alone do not determine.
@@ -36,6 +36,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from jax_dnn._src import activation as activation_lib
+from jax_dnn._src import conv_tuning
 from jax_dnn._src import plans
 from jax_dnn._src import sharding
 from jax_dnn._src.batching import (NOT_MAPPED, batch_size, merge_leading, move_to_front,
@@ -194,11 +195,27 @@ def plan_key(op, avals, params):
           op == "fwd" and _present(bias), op == "fwd" and _present(residual))
 
 
+def _heuristic(key, deterministic):
+  plan = _plan(key, deterministic)
+  return plan if plan.supported else None
+
+
+def _reference_call(op, avals, params):
+  """XLA's candidate in benchmark mode: the reference with these params,
+  and its operands' shapes."""
+  reference = {"fwd": _fwd_reference, "dgrad": _dgrad_reference, "wgrad": _wgrad_reference}[op]
+  return (functools.partial(reference, **params),
+          [jax.ShapeDtypeStruct(a.shape, a.dtype) for a in avals])
+
+
 def _plan_for(op, avals, params):
-  """The plan's algorithm for these operands, or None where the kernels
-  cannot take them: no registry in the extension, fp32 at HIGHEST precision
-  (exact fp32, beyond TF32), a symbolic dimension other than the batch, or
-  no algorithm supports the problem."""
+  """The algorithm to run for these operands, or None where the reference
+  (XLA) runs: where the kernels cannot take them (no registry in the
+  extension, fp32 at HIGHEST precision -- exact fp32, beyond TF32 -- a
+  symbolic dimension other than the batch, no algorithm supports the
+  problem), and where the heuristic leaves the problem to XLA or, in
+  benchmark mode, XLA timed fastest (conv_tuning.py; a symbolic batch is
+  not timed: the heuristic picks)."""
   if not plans.has_conv_plans():
     return None
   if jnp.dtype(avals[0].dtype) == jnp.float32 and params["precision"] == "highest":
@@ -206,8 +223,15 @@ def _plan_for(op, avals, params):
   key = plan_key(op, avals, params)
   if key is None:
     return None
-  plan = _plan(key, bool(params["deterministic"]))
-  return plan if plan.supported else None
+  deterministic = bool(params["deterministic"])
+  if params["benchmark"] and plans.is_static(avals[0].shape[0]):
+    problem = problem_of(key)
+    return conv_tuning.TUNER.choose(
+        key, problem, deterministic=deterministic, precision=params["precision"],
+        algorithms=plans.conv_algorithms(problem),
+        heuristic=lambda: _heuristic(key, deterministic),
+        reference=lambda: _reference_call(op, avals, params))
+  return _heuristic(key, deterministic)
 
 
 def _supported(op):
@@ -428,10 +452,12 @@ def _act_backward(dy, saved, activation):
 def _kernel_fuses(operands, params) -> bool:
   """Whether the forward kernel takes the activation fused: False only
   where the plan takes the problem without it but not with it (the
-  kernels fuse some activations). Asked while tracing, of the plan the
-  CUDA lowering will ask; elsewhere both forms compute the same."""
+  kernels fuse some activations). Asked while tracing, of the heuristic
+  (nothing is timed at trace time: in benchmark mode the lowering times
+  the form chosen here); elsewhere both forms compute the same."""
   if params["activation"] == NO_ACTIVATION or not plans.has_conv_plans():
     return True
+  params = dict(params, benchmark=False)
   if _plan_for("fwd", operands, params) is not None:
     return True
   return _plan_for("fwd", operands, dict(params, activation=NO_ACTIVATION)) is None
