@@ -4,14 +4,17 @@ or an environment variable read when jax_dnn is imported.
   deterministic  (JAX_DNN_DETERMINISTIC=1): every op runs bitwise-
                  reproducible algorithms only: attention's backward (whose
                  default single pass adds dQ in fp32 in a varying order) and
-                 the convolutions (deterministic algorithms only, never XLA's).
+                 the convolutions (their deterministic algorithms; XLA's
+                 convolution only where none takes a problem).
   benchmark      (JAX_DNN_BENCHMARK=1), as torch.backends.cudnn.benchmark: a
                  convolution problem new to the process is timed when it is
                  compiled for a GPU -- each algorithm that takes it and XLA's
                  convolution, on the device -- and the fastest runs. Results
-                 are cached in memory and in a file in the user's cache
-                 directory (conv_tuning.py), so a later process compiles
-                 without timing. Off: a heuristic picks instantly.
+                 are cached in memory and on disk, in
+                 ${JAX_DNN_CACHE_DIR:-${XDG_CACHE_HOME:-~/.cache}/jax_dnn}/
+                 conv_benchmark.json, so a later process compiles without
+                 timing (jax_dnn/_src/conv_tuning.py). Off: a heuristic
+                 picks instantly. jax_dnn.conv_algorithms shows the choice.
 
 A setting is read when an op is traced, and what it chooses is passed to the
 kernels as a static attribute: a compiled program keeps the behaviour it was

@@ -51,6 +51,7 @@ from __future__ import annotations
 
 import concurrent.futures
 import dataclasses
+import functools
 import json
 import math
 import os
@@ -119,6 +120,7 @@ def _gpu():
   return jax.local_devices(backend="gpu")[0]
 
 
+@functools.lru_cache(maxsize=None)
 def device_key() -> str:
   """The device results are valid for: JAX's first GPU (the kind, e.g.
   "NVIDIA H100 80GB HBM3", and compute capability), with the SM count the
