@@ -424,7 +424,8 @@ def test_benchmark_mode_on_the_device(gpu, restore, monkeypatch, cache_dir):
   """A conv's forward and backward, tuned on the device: results as lax's,
   the cache file holds the problems, each choice one of its candidates."""
   del gpu
-  monkeypatch.setattr(conv_tuning, "TUNER", conv_tuning.Tuner())
+  live = conv_tuning.Tuner()
+  monkeypatch.setattr(conv_tuning, "TUNER", live)
   x = randn(61, (8, 28, 28, 64), jnp.bfloat16)
   w = randn(62, (3, 3, 64, 64), jnp.bfloat16, scale=0.1)
   dy = randn(63, (8, 28, 28, 64), jnp.bfloat16)
@@ -444,6 +445,7 @@ def test_benchmark_mode_on_the_device(gpu, restore, monkeypatch, cache_dir):
                                err_msg=name)
   entries = json.loads((cache_dir / conv_tuning.CACHE_FILE).read_text())["entries"]
   assert len(entries) == 3, list(entries)  # fwd, dgrad, wgrad: each has 2+ candidates
+  assert live.tuned == 3 and live.seconds / 3 < 1.0, live.seconds  # well under 1 s each
   report = jax_dnn.conv_algorithms(x, w, benchmark=True)
   for op, info in report.items():
     candidates = {a.name for a in info.algorithms if a.supported} | {"xla"}
