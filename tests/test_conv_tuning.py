@@ -4,6 +4,7 @@ setting and its environment variable, the choice among timed candidates
 the fall-back to the heuristic, the progress lines, conv_algorithms'
 report; on a GPU, a program tuned on the device."""
 
+import ast
 import json
 import os
 import subprocess
@@ -29,6 +30,12 @@ pytestmark = pytest.mark.skipif(not plans.has_conv_plans(),
                                 reason="the extension has no convolution plans")
 
 DEVICE = "NVIDIA Test GPU sm_count=132 cc=9.0"
+# pylint: disable=protected-access
+_plan_for = conv_primitives._plan_for
+_primitive_calls = conv_lib._primitive_calls
+_ffi_params = conv_primitives._ffi_params
+_reference_call = conv_primitives._reference_call
+# pylint: enable=protected-access
 
 
 @pytest.fixture(autouse=True)
@@ -331,7 +338,7 @@ def _calls(fn, *args):
   """The conv primitives' calls of fn(*args), traced anew (a traced function
   keeps the settings it was traced with)."""
   fresh = lambda *a: fn(*a)
-  return conv_lib._primitive_calls(jax.make_jaxpr(fresh)(*args).jaxpr, [])  # pylint: disable=protected-access
+  return _primitive_calls(jax.make_jaxpr(fresh)(*args).jaxpr, [])
 
 
 @pytest.fixture
@@ -346,13 +353,13 @@ def test_plan_for_asks_the_tuner_in_benchmark_mode(restore, fake_tuner):
   x, w = jnp.zeros((8, 16, 16, 64), jnp.bfloat16), jnp.zeros((3, 3, 64, 64), jnp.bfloat16)
   (op, avals, params), = _calls(jax_dnn.conv, x, w)
   assert params["benchmark"] is False
-  assert conv_primitives._plan_for(op, avals, params).name == "implicit_gemm_128x64"  # pylint: disable=protected-access
+  assert _plan_for(op, avals, params).name == "implicit_gemm_128x64"
   assert fake_tuner.calls == []
   jax_dnn.config.update("benchmark", True)
   (op, avals, params), = _calls(jax_dnn.conv, x, w)
-  plan = conv_primitives._plan_for(op, avals, params)  # pylint: disable=protected-access
+  plan = _plan_for(op, avals, params)
   assert plan.name == "implicit_gemm_128x128"
-  assert conv_primitives._ffi_params(op)(avals, **params)["algo"] == plan.id  # pylint: disable=protected-access
+  assert _ffi_params(op)(avals, **params)["algo"] == plan.id
   (names, (fn, specs)), = fake_tuner.calls
   assert names == ["implicit_gemm_128x128", "implicit_gemm_128x64"]
   # XLA's candidate: the reference on operands of the call's shapes.
@@ -363,7 +370,7 @@ def test_plan_for_asks_the_tuner_in_benchmark_mode(restore, fake_tuner):
   fake_tuner.calls.clear()
   b, = jax.export.symbolic_shape("b")
   sym = [jax.core.ShapedArray((b,) + tuple(avals[0].shape[1:]), avals[0].dtype)] + list(avals[1:])
-  assert conv_primitives._plan_for(op, sym, params).name == "implicit_gemm_128x64"  # pylint: disable=protected-access
+  assert _plan_for(op, sym, params).name == "implicit_gemm_128x64"
   assert fake_tuner.calls == []
 
 
@@ -381,7 +388,7 @@ def test_conv_algorithms_reports_the_benchmark(restore, fake_tuner):
   assert before["fwd"].chosen.name == "implicit_gemm_128x64" and before["fwd"].times_ms is None
   jax_dnn.config.update("benchmark", True)
   (op, avals, params), = _calls(jax_dnn.conv, x, w)
-  conv_primitives._plan_for(op, avals, params)  # pylint: disable=protected-access  # tunes fwd
+  _plan_for(op, avals, params)  # tunes fwd
   assert len(fake_tuner.calls) == 1
   got = jax_dnn.conv_algorithms(x, w)
   assert got["fwd"].chosen.name == "implicit_gemm_128x128"
@@ -401,7 +408,7 @@ def test_xla_is_timed_from_inside_a_lowering_rule():
   outer trace is untouched."""
   x, w = jnp.zeros((2, 6, 6, 8), jnp.float32), jnp.zeros((3, 3, 8, 8), jnp.float32)
   (op, avals, params), = _calls(jax_dnn.conv, x, w)
-  reference = conv_primitives._reference_call(op, avals, params)  # pylint: disable=protected-access
+  reference = _reference_call(op, avals, params)
   timed = []
   probe = jax.extend.core.Primitive("jax_dnn_test_tuning_probe")
   probe.def_abstract_eval(lambda a: a)
@@ -455,3 +462,15 @@ def test_benchmark_mode_on_the_device(gpu, restore, monkeypatch, cache_dir):
     assert (info.chosen.name if info.chosen is not None else "xla") == best, str(info)
   for entry in entries.values():
     assert entry["choice"] == min(entry["times_ms"], key=entry["times_ms"].get)
+  # The next process compiles the same program from the file, timing nothing.
+  program = "\n".join([
+      "import jax, jax.numpy as jnp, jax_dnn",
+      "from jax_dnn._src import conv_tuning",
+      "x = jnp.ones((8, 28, 28, 64), jnp.bfloat16); w = jnp.ones((3, 3, 64, 64), jnp.bfloat16)",
+      "jax.jit(lambda x, w, dy: jax.vjp(jax_dnn.conv, x, w)[1](dy))(x, w, x)",
+      "print(conv_tuning.TUNER.tuned, jax_dnn.conv_algorithms(x, w)['wgrad'].times_ms)"])
+  env = dict(os.environ, JAX_DNN_BENCHMARK="1", JAX_DNN_CACHE_DIR=str(cache_dir))
+  out = subprocess.run([sys.executable, "-c", program], capture_output=True, text=True, env=env)
+  assert out.returncode == 0, out.stderr
+  tuned, times = out.stdout.split(" ", 1)
+  assert tuned == "0" and ast.literal_eval(times) == report["wgrad"].times_ms, out.stdout

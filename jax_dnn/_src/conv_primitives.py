@@ -15,8 +15,9 @@ device's shard of whole groups, or of one group's channels, keeps the
 params), rank (the caller's spatial rank, 1-3), stride,
 dilation, pad_lo, pad_hi (3-tuples in (D, H, W) order; padding >= 0: the
 public ops crop negative padding), deterministic and benchmark
-(jax_dnn.config's, read at trace time), precision ("default" | "high" | "highest": what fp32 operands
-asked for; the kernels run fp32 as TF32, so "highest" takes the reference); the
+(jax_dnn.config's, read at trace time), precision ("default" | "high" |
+"highest": what fp32 operands asked for; the kernels run fp32 as TF32, so
+"highest" takes the reference); the
 forward's activation (bias_act's id, -1 none); dgrad's input (D, H, W) and
 wgrad's window (T, R, S), which dy and w alone do not determine.
 
