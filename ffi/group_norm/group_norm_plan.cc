@@ -26,8 +26,9 @@ GroupNormPlan PlanGroupNorm(int64_t n, int64_t spatial, int64_t channels, int64_
     return plan;
   }
   const int bytes = DTypeBytes(dtype);
-  int vec = 16 / bytes;
-  while (vec > 1 && channels % vec != 0) vec /= 2;
+  // 16-byte vectors, or one element where C is no multiple of them (two
+  // variants instead of every width halve the kernels' instantiations).
+  const int vec = channels % (16 / bytes) == 0 ? 16 / bytes : 1;
   plan.vec = vec;
   const int64_t threads_x = channels / vec;
   if (threads_x > kGroupNormMaxThreadsX) {

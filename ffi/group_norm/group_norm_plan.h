@@ -15,7 +15,7 @@ namespace jax_dnn {
 
 // Every kernel's block is threads_x x threads_y: thread (tx, ty) holds the
 // `vec` channels [tx * vec, (tx + 1) * vec) of a position (vec: 16 bytes of
-// x where C allows, else 8, 4 or 2 bytes, else one element), so a block row
+// x where C is a multiple of them, else one element), so a block row
 // covers the C channels of one position and the block threads_y positions.
 // threads_x = C / vec is at most kGroupNormMaxThreadsX: the statistics
 // kernels keep one fp32 partial per element of a block step in shared memory
