@@ -346,3 +346,65 @@ def test_deterministic(gpu):
   vjp = jax.jit(lambda x, s, b, dy: jax.vjp(f, x, s, b)[1](dy))
   for u, w in zip(vjp(x, scale, bias, dy), vjp(x, scale, bias, dy)):
     np.testing.assert_array_equal(u, w)
+
+
+# --- the CUDA lowering's plan, on any machine ----------------------------------------
+
+
+@pytest.fixture
+def kernels_registered(monkeypatch):
+  """Lowers for CUDA as a build with the group norm kernels would (the
+  extension's plans decide; no kernel runs)."""
+  from jax_dnn._src import extension  # pylint: disable=g-import-not-at-top
+  real = extension.use_kernel
+  monkeypatch.setattr(extension, "use_kernel",
+                      lambda t: t.startswith("jax_dnn_group_norm") or real(t))
+
+
+def test_cuda_lowering_workspaces(kernels_registered):
+  """The Stable-Diffusion layer (8 x 64^2 x 320 bf16): the forward's partials
+  [N, splits, G, 2] and the backward's three workspaces as the plan sizes
+  them (no device here: 132 SMs, 2 blocks each, 33 splits a sample)."""
+  del kernels_registered
+  from helpers import cuda_hlo  # pylint: disable=g-import-not-at-top
+  from jax_dnn._src import plans  # pylint: disable=g-import-not-at-top
+  x = jnp.zeros((8, 64, 64, 320), jnp.bfloat16)
+  scale = jnp.ones(320, jnp.float32)
+  fn = lambda x, s, b: jax.vjp(lambda *a: jax_dnn.group_norm(*a, activation="silu"),
+                               x, s, b)[1](x)
+  text = cuda_hlo(fn, x, scale, scale)
+  plan = plans.group_norm_plan(8, 4096, 320, 32, "bfloat16")
+  assert plan.supported and (plan.vec, plan.threads_x, plan.threads_y) == (8, 40, 12)
+  splits = plan.splits
+  if plans.current_device().sm_count == 0:
+    assert splits == 33
+  assert f"tensor<8x{splits}x32x2xf32>" in text
+  assert f"tensor<8x{splits}x2x320xf32>" in text and "tensor<8x2x320xf32>" in text
+  assert "jax_dnn_group_norm_fwd" in text and "jax_dnn_group_norm_bwd" in text
+  assert "activation = 3 : i64" in text and "groups = 32 : i64" in text
+
+
+def test_cuda_lowering_leaves_wide_channels_to_the_reference(kernels_registered):
+  """More than 512 16-byte vectors of channels a position (8192 bf16): the
+  plan declines, and the CUDA lowering is the reference's."""
+  del kernels_registered
+  from helpers import cuda_hlo  # pylint: disable=g-import-not-at-top
+  x = jnp.zeros((2, 9, 8192), jnp.bfloat16)
+  assert "jax_dnn_group_norm" not in cuda_hlo(lambda x: jax_dnn.group_norm(x), x)
+  assert "jax_dnn_group_norm_fwd" in cuda_hlo(lambda x: jax_dnn.group_norm(x[:, :, :4096]), x)
+
+
+def test_export_with_a_symbolic_batch(kernels_registered):
+  """jax.export with a symbolic N: the workspaces follow N (one statistics
+  block a sample: the plan's answer for plans.LARGE samples)."""
+  del kernels_registered
+  n, = jax.export.symbolic_shape("n")
+  x = jax.ShapeDtypeStruct((n, 16, 16, 64), jnp.bfloat16)
+  p = jax.ShapeDtypeStruct((64,), jnp.float32)
+  fn = jax.jit(lambda x, s, b: jax.vjp(lambda *a: jax_dnn.group_norm(*a, num_groups=8), x, s,
+                                        b)[1](x))
+  exp = jax.export.export(fn, platforms=["cuda"], disabled_checks=[
+      jax.export.DisabledSafetyCheck.custom_call(t)
+      for t in ("jax_dnn_group_norm_fwd", "jax_dnn_group_norm_bwd")])(x, p, p)
+  text = exp.mlir_module()
+  assert "jax_dnn_group_norm_bwd" in text and "tensor<?x1x8x2xf32>" in text
