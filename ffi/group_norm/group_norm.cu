@@ -17,7 +17,8 @@
 // mean is large against the standard deviation (E[x^2] - E[x]^2 would
 // cancel). The block adds its threads' sums per channel, then a warp a group
 // adds the group's channels, and writes one fp32 (sum d, sum d^2) per
-// (sample, split, group); GroupNormFinalizeKernel adds the splits in order.
+// (sample, split, group); GroupNormFinalizeKernel adds the splits in a fixed
+// order (a warp a pair).
 //
 // Backward: dz = dy * act'(z), z = xhat * scale + bias recomputed from the
 // saved (mean, rstd). Blocks of the same shape sum dz and dz * xhat per
@@ -222,19 +223,26 @@ __global__ void __launch_bounds__(kGroupNormBlockThreads)
   }
 }
 
-// stats[s, g] = (mean, rstd) from the splits' partial sums, added in order.
+// stats[s, g] = (mean, rstd) from the splits' partial sums: a warp a
+// (sample, group), lane l adding splits l, l + 32, ... in order, then a fixed
+// shuffle tree (a thread a pair took 264 dependent loads at N = 1).
 template <typename T>
-__global__ void GroupNormFinalizeKernel(GroupNormFwdParams p) {
-  const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
-  if (i >= p.n * p.groups) return;
+__global__ void __launch_bounds__(kFinalizeThreads) GroupNormFinalizeKernel(GroupNormFwdParams p) {
+  const int64_t i = (static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x) / 32;
+  const int lane = threadIdx.x % 32;
+  if (i >= p.n * p.groups) return;  // whole warps: i is uniform across a warp
   const int64_t s = i / p.groups, g = i % p.groups;
   const int64_t cg = p.channels / p.groups;
   float a = 0.f, b = 0.f;
-  for (int64_t k = 0; k < p.splits; ++k) {
+#pragma unroll 4
+  for (int64_t k = lane; k < p.splits; k += 32) {
     const float* part = p.partials + ((s * p.splits + k) * p.groups + g) * 2;
     a += part[0];
     b += part[1];
   }
+  a = WarpSum(a);
+  b = WarpSum(b);
+  if (lane != 0) return;
   const T* x = static_cast<const T*>(p.x);
   const float shift = p.spatial > 0 ? ToFloat(x[s * p.spatial * p.channels + g * cg]) : 0.f;
   const float count = static_cast<float>(p.spatial * cg);  // 0: NaN statistics of no values
@@ -346,39 +354,56 @@ __global__ void __launch_bounds__(kGroupNormBlockThreads)
   }
 }
 
-// One block a sample: sample_sums[s] = the splits' partials added in order;
-// coefs[s, g] = (mean over the group of g, of g * xhat), g = dz * scale.
-// Dynamic shared memory: 2 x C floats.
+// One block a sample: sample_sums[s] = the splits' partials added in a
+// fixed order (kSplitLanes threads a channel, lane l adding splits l, l +
+// kSplitLanes, ..., then a shuffle tree); coefs[s, g] = (mean over the group
+// of g, of g * xhat), g = dz * scale. Dynamic shared memory: 2 x C floats.
+constexpr int kSplitLanes = 8;
+
 __global__ void __launch_bounds__(kFinalizeThreads) GroupNormBwdFinalizeKernel(GroupNormBwdParams p) {
   extern __shared__ float sh[];
   const int64_t channels = p.channels;
   const int64_t cg = channels / p.groups;
   const float count = static_cast<float>(p.spatial * cg);
+  const int lane = threadIdx.x % kSplitLanes;
+  const int per_pass = blockDim.x / kSplitLanes;  // channels a pass
   for (int64_t s = blockIdx.x; s < p.n; s += gridDim.x) {
     const float* scale = p.scale + (s / (p.n / p.param_sets)) * channels;
-    for (int64_t c = threadIdx.x; c < channels; c += blockDim.x) {
+    // Every thread runs every pass (the shuffles take whole warps).
+    for (int64_t base = 0; base < channels; base += per_pass) {
+      const int64_t c = base + threadIdx.x / kSplitLanes;
       float a = 0.f, b = 0.f;
-      for (int64_t k = 0; k < p.splits; ++k) {
-        const float* part = p.partials + (s * p.splits + k) * 2 * channels;
-        a += part[c];
-        b += part[channels + c];
+      if (c < channels) {
+#pragma unroll 4
+        for (int64_t k = lane; k < p.splits; k += kSplitLanes) {
+          const float* part = p.partials + (s * p.splits + k) * 2 * channels;
+          a += part[c];
+          b += part[channels + c];
+        }
       }
-      p.sample_sums[s * 2 * channels + c] = a;
-      p.sample_sums[s * 2 * channels + channels + c] = b;
-      sh[c] = a * scale[c];
-      sh[channels + c] = b * scale[c];
+#pragma unroll
+      for (int o = kSplitLanes / 2; o > 0; o >>= 1) {
+        a += __shfl_xor_sync(0xffffffffu, a, o);
+        b += __shfl_xor_sync(0xffffffffu, b, o);
+      }
+      if (c < channels && lane == 0) {
+        p.sample_sums[s * 2 * channels + c] = a;
+        p.sample_sums[s * 2 * channels + channels + c] = b;
+        sh[c] = a * scale[c];
+        sh[channels + c] = b * scale[c];
+      }
     }
     __syncthreads();
-    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+    const int warp = threadIdx.x / 32, wlane = threadIdx.x % 32;
     for (int64_t g = warp; g < p.groups; g += blockDim.x / 32) {
       float a = 0.f, b = 0.f;
-      for (int64_t c = lane; c < cg; c += 32) {
+      for (int64_t c = wlane; c < cg; c += 32) {
         a += sh[g * cg + c];
         b += sh[channels + g * cg + c];
       }
       a = WarpSum(a);
       b = WarpSum(b);
-      if (lane == 0) {
+      if (wlane == 0) {
         p.coefs[(s * p.groups + g) * 2] = a / count;
         p.coefs[(s * p.groups + g) * 2 + 1] = b / count;
       }
@@ -457,9 +482,8 @@ cudaError_t LaunchFwdTyped(const GroupNormFwdParams& p, const GroupNormPlan& pla
   const int64_t per_split = (p.spatial + p.splits - 1) / p.splits;
   GroupNormStatsKernel<T, V><<<dim3(static_cast<unsigned>(p.splits), SampleBlocks(p.n)), block,
                                smem, stream>>>(p, std::max<int64_t>(per_split, 1));
-  const int64_t pairs = p.n * p.groups;
-  GroupNormFinalizeKernel<T><<<static_cast<unsigned>((pairs + kFinalizeThreads - 1) /
-                                                     kFinalizeThreads),
+  const int64_t warps = kFinalizeThreads / 32;  // a warp a (sample, group)
+  GroupNormFinalizeKernel<T><<<static_cast<unsigned>((p.n * p.groups + warps - 1) / warps),
                                kFinalizeThreads, 0, stream>>>(p);
   if (p.spatial == 0) return cudaGetLastError();
   const dim3 grid(static_cast<unsigned>((p.spatial + plan.apply_rows - 1) / plan.apply_rows),
