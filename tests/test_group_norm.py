@@ -408,3 +408,36 @@ def test_export_with_a_symbolic_batch(kernels_registered):
       for t in ("jax_dnn_group_norm_fwd", "jax_dnn_group_norm_bwd")])(x, p, p)
   text = exp.mlir_module()
   assert "jax_dnn_group_norm_bwd" in text and "tensor<?x1x8x2xf32>" in text
+
+
+@pytest.mark.parametrize("n,spatial,c,dtype,sms,want", [
+    # (vec, threads_x, threads_y, splits): 2 blocks an SM over the samples,
+    # each at least 4 steps of threads_y positions.
+    (8, 4096, 320, "bfloat16", 132, (8, 40, 12, 33)),
+    (8, 4096, 320, "bfloat16", 0, (8, 40, 12, 33)),      # no device: 132 SMs
+    (16, 16384, 128, "bfloat16", 132, (8, 16, 32, 17)),
+    (1, 262144, 128, "bfloat16", 132, (8, 16, 32, 264)),
+    (8, 4096, 320, "float32", 78, (4, 80, 6, 20)),
+    (2, 100, 36, "float32", 132, (4, 9, 56, 1)),         # 2 steps: one block a sample
+    (3, 50, 7, "float16", 132, (1, 7, 73, 1)),           # one element a thread
+    (2, 0, 64, "bfloat16", 132, (8, 8, 64, 1)),          # no positions
+])
+def test_plan(n, spatial, c, dtype, sms, want):
+  from jax_dnn._src import plans  # pylint: disable=g-import-not-at-top
+  plan = plans.group_norm_plan(n, spatial, c, 32 if c % 32 == 0 else 1, dtype,
+                               plans.device_props(sm_count=sms))
+  assert plan.supported, plan.reason
+  assert (plan.vec, plan.threads_x, plan.threads_y, plan.splits) == want
+  assert plan.apply_rows == 4 * plan.threads_y
+
+
+@pytest.mark.parametrize("c,groups,dtype,why", [
+    (8192, 32, "bfloat16", "more than 512 vectors"),
+    (4096, 32, "float32", "more than 512 vectors"),
+    (514, 2, "bfloat16", "more than 512 vectors"),   # 514: one element a thread
+    (30, 4, "bfloat16", "divisible by groups"),
+])
+def test_plan_declines(c, groups, dtype, why):
+  from jax_dnn._src import plans  # pylint: disable=g-import-not-at-top
+  plan = plans.group_norm_plan(2, 64, c, groups, dtype, plans.device_props(sm_count=132))
+  assert not plan.supported and why in plan.reason
