@@ -293,7 +293,8 @@ void DefinePlans(nb::module_& m) {
       .def_ro("threads_x", &jax_dnn::GroupNormPlan::threads_x)
       .def_ro("threads_y", &jax_dnn::GroupNormPlan::threads_y)
       .def_ro("splits", &jax_dnn::GroupNormPlan::splits)
-      .def_ro("apply_rows", &jax_dnn::GroupNormPlan::apply_rows);
+      .def_ro("apply_rows", &jax_dnn::GroupNormPlan::apply_rows)
+      .def_ro("chunk_samples", &jax_dnn::GroupNormPlan::chunk_samples);
   m.def(
       "group_norm_plan",
       [](int64_t n, int64_t spatial, int64_t channels, int64_t groups, const std::string& dtype,

@@ -174,7 +174,7 @@ __global__ void __launch_bounds__(kGroupNormBlockThreads)
   const int ny = blockDim.y;
   const Rows rows(rows_per_split, p.spatial);
   const T* x = static_cast<const T*>(p.x);
-  for (int64_t s = blockIdx.y; s < p.n; s += gridDim.y) {
+  for (int64_t s = p.sample_begin + blockIdx.y; s < p.sample_end; s += gridDim.y) {
     const T* xs = x + s * p.spatial * channels;
     float shift[V], s1[V], s2[V];
 #pragma unroll
@@ -228,9 +228,10 @@ __global__ void __launch_bounds__(kGroupNormBlockThreads)
 // shuffle tree (a thread a pair took 264 dependent loads at N = 1).
 template <typename T>
 __global__ void __launch_bounds__(kFinalizeThreads) GroupNormFinalizeKernel(GroupNormFwdParams p) {
-  const int64_t i = (static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x) / 32;
+  const int64_t i = p.sample_begin * p.groups +
+                    (static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x) / 32;
   const int lane = threadIdx.x % 32;
-  if (i >= p.n * p.groups) return;  // whole warps: i is uniform across a warp
+  if (i >= p.sample_end * p.groups) return;  // whole warps: i is uniform across a warp
   const int64_t s = i / p.groups, g = i % p.groups;
   const int64_t cg = p.channels / p.groups;
   float a = 0.f, b = 0.f;
@@ -261,7 +262,7 @@ __global__ void __launch_bounds__(kGroupNormBlockThreads)
   const int c0 = threadIdx.x * V;
   const Rows rows(rows_per_block, p.spatial);
   const int64_t per_set = p.n / p.param_sets;
-  for (int64_t s = blockIdx.y; s < p.n; s += gridDim.y) {
+  for (int64_t s = p.sample_begin + blockIdx.y; s < p.sample_end; s += gridDim.y) {
     const float* scale = p.scale + (s / per_set) * channels;
     const float* bias = p.bias + (s / per_set) * channels;
     float mean[V], mul[V], add[V];
@@ -322,7 +323,7 @@ __global__ void __launch_bounds__(kGroupNormBlockThreads)
   const int c0 = threadIdx.x * V;
   const int ny = blockDim.y;
   const Rows rows(rows_per_split, p.spatial);
-  for (int64_t s = blockIdx.y; s < p.n; s += gridDim.y) {
+  for (int64_t s = p.sample_begin + blockIdx.y; s < p.sample_end; s += gridDim.y) {
     const ChannelConsts<V> k(p, s, c0, cg);
     const int64_t off = s * p.spatial * channels;
     float s1[V], s2[V];
@@ -367,7 +368,7 @@ __global__ void __launch_bounds__(kFinalizeThreads) GroupNormBwdFinalizeKernel(G
   const float count = static_cast<float>(p.spatial * cg);
   const int lane = threadIdx.x % kSplitLanes;
   const int per_pass = blockDim.x / kSplitLanes;  // channels a pass
-  for (int64_t s = blockIdx.x; s < p.n; s += gridDim.x) {
+  for (int64_t s = p.sample_begin + blockIdx.x; s < p.sample_end; s += gridDim.x) {
     const float* scale = p.scale + (s / (p.n / p.param_sets)) * channels;
     // Every thread runs every pass (the shuffles take whole warps).
     for (int64_t base = 0; base < channels; base += per_pass) {
@@ -420,7 +421,7 @@ __global__ void __launch_bounds__(kGroupNormBlockThreads)
   const int cg = static_cast<int>(channels / p.groups);
   const int c0 = threadIdx.x * V;
   const Rows rows(rows_per_block, p.spatial);
-  for (int64_t s = blockIdx.y; s < p.n; s += gridDim.y) {
+  for (int64_t s = p.sample_begin + blockIdx.y; s < p.sample_end; s += gridDim.y) {
     const ChannelConsts<V> k(p, s, c0, cg);
     float m1[V], m2[V];
 #pragma unroll
@@ -474,41 +475,65 @@ unsigned SampleBlocks(int64_t n) { return static_cast<unsigned>(std::min<int64_t
 
 int DTypeBytes(DType dtype) { return dtype == DType::kF32 ? 4 : 2; }
 
+// The launchers run the passes chunk by chunk of plan.chunk_samples samples
+// (group_norm_plan.h), so that the elementwise pass re-reads a chunk's x
+// (and dy) from L2 rather than from memory.
 template <typename T, int V>
-cudaError_t LaunchFwdTyped(const GroupNormFwdParams& p, const GroupNormPlan& plan,
-                           cudaStream_t stream) {
-  const dim3 block(plan.threads_x, plan.threads_y);
-  const size_t smem = 2 * sizeof(float) * plan.threads_y * p.channels;
-  const int64_t per_split = (p.spatial + p.splits - 1) / p.splits;
-  GroupNormStatsKernel<T, V><<<dim3(static_cast<unsigned>(p.splits), SampleBlocks(p.n)), block,
-                               smem, stream>>>(p, std::max<int64_t>(per_split, 1));
-  const int64_t warps = kFinalizeThreads / 32;  // a warp a (sample, group)
-  GroupNormFinalizeKernel<T><<<static_cast<unsigned>((p.n * p.groups + warps - 1) / warps),
-                               kFinalizeThreads, 0, stream>>>(p);
-  if (p.spatial == 0) return cudaGetLastError();
-  const dim3 grid(static_cast<unsigned>((p.spatial + plan.apply_rows - 1) / plan.apply_rows),
-                  SampleBlocks(p.n));
-  return DispatchAct(p.activation, [&](auto act) {
-    GroupNormApplyKernel<T, V, decltype(act)::value><<<grid, block, 0, stream>>>(p, plan.apply_rows);
-    return cudaGetLastError();
-  });
-}
-
-template <typename T, int V>
-cudaError_t LaunchBwdTyped(const GroupNormBwdParams& p, const GroupNormPlan& plan,
-                           cudaStream_t stream) {
+cudaError_t LaunchFwdTyped(GroupNormFwdParams p, const GroupNormPlan& plan, cudaStream_t stream) {
   const dim3 block(plan.threads_x, plan.threads_y);
   const size_t smem = 2 * sizeof(float) * plan.threads_y * p.channels;
   const int64_t per_split = std::max<int64_t>((p.spatial + p.splits - 1) / p.splits, 1);
-  cudaError_t status = DispatchAct(p.activation, [&](auto act) {
-    GroupNormBwdSumsKernel<T, V, decltype(act)::value>
-        <<<dim3(static_cast<unsigned>(p.splits), SampleBlocks(p.n)), block, smem, stream>>>(p,
-                                                                                     per_split);
-    return cudaGetLastError();
-  });
-  if (status != cudaSuccess) return status;
-  GroupNormBwdFinalizeKernel<<<SampleBlocks(p.n), kFinalizeThreads,
-                               2 * sizeof(float) * p.channels, stream>>>(p);
+  const int64_t warps = kFinalizeThreads / 32;  // a warp a (sample, group)
+  for (int64_t begin = 0; begin < p.n; begin += plan.chunk_samples) {
+    p.sample_begin = begin;
+    p.sample_end = std::min(p.n, begin + plan.chunk_samples);
+    const int64_t samples = p.sample_end - begin;
+    GroupNormStatsKernel<T, V><<<dim3(static_cast<unsigned>(p.splits), SampleBlocks(samples)),
+                                 block, smem, stream>>>(p, per_split);
+    GroupNormFinalizeKernel<T><<<static_cast<unsigned>((samples * p.groups + warps - 1) / warps),
+                                 kFinalizeThreads, 0, stream>>>(p);
+    if (p.spatial == 0) continue;
+    const dim3 grid(static_cast<unsigned>((p.spatial + plan.apply_rows - 1) / plan.apply_rows),
+                    SampleBlocks(samples));
+    cudaError_t status = DispatchAct(p.activation, [&](auto act) {
+      GroupNormApplyKernel<T, V, decltype(act)::value><<<grid, block, 0, stream>>>(p,
+                                                                                plan.apply_rows);
+      return cudaGetLastError();
+    });
+    if (status != cudaSuccess) return status;
+  }
+  return cudaGetLastError();
+}
+
+template <typename T, int V>
+cudaError_t LaunchBwdTyped(GroupNormBwdParams p, const GroupNormPlan& plan, cudaStream_t stream) {
+  const dim3 block(plan.threads_x, plan.threads_y);
+  const size_t smem = 2 * sizeof(float) * plan.threads_y * p.channels;
+  const int64_t per_split = std::max<int64_t>((p.spatial + p.splits - 1) / p.splits, 1);
+  for (int64_t begin = 0; begin < p.n; begin += plan.chunk_samples) {
+    p.sample_begin = begin;
+    p.sample_end = std::min(p.n, begin + plan.chunk_samples);
+    const int64_t samples = p.sample_end - begin;
+    cudaError_t status = DispatchAct(p.activation, [&](auto act) {
+      GroupNormBwdSumsKernel<T, V, decltype(act)::value>
+          <<<dim3(static_cast<unsigned>(p.splits), SampleBlocks(samples)), block, smem, stream>>>(
+              p, per_split);
+      return cudaGetLastError();
+    });
+    if (status != cudaSuccess) return status;
+    GroupNormBwdFinalizeKernel<<<SampleBlocks(samples), kFinalizeThreads,
+                                 2 * sizeof(float) * p.channels, stream>>>(p);
+    if (p.spatial == 0) continue;
+    const dim3 grid(static_cast<unsigned>((p.spatial + plan.apply_rows - 1) / plan.apply_rows),
+                    SampleBlocks(samples));
+    status = DispatchAct(p.activation, [&](auto act) {
+      GroupNormBwdDxKernel<T, V, decltype(act)::value><<<grid, block, 0, stream>>>(p,
+                                                                                plan.apply_rows);
+      return cudaGetLastError();
+    });
+    if (status != cudaSuccess) return status;
+  }
+  // The parameter gradients: every sample's sums, added over each set's samples.
   ColumnSumParams cs{};
   cs.partials = p.sample_sums;
   cs.out[0] = p.dbias;   // sums of dz
@@ -517,14 +542,7 @@ cudaError_t LaunchBwdTyped(const GroupNormBwdParams& p, const GroupNormPlan& pla
   cs.parts = p.n / p.param_sets;
   cs.sums = 2;
   cs.width = p.channels;
-  if ((status = LaunchColumnSum(cs, stream)) != cudaSuccess) return status;
-  if (p.spatial == 0) return cudaGetLastError();
-  const dim3 grid(static_cast<unsigned>((p.spatial + plan.apply_rows - 1) / plan.apply_rows),
-                  SampleBlocks(p.n));
-  return DispatchAct(p.activation, [&](auto act) {
-    GroupNormBwdDxKernel<T, V, decltype(act)::value><<<grid, block, 0, stream>>>(p, plan.apply_rows);
-    return cudaGetLastError();
-  });
+  return LaunchColumnSum(cs, stream);
 }
 
 // Calls fn(TypeTag<T>, integral_constant<V>) for the plan's vector width.

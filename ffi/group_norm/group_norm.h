@@ -12,7 +12,7 @@
 // Forward: statistics blocks (`splits` a sample, group_norm_plan.h) write
 // fp32 partial sums to a workspace, a finalize kernel adds them in a fixed
 // order into stats [n, groups, 2] (mean, rstd), then an elementwise kernel
-// writes y. Backward: blocks write per-channel sums of dz and dz * xhat
+// writes y; chunk by chunk of samples that fit in L2 (group_norm_plan.h). Backward: blocks write per-channel sums of dz and dz * xhat
 // (dz = dy * act'(z), z = xhat * scale + bias), a finalize kernel adds them
 // per sample and forms each group's dx coefficients, ffi/common/column_sum.cu
 // adds the samples of each parameter set into dbias and dscale, and an
@@ -41,6 +41,7 @@ struct GroupNormFwdParams {
   float* stats;        // [n, groups, 2]: (mean, rstd)
   float* partials;     // workspace [n, splits, groups, 2]: sums of d, d^2 (d = x - shift)
   int64_t n, spatial, channels, groups, param_sets, splits;
+  int64_t sample_begin, sample_end;  // the samples a launch covers (set by the launcher)
   float epsilon;
 };
 
@@ -59,6 +60,7 @@ struct GroupNormBwdParams {
   float* sample_sums;  // workspace [n, 2, channels] = [param_sets, n / param_sets, 2, channels]
   float* coefs;        // workspace [n, groups, 2]: mean over the group of g, g * xhat (g = dz * scale)
   int64_t n, spatial, channels, groups, param_sets, splits;
+  int64_t sample_begin, sample_end;  // the samples a launch covers (set by the launcher)
 };
 
 cudaError_t LaunchGroupNormFwd(const GroupNormFwdParams& p, cudaStream_t stream);

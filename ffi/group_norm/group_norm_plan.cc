@@ -13,6 +13,7 @@ constexpr int64_t kGroupNormMinRowSteps = 4;
 // thread, blocks enough for every SM at the SD shapes (8 x 64^2 x 320 bf16:
 // 12 positions a step, 48 a block, 683 blocks).
 constexpr int64_t kGroupNormApplySteps = 4;
+constexpr int64_t kGroupNormChunkBytes = int64_t{24} << 20;
 
 int DTypeBytes(DType dtype) { return dtype == DType::kF32 ? 4 : 2; }
 
@@ -42,7 +43,11 @@ GroupNormPlan PlanGroupNorm(int64_t n, int64_t spatial, int64_t channels, int64_
   const int64_t steps = (spatial + plan.threads_y - 1) / plan.threads_y;
   const int64_t sms = device.sm_count > 0 ? device.sm_count : kGroupNormDefaultSms;
   const int64_t target = kGroupNormBlocksPerSm * sms;
-  int64_t splits = (target + std::max<int64_t>(n, 1) - 1) / std::max<int64_t>(n, 1);
+  // Bytes of the inputs a sample: x, and dy in the backward.
+  const int64_t sample_bytes = std::max<int64_t>(2 * spatial * channels * bytes, 1);
+  plan.chunk_samples = std::max<int64_t>(1, kGroupNormChunkBytes / sample_bytes);
+  const int64_t chunk = std::max<int64_t>(1, std::min(n, plan.chunk_samples));
+  int64_t splits = (target + chunk - 1) / chunk;
   splits = std::min(splits, std::max<int64_t>(1, steps / kGroupNormMinRowSteps));
   plan.splits = std::max<int64_t>(splits, 1);
   plan.apply_rows = kGroupNormApplySteps * plan.threads_y;

@@ -36,13 +36,19 @@ struct GroupNormPlan {
   int64_t splits = 1;
   // Positions a block of the elementwise kernels (the forward's apply, dx).
   int64_t apply_rows = 1;
+  // Samples a chunk: the kernels run the statistics and the elementwise pass
+  // over one chunk, then the next, so that the elementwise pass finds the
+  // chunk's x (and dy) in L2: kGroupNormChunkBytes of inputs at most (half
+  // of an H100's or H200's 50 MiB L2; the outputs stream past it), at least
+  // one sample.
+  int64_t chunk_samples = 1;
 };
 
 // x [n, spatial, channels] of `dtype`, `groups` dividing channels.
 //
 // splits: the statistics kernels aim at kGroupNormBlocksPerSm blocks an SM
-// over all samples (N * G may be far fewer than the SMs: (8, 64^2, 320) has
-// 8 samples), and 132 SMs where no device is known (device.sm_count 0); a
+// over the samples of a chunk (N * G may be far fewer than the SMs: (8,
+// 64^2, 320) has 8 samples), and 132 SMs where no device is known (device.sm_count 0); a
 // block takes at least kGroupNormMinRowSteps steps of threads_y positions,
 // so that its partial sums (2 x C floats the backward) stay a small
 // fraction of the bytes it reads.
