@@ -29,8 +29,11 @@
 //   dx = rstd * (g - mean_group(g) - xhat * mean_group(g * xhat)),  g = dz * scale.
 //
 // Traffic: the forward reads x twice (statistics, apply) and writes y; the
-// backward reads x and dy twice and writes dx. Tensors that fit in L2 (50
-// MiB on H100/H200) serve the second read from it.
+// backward reads x and dy twice and writes dx. The launchers run both passes
+// over one chunk of samples at a time (group_norm_plan.h: at most 24 MiB of
+// inputs, half of an H100's or H200's L2), so the second read of a chunk
+// comes from L2; a single sample past that (a VAE's 512^2 x 128) is read
+// from memory twice.
 #include <algorithm>
 #include <cmath>
 #include <type_traits>
