@@ -30,6 +30,7 @@
 #include "ffi/common/device_props.h"
 #include "ffi/common/dtype.h"
 #include "ffi/conv/conv_plan.h"
+#include "ffi/group_norm/group_norm_plan.h"
 #include "ffi/layer_norm/layer_norm_plan.h"
 
 #ifdef JAX_DNN_WITH_CUDA
@@ -52,6 +53,8 @@ XLA_FFI_DECLARE_HANDLER_SYMBOL(AttentionBwd);
 XLA_FFI_DECLARE_HANDLER_SYMBOL(ConvFwd);
 XLA_FFI_DECLARE_HANDLER_SYMBOL(ConvDgrad);
 XLA_FFI_DECLARE_HANDLER_SYMBOL(ConvWgrad);
+XLA_FFI_DECLARE_HANDLER_SYMBOL(GroupNormFwd);
+XLA_FFI_DECLARE_HANDLER_SYMBOL(GroupNormBwd);
 }  // namespace jax_dnn
 #endif
 
@@ -91,6 +94,8 @@ nb::dict Registrations() {
   d["jax_dnn_conv_fwd"] = Capsule(ConvFwd);
   d["jax_dnn_conv_dgrad"] = Capsule(ConvDgrad);
   d["jax_dnn_conv_wgrad"] = Capsule(ConvWgrad);
+  d["jax_dnn_group_norm_fwd"] = Capsule(GroupNormFwd);
+  d["jax_dnn_group_norm_bwd"] = Capsule(GroupNormBwd);
 #endif
   return d;
 }
@@ -284,6 +289,23 @@ void DefinePlans(nb::module_& m) {
         return jax_dnn::BiasActBwdParts(rows, param_sets, width, KernelDType(dtype), device);
       },
       "rows"_a, "param_sets"_a, "width"_a, "dtype"_a, "device"_a);
+
+  nb::class_<jax_dnn::GroupNormPlan>(m, "GroupNormPlan")
+      .def_ro("supported", &jax_dnn::GroupNormPlan::supported)
+      .def_ro("reason", &jax_dnn::GroupNormPlan::reason)
+      .def_ro("vec", &jax_dnn::GroupNormPlan::vec)
+      .def_ro("threads_x", &jax_dnn::GroupNormPlan::threads_x)
+      .def_ro("threads_y", &jax_dnn::GroupNormPlan::threads_y)
+      .def_ro("splits", &jax_dnn::GroupNormPlan::splits)
+      .def_ro("apply_rows", &jax_dnn::GroupNormPlan::apply_rows)
+      .def_ro("chunk_samples", &jax_dnn::GroupNormPlan::chunk_samples);
+  m.def(
+      "group_norm_plan",
+      [](int64_t n, int64_t spatial, int64_t channels, int64_t groups, const std::string& dtype,
+         const DeviceProps& device) {
+        return jax_dnn::PlanGroupNorm(n, spatial, channels, groups, KernelDType(dtype), device);
+      },
+      "n"_a, "spatial"_a, "channels"_a, "groups"_a, "dtype"_a, "device"_a);
 
   m.def("conv_algorithms", &jax_dnn::ConvAlgorithms, "problem"_a, "device"_a);
   m.def("conv_plan", &jax_dnn::ConvPlan, "problem"_a, "deterministic"_a, "device"_a);

@@ -11,6 +11,7 @@ from jax_dnn._src.attention import dot_product_attention
 from jax_dnn._src.config import config
 from jax_dnn._src.conv import (conv, conv_algorithms, conv_general_dilated, conv_transpose,
                                matmul)
+from jax_dnn._src.group_norm import group_norm, instance_norm
 from jax_dnn._src.layer_norm import layer_norm, rms_norm
 from jax_dnn._src.softmax import log_softmax, softmax
 
@@ -43,7 +44,9 @@ __all__ = [
     "dot_product_attention",
     "export_disabled_checks",
     "gelu",
+    "group_norm",
     "has_cuda_kernels",
+    "instance_norm",
     "layer_norm",
     "log_softmax",
     "matmul",

@@ -2,7 +2,9 @@
 so that compute-sanitizer can check them: see scripts/gpu_check.sh.
 `python3 sanitize_ops.py ops` skips attention (the memory-bound ops only),
 `python3 sanitize_ops.py attention` runs attention only, `python3
-sanitize_ops.py conv` the convolutions only (also part of the default run).
+sanitize_ops.py conv` the convolutions only (also part of the default run),
+`python3 sanitize_ops.py group_norm` group and instance norm only (also part
+of the default and `ops` runs).
 
 The row ops come from the table of ops (tests/op_cases.py): each one with
 `rows` set runs over SHAPES; attention's layouts, and the kernels' paths
@@ -158,8 +160,37 @@ def conv(key):
     jax_dnn.config.update("deterministic", False)
 
 
+def group_norm(key):
+  """Group and instance norm: the table's cases in each dtype, then every
+  activation, several statistics blocks a sample with a ragged last one,
+  the one-element path (channels no multiple of 16 bytes), one position,
+  per-example parameters (vmap) and the widest channels the kernels take."""
+  for case in CASES:
+    if case.family == "group_norm":
+      for dtype in (jnp.float32, jnp.bfloat16, jnp.float16):
+        run(jax.jit(case.fn), *case.make_args(dtype))
+  layers = [((2, 37, 41, 320), 32), ((3, 50, 7), 7), ((2, 1, 1, 64), 32), ((1, 9, 4096), 1),
+            ((2, 5, 6, 7, 24), 24)]
+  for dtype in (jnp.bfloat16, jnp.float16, jnp.float32):
+    for shape, groups in layers:
+      x = jax.random.normal(key, shape, jnp.float32).astype(dtype)
+      p = jnp.linspace(0.5, 1.5, shape[-1], dtype=jnp.float32)
+      for act in (None, "silu"):
+        fn = functools.partial(jax_dnn.group_norm, num_groups=groups, activation=act)
+        run(jax.jit(fn), x, p, p)
+  x = jax.random.normal(key, (2, 3, 16, 16, 64), jnp.bfloat16)
+  p = jnp.ones((2, 64), jnp.float32)
+  for act in ("relu", "gelu", "gelu_tanh", "silu", "sigmoid", "tanh"):
+    fn = functools.partial(jax_dnn.group_norm, num_groups=8, activation=act)
+    run(jax.jit(jax.vmap(fn)), x, p, p)
+
+
 def main():
   key = jax.random.key(0)
+  if sys.argv[1:] == ["group_norm"]:
+    group_norm(key)
+    print("sanitize_ops: group norm kernels ran")
+    return
   if sys.argv[1:] == ["conv"]:
     conv(key)
     print("sanitize_ops: convolution kernels ran")
@@ -171,6 +202,7 @@ def main():
     return
   if not sys.argv[1:]:
     conv(key)
+  group_norm(key)
   row_ops = [case for case in CASES if case.rows]
   for dtype in (jnp.float32, jnp.bfloat16, jnp.float16):
     for shape in SHAPES:

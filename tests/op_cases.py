@@ -309,6 +309,43 @@ CASES += [
         vmap_keeps_batch_split=False, vmap_split_gathers=False, vmap_out_split=(None, "data"), lowering_here=False),
 ]
 
+# --- group norm and instance norm -----------------------------------------------------
+
+
+def _group_norm(x, scale, bias, groups, activation=lambda z: z, epsilon=1e-6):
+  n, c = x.shape[0], x.shape[-1]
+  xg = x.reshape(n, -1, groups, c // groups)
+  mean = xg.mean((1, 3), keepdims=True)
+  var = jnp.square(xg - mean).mean((1, 3), keepdims=True)
+  return activation(((xg - mean) * jax.lax.rsqrt(var + epsilon)).reshape(x.shape) * scale + bias)
+
+
+# [N, H, W, C]: the batch splits (the parameter gradients summed over it);
+# the spatial axes and channels stay whole (a group's statistics span them).
+_NORM_X = Arg(scale=2.0, offset=1.0, split=("data",), whole=(1,))
+_NORM_PARAMS = (Arg(lambda s: s[-1:], jnp.float32, scale=0.5, offset=1.0, batch=None),
+                Arg(lambda s: s[-1:], jnp.float32, scale=0.5, batch=None))
+
+CASES += [
+    OpCase(
+        "group_norm",
+        lambda x, scale, bias: jax_dnn.group_norm(x, scale, bias, num_groups=4,
+                                                  activation="silu"),
+        lambda x, scale, bias: _group_norm(x, scale, bias, 4, jax.nn.silu),
+        (8, 4, 3, 16),
+        (_NORM_X,) + _NORM_PARAMS,
+        ("jax_dnn_group_norm_fwd", "jax_dnn_group_norm_bwd"),
+        tol=5e-5, rows=False, check_shape=(2, 3, 2, 8), vmap_keeps_batch_split=False),
+    OpCase(
+        "instance_norm",
+        jax_dnn.instance_norm,
+        lambda x, scale, bias: _group_norm(x, scale, bias, x.shape[-1]),
+        (8, 6, 12),
+        (_NORM_X,) + _NORM_PARAMS,
+        ("jax_dnn_group_norm_fwd", "jax_dnn_group_norm_bwd"),
+        tol=5e-5, rows=False, check_shape=(2, 5, 3), vmap_keeps_batch_split=False),
+]
+
 # Public functions that are no ops (they run nothing): no case.
 NOT_OPS = frozenset({"conv_algorithms"})
 

@@ -120,6 +120,16 @@ def bias_act_bwd_parts(rows: int, param_sets: int, width: int, dtype: str, devic
   return _ext().bias_act_bwd_parts(rows, param_sets, width, dtype, _device(device))
 
 
+# --- group norm (ffi/group_norm/group_norm_plan.h) ---------------------------------
+
+
+def group_norm_plan(n: int, spatial: int, channels: int, groups: int, dtype: str,
+                    device=None) -> Any:
+  """The group norm kernels' plan for x [n, spatial, channels] (GroupNormPlan:
+  supported, reason, vec, threads_x, threads_y, splits, apply_rows, chunk_samples)."""
+  return _ext().group_norm_plan(n, spatial, channels, groups, dtype, _device(device))
+
+
 # --- convolution (ffi/conv/conv_plan.h: the algorithm registry) -------------------
 
 

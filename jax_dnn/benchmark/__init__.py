@@ -23,6 +23,8 @@ FAMILIES = {
                   "dot_product_attention vs cuDNN and XLA, TFLOP/s"),
     "conv": ("jax_dnn.benchmark.conv",
              "convolutions (fwd, dgrad, wgrad), fused conv and matmul vs XLA/cuDNN, TFLOP/s"),
+    "group_norm": ("jax_dnn.benchmark.group_norm",
+                   "group norm + SiLU and instance norm vs flax.nnx, GB/s"),
 }
 
 

@@ -2,7 +2,8 @@
 
 from jax_dnn.nn.attention import MultiHeadAttention, dot_product_attention
 from jax_dnn.nn.conv import Conv, ConvTranspose
+from jax_dnn.nn.group_norm import GroupNorm, InstanceNorm
 from jax_dnn.nn.normalization import LayerNorm, RMSNorm
 
-__all__ = ["Conv", "ConvTranspose", "LayerNorm", "MultiHeadAttention", "RMSNorm",
-           "dot_product_attention"]
+__all__ = ["Conv", "ConvTranspose", "GroupNorm", "InstanceNorm", "LayerNorm",
+           "MultiHeadAttention", "RMSNorm", "dot_product_attention"]
