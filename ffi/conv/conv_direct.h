@@ -1,0 +1,18 @@
+// The shared-memory tiled direct convolution (conv_direct.cu): depthwise and
+// grouped fprop and stride-1 dgrad. Rules and tiling: conv_direct_plan.h.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include "ffi/conv/conv.h"
+#include "ffi/conv/conv_direct_plan.h"
+
+namespace jax_dnn {
+
+// Runs fprop (x, w, bias, residual -> y) or stride-1 dgrad (dy, w -> dx) on
+// `shape` with the pointers in `args`. The caller checked that the tiling is
+// ok (ConvGroupedSupports / ConvDepthwiseTiled); buffers 16-byte aligned.
+cudaError_t LaunchConvDirectTiled(ConvOp op, const ConvShape& shape, const ConvArgs& args,
+                                  cudaStream_t stream);
+
+}  // namespace jax_dnn
