@@ -2,7 +2,9 @@
 #include "ffi/conv/conv_direct_plan.h"
 
 #include <algorithm>
+#include <array>
 #include <numeric>
+#include <vector>
 
 namespace jax_dnn {
 namespace {
@@ -20,6 +22,9 @@ constexpr int kMaxThreads = 512;
 // bookkeeping: C = 144 at bf16 runs 3 slices of 48 (not 64 + 64 + 16).
 constexpr int64_t kSliceBytes = 128;
 constexpr int64_t kSliceOverheadBytes = 32;
+constexpr int64_t kMinSliceBytes = 64;
+// Shared memory a block that three fit an SM (228 KB less 1 KB a block).
+constexpr int64_t kPreferredSmem = 72 * 1024;
 
 int64_t Ceil(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
@@ -64,41 +69,32 @@ ConvDirectTiling ConvDirectTile(const ConvDirectPassShape& p, DType dtype) {
     t.why = "channels must be multiples of " + std::to_string(t.vec) + " (16-byte rows)";
     return t;
   }
-  // Groups a slice: a multiple of ng0 (so that a slice is whole 16-byte
-  // copies), within 128 bytes a pixel where ng0's allow, the count that
-  // wastes least (padded channels plus a slice's overhead), ties to the wider.
+  // Groups a slice (ng): a multiple of ng0, so that a slice is whole 16-byte
+  // copies; within 128 bytes a pixel (a warp's line) where ng0 allows, and
+  // at least 64 (two 32-byte sectors) where the channels allow. Ranked by
+  // waste: twice the padded channels' bytes (they cost FMAs and stores) plus
+  // each slice's overhead; ties to the less padded, then the wider.
   const int64_t ng0 = t.vec / std::gcd<int64_t>(p.cg, t.vec);
   const int64_t max_ng = std::max(ng0, (kSliceBytes / esize) / p.cg / ng0 * ng0);
   const int64_t groups_up = Ceil(p.groups, ng0) * ng0;
-  int64_t best_ng = ng0, best_cost = -1;
+  const int64_t min_bytes = std::min(kMinSliceBytes, groups_up * p.cg * esize);
+  std::vector<std::array<int64_t, 3>> ranked;  // (cost, padded bytes, -ng)
   for (int64_t ng = ng0; ng <= std::min(max_ng, groups_up); ng += ng0) {
-    const int64_t cost = Ceil(p.groups, ng) * (ng * p.cg * esize + kSliceOverheadBytes);
-    if (best_cost < 0 || cost <= best_cost) {
-      best_cost = cost;
-      best_ng = ng;
-    }
+    if (ng > ng0 && ng * p.cg * esize < min_bytes) continue;
+    const int64_t padded = Ceil(p.groups, ng) * ng * p.cg * esize;
+    ranked.push_back({2 * padded + Ceil(p.groups, ng) * kSliceOverheadBytes, padded, -ng});
   }
-  t.slice_in = best_ng * p.cg;
-  t.slice_out = best_ng * p.kg;
-  t.slices = Ceil(p.groups, best_ng);
-  t.lanes = static_cast<int>(std::min<int64_t>(t.slice_out / t.kt, kMaxThreads + 1));
-  if (t.lanes > kMaxThreads) {
-    t.why = "too many output channels a group (" + std::to_string(p.kg) + ")";
-    return t;
-  }
-  if (t.slices > kMaxGridYZ) {
-    t.why = "too many channels";
-    return t;
-  }
+  std::sort(ranked.begin(), ranked.end());
   const int64_t taps = p.window[0] * p.window[1] * p.window[2];
-  t.table_bytes = Ceil(taps * t.slice_out * p.cg * 4, 16) * 16;
-  // Spatial threads: a power of two up to kTargetThreads / lanes, split into
-  // row x column threads for the least traffic an output (the input tile
-  // with its halo, read from L2, plus the outputs the tile covers past the
-  // edges), halved while the double buffer passes the budget.
-  int sp = 1;
-  while (sp * 2 * t.lanes <= kTargetThreads) sp *= 2;
-  for (; sp >= 1; sp /= 2) {
+
+  // For one slice and spatial threads `sp`: the split into row x column
+  // threads with the least traffic an output (the input tile with its halo,
+  // read from L2, plus the outputs the tile covers past the edges) whose
+  // table and double buffer fit `budget`; false if none does.
+  auto try_tiling = [&](int64_t ng, int sp, int64_t budget) {
+    const int64_t slice_in = ng * p.cg, slice_out = ng * p.kg;
+    const int lanes = static_cast<int>(slice_out / t.kt);
+    const int64_t table = Ceil(taps * slice_out * p.cg * 4, 16) * 16;
     int64_t best = -1;
     for (int rt = 1; rt <= sp; rt *= 2) {
       const int ct = sp / rt;
@@ -107,10 +103,15 @@ ConvDirectTiling ConvDirectTile(const ConvDirectPassShape& p, DType dtype) {
       const int64_t cols_in = (tw - 1) * p.stride[2] + (p.window[2] - 1) * p.dilation[2] + 1;
       const int64_t tiles_h = Ceil(p.out_ext[1], th), tiles_w = Ceil(p.out_ext[2], tw);
       const int64_t cost = tiles_h * tiles_w * (rows_in * cols_in + th * tw);
-      const int64_t buffer = rows_in * cols_in * t.slice_in * esize;
-      if (t.table_bytes + 2 * buffer > kConvDirectSmemBudget) continue;
+      const int64_t buffer = rows_in * cols_in * slice_in * esize;
+      if (table + 2 * buffer > budget) continue;
       if (best < 0 || cost < best) {
         best = cost;
+        t.slice_in = slice_in;
+        t.slice_out = slice_out;
+        t.slices = Ceil(p.groups, ng);
+        t.lanes = lanes;
+        t.table_bytes = table;
         t.row_threads = rt;
         t.col_threads = ct;
         t.tile_h = static_cast<int>(th);
@@ -122,11 +123,41 @@ ConvDirectTiling ConvDirectTile(const ConvDirectPassShape& p, DType dtype) {
         t.buffer_bytes = buffer;
       }
     }
-    if (best >= 0) break;
+    return best >= 0;
+  };
+  // Spatial threads: a power of two up to kTargetThreads / lanes.
+  auto full_sp = [&](int64_t ng) {
+    int sp = 1;
+    while (sp * 2 * (ng * p.kg / t.kt) <= kTargetThreads) sp *= 2;
+    return sp;
+  };
+  if (ranked.front()[2] * -1 * p.kg / t.kt > kMaxThreads) {
+    t.why = "too many output channels a group (" + std::to_string(p.kg) + ")";
+    return t;
   }
-  if (t.tile_h == 0) {
+  // The first that fits: full blocks within the preferred budget (three
+  // blocks of 256 threads an SM: 24 warps), the slices in rank order (a
+  // 7x7 window at bf16 takes 32 channels in a 16 x 14 tile, 62 KB, over 64
+  // in an 8 x 14 one, 84 KB: 2 blocks an SM); then within the budget; then
+  // fewer threads a block.
+  bool found = false;
+  for (int64_t budget : {kPreferredSmem, kConvDirectSmemBudget}) {
+    for (const auto& r : ranked) {
+      if (-r[2] * p.kg / t.kt > kMaxThreads) continue;
+      if ((found = try_tiling(-r[2], full_sp(-r[2]), budget))) break;
+    }
+    if (found) break;
+  }
+  const int64_t first_ng = -ranked.front()[2];
+  for (int sp = full_sp(first_ng) / 2; !found && sp >= 1; sp /= 2)
+    found = try_tiling(first_ng, sp, kConvDirectSmemBudget);
+  if (!found) {
     t.why = "the window and its slice of channels pass the shared memory budget (" +
             std::to_string(kConvDirectSmemBudget / 1024) + " KB a block)";
+    return t;
+  }
+  if (t.slices > kMaxGridYZ) {
+    t.why = "too many channels";
     return t;
   }
   t.threads = t.lanes * t.row_threads * t.col_threads;

@@ -13,6 +13,7 @@
 #include "ffi/common/ffi_util.h"
 #include "ffi/conv/conv.h"
 #include "ffi/conv/conv_depthwise.h"
+#include "ffi/conv/conv_direct.h"
 #include "ffi/conv/conv_implicit_gemm.h"
 #include "ffi/conv/conv_plan.h"
 
@@ -97,6 +98,8 @@ ffi::Error Launch(cudaStream_t stream, const std::string& op, const ConvAttrs& a
   args.workspace_bytes = workspace_bytes;
   if (algorithm.id == kConvDepthwiseDirect)
     return LaunchStatus(LaunchConvDepthwise(problem.op, problem.shape, args, stream), op.c_str());
+  if (algorithm.id == kConvGroupedDirect)
+    return LaunchStatus(LaunchConvDirectTiled(problem.op, problem.shape, args, stream), op.c_str());
   std::string declined;
   const cudaError_t status = LaunchConvImplicitGemm(problem.op, algorithm.id, problem.shape, args,
                                                     SmCount(), stream, &declined);
