@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <array>
+#include <cstdlib>
 #include <numeric>
 #include <vector>
 
@@ -163,10 +164,20 @@ ConvDirectTiling ConvDirectTile(const ConvDirectPassShape& p, DType dtype) {
   t.threads = t.lanes * t.row_threads * t.col_threads;
   t.smem_bytes = t.table_bytes + 2 * t.buffer_bytes;
   t.tiles = p.n * p.out_ext[0] * t.tiles_h * t.tiles_w;
-  // The kernel walks tiles in 32-bit (a tile index plus the grid stays below 2^31).
+  // The kernel walks tiles in 32-bit (a tile index plus the grid stays below
+  // 2^31) and input positions too: the last tile's reach must stay below 2^31.
   if (t.tiles > kMaxTiles) {
     t.why = "more than 2^30 output tiles";
     return t;
+  }
+  const int64_t covered[3] = {p.out_ext[0], t.tiles_h * t.tile_h, t.tiles_w * t.tile_w};
+  for (int d = 0; d < 3; ++d) {
+    const int64_t reach = (covered[d] - 1) * p.stride[d] + (p.window[d] - 1) * p.dilation[d] +
+                          1 + std::abs(p.tap0[d]);
+    if (reach > kMaxExtent) {
+      t.why = "input positions past 2^31";
+      return t;
+    }
   }
   if (depthwise && p.dilation[2] == 1 && (p.stride[2] == 1 || p.stride[2] == 2) &&
       (p.window[2] == 3 || p.window[2] == 5 || p.window[2] == 7)) {
