@@ -1,5 +1,9 @@
 // Direct depthwise convolution, fprop and dgrad (wgrad: conv_depthwise_wgrad.cu),
 // channels last; letters as in conv_depthwise.cuh. fp32 accumulation.
+// LaunchConvDepthwise hands what the shared-memory tiled kernel takes
+// (ConvDepthwiseTiled: conv_direct.cu) to it; the kernels here run the rest:
+// a multiplier, channels not a multiple of 16 bytes, unaligned buffers and
+// strided dgrad.
 //
 // A depthwise convolution does taps FMAs an output element and reads each
 // input once from DRAM: memory-bound at 3x3 (9 FMAs an element), close to

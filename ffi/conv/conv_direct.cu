@@ -22,7 +22,9 @@
 //   - grouped: a thread owns kt output channels of one group and 7 columns;
 //     each input (a pair of the group's channels) is read once for the kt;
 //   - the epilogue adds bias and residual, applies the activation (fprop),
-//     and stores the thread's channels of each output.
+//     and stores the thread's channels of each output;
+//   - depthwise wgrad (TiledWgradKernel): the same tiles and slices, dy's
+//     tile copied beside x's, a thread summing one window row's taps.
 // 64 registers a thread (fp32 depthwise 85): 32 warps an SM where shared
 // memory allows.
 #include <algorithm>
@@ -57,9 +59,13 @@ struct TiledParams {
   int lanes, col_threads;
   int tile_h, tile_w, rows_in, cols_in;
   int table_bytes;       // a multiple of 16: the buffers follow
-  int buffer_elems;      // rows_in * cols_in * slice_in
+  int buffer_elems;      // a stage's: rows_in * cols_in * slice_in (wgrad: + dy's tile_h * tile_w * slice_in)
   int tiles;             // < 2^31 (the plan checks)
   int tiles_w, tiles_h;
+  // wgrad: dy [N, O, P, Q, C] beside in = x; partials [parts, C * taps].
+  const void* dy;
+  float* partials;
+  int segments;
 };
 
 __device__ __forceinline__ void CpAsync16(void* dst, const void* src, int src_bytes) {
@@ -405,31 +411,183 @@ cudaError_t RunTiled(const ConvDirectTiling& t, const TiledParams& p, cudaStream
   }
 }
 
+// Starts the copies of the tile's dy [tile_h][tile_w][slice] (wgrad), zeros
+// past the output's edges and channels.
+template <typename T>
+__device__ __forceinline__ void IssueDy(const TiledParams& p, const TilePos& tp, int64_t c0,
+                                        T* buf) {
+  constexpr int kVec = 16 / sizeof(T);
+  const int chunks = p.slice_in / kVec;
+  const int total = p.tile_h * p.tile_w * chunks;
+  const int oh0 = tp.th * p.tile_h, ow0 = tp.tw * p.tile_w;
+  const T* dy = static_cast<const T*>(p.dy);
+  const T* plane = dy + ((tp.n * p.out_ext[0] + tp.od) * p.out_ext[1]) * p.out_ext[2] * p.out_ch + c0;
+  for (int e = threadIdx.x; e < total; e += blockDim.x) {
+    const int px = e / chunks;
+    const int ch = (e - px * chunks) * kVec;
+    const int row = px / p.tile_w;
+    const int col = px - row * p.tile_w;
+    const int oh = oh0 + row, ow = ow0 + col;
+    const bool valid = oh < p.out_ext[1] && ow < p.out_ext[2] && c0 + ch < p.out_ch;
+    const T* src = valid ? plane + (static_cast<int64_t>(oh) * p.out_ext[2] + ow) * p.out_ch + ch
+                         : dy;
+    CpAsync16(buf + static_cast<int64_t>(e) * kVec, src, valid ? 16 : 0);
+  }
+}
+
+// Depthwise wgrad, window T = 1 (the plan checks), W window kS at W stride
+// kSw: dw[c, r, s] = sum over outputs of dy[o, c] * x[o * stride + tap0 + (r,
+// s) * dilation, c]. A block's slice and tiles as the forward's, dy's tile
+// copied beside x's; a thread (channel pair, window row r, segment) sums its
+// row's kS x 2 taps over its units (an output row of 7 columns: 7 dy pairs in
+// registers, the 6 * kSw + kS inputs streamed past them) of every tile the
+// block walks. At the end the segments are added in order and the block
+// writes its partial sums, row blockIdx.x of partials [parts, C * taps],
+// which a fixed-order column sum reduces: deterministic.
+template <typename T, int kS, int kSw>
+__global__ void __launch_bounds__(kMaxThreads, 2) TiledWgradKernel(TiledParams p) {
+  extern __shared__ __align__(16) unsigned char smem[];
+  float2* sums = reinterpret_cast<float2*>(smem);  // [segments][R][lanes][kS]
+  T* buffers = reinterpret_cast<T*>(smem + p.table_bytes);
+  const int x_elems = p.rows_in * p.cols_in * p.slice_in;
+
+  const int64_t c0 = static_cast<int64_t>(blockIdx.y) * p.slice_in;
+  const int cl = threadIdx.x % p.lanes;
+  const int rest = threadIdx.x / p.lanes;
+  const int r = rest % p.win[1];
+  const int seg = rest / p.win[1];
+  const int col_groups = p.tile_w / kQt;
+  const int units = p.tile_h * col_groups;
+
+  float2 acc[kS];
+#pragma unroll
+  for (int s = 0; s < kS; ++s) acc[s] = make_float2(0.f, 0.f);
+
+  if (static_cast<int>(blockIdx.x) < p.tiles) {
+    {
+      const TilePos tp = DecodeTile(p, blockIdx.x);
+      IssueStage<T>(p, tp, 0, c0, buffers);
+      IssueDy<T>(p, tp, c0, buffers + x_elems);
+    }
+    CpAsyncCommit();
+    int stage = 0;
+#pragma unroll 1
+    for (int tile = blockIdx.x; tile < p.tiles; tile += gridDim.x, ++stage) {
+      const int next = tile + static_cast<int>(gridDim.x);
+      if (next < p.tiles) {
+        const TilePos tp = DecodeTile(p, next);
+        T* buf = buffers + ((stage + 1) & 1) * p.buffer_elems;
+        IssueStage<T>(p, tp, 0, c0, buf);
+        IssueDy<T>(p, tp, c0, buf + x_elems);
+      }
+      CpAsyncCommit();
+      CpAsyncWaitOne();
+      __syncthreads();
+      const T* xb = buffers + (stage & 1) * p.buffer_elems;
+      const T* db = xb + x_elems;
+      if (InputPlane(p, DecodeTile(p, tile).od, 0) >= 0) {
+#pragma unroll 1
+        for (int u = seg; u < units; u += p.segments) {
+          const int oh = u / col_groups;
+          const int cg = u - oh * col_groups;
+          const T* dp = db + (oh * p.tile_w + cg * kQt) * p.slice_in + cl * 2;
+          float2 g[kQt];
+#pragma unroll
+          for (int q = 0; q < kQt; ++q) g[q] = LoadPair(dp + q * p.slice_in);
+          const T* xp =
+              xb + ((oh * p.stride[1] + r * p.dil[1]) * p.cols_in + cg * kQt * kSw) * p.slice_in +
+              cl * 2;
+#pragma unroll
+          for (int jj = 0; jj < (kQt - 1) * kSw + kS; ++jj) {
+            const float2 x = LoadPair(xp + jj * p.slice_in);
+#pragma unroll
+            for (int s = 0; s < kS; ++s) {
+              const int qq = jj - s;
+              if (qq >= 0 && qq % kSw == 0 && qq / kSw < kQt) {
+                acc[s].x = fmaf(x.x, g[qq / kSw].x, acc[s].x);
+                acc[s].y = fmaf(x.y, g[qq / kSw].y, acc[s].y);
+              }
+            }
+          }
+        }
+      }
+      __syncthreads();
+    }
+  }
+  // The segments' sums, added in segment order.
+  float2* mine = sums + ((seg * p.win[1] + r) * p.lanes + cl) * kS;
+#pragma unroll
+  for (int s = 0; s < kS; ++s) mine[s] = acc[s];
+  __syncthreads();
+  const int64_t c = c0 + cl * 2;
+  if (seg != 0 || c >= p.out_ch) return;
+#pragma unroll
+  for (int s = 0; s < kS; ++s) {
+    float2 v = acc[s];
+    for (int sg = 1; sg < p.segments; ++sg) {
+      const float2 o = sums[((sg * p.win[1] + r) * p.lanes + cl) * kS + s];
+      v.x += o.x;
+      v.y += o.y;
+    }
+    float* out = p.partials + static_cast<int64_t>(blockIdx.x) * p.out_ch * p.taps;
+    out[c * p.taps + r * kS + s] = v.x;
+    out[(c + 1) * p.taps + r * kS + s] = v.y;
+  }
+}
+
+template <typename T, int kS, int kSw>
+cudaError_t RunWgrad(const ConvDirectTiling& t, const TiledParams& p, int64_t max_parts,
+                     int64_t* parts, cudaStream_t stream) {
+  auto kernel = TiledWgradKernel<T, kS, kSw>;
+  unsigned slots = 0;
+  cudaError_t e = PersistentGrid(kernel, t.threads, static_cast<size_t>(t.smem_bytes),
+                                 1LL << 30, &slots);
+  if (e != cudaSuccess) return e;
+  const int64_t blocks = std::min<int64_t>(
+      {t.tiles, std::max<int64_t>(1, static_cast<int64_t>(slots) / t.slices), max_parts});
+  *parts = blocks;
+  const dim3 grid(static_cast<unsigned>(blocks), static_cast<unsigned>(t.slices));
+  kernel<<<grid, t.threads, static_cast<size_t>(t.smem_bytes), stream>>>(p);
+  return cudaGetLastError();
+}
+
+template <typename T>
+cudaError_t RunTiledWgrad(const ConvDirectTiling& t, const TiledParams& p, int64_t max_parts,
+                          int64_t* parts, cudaStream_t stream) {
+  switch (t.window_w * 10 + t.stride_w) {
+    case 31:
+      return RunWgrad<T, 3, 1>(t, p, max_parts, parts, stream);
+    case 51:
+      return RunWgrad<T, 5, 1>(t, p, max_parts, parts, stream);
+    case 71:
+      return RunWgrad<T, 7, 1>(t, p, max_parts, parts, stream);
+    case 32:
+      return RunWgrad<T, 3, 2>(t, p, max_parts, parts, stream);
+    case 52:
+      return RunWgrad<T, 5, 2>(t, p, max_parts, parts, stream);
+    case 72:
+      return RunWgrad<T, 7, 2>(t, p, max_parts, parts, stream);
+    default:
+      return cudaErrorInvalidValue;
+  }
+}
+
 }  // namespace
 }  // namespace direct
 
-cudaError_t LaunchConvDirectTiled(ConvOp op, const ConvShape& s, const ConvArgs& a,
-                                  cudaStream_t stream) {
-  const ConvDirectPassShape pass = ConvDirectPass(op, s);
-  const ConvDirectTiling t = ConvDirectTile(pass, a.dtype);
-  if (!t.ok) return cudaErrorInvalidValue;
-  if (t.tiles == 0) return cudaSuccess;
-  const bool dgrad = op == ConvOp::kDgrad;
-  direct::TiledParams p{};
-  p.in = dgrad ? a.dy : a.x;
-  p.out = dgrad ? a.dx : a.y;
-  p.w = a.w;
-  p.bias = dgrad ? nullptr : a.bias;
-  p.residual = dgrad ? nullptr : a.residual;
-  for (const void* ptr : {p.in, static_cast<const void*>(p.out), p.bias, p.residual})
-    if (ptr != nullptr && !IsAligned(ptr, 16)) return cudaErrorMisalignedAddress;
+namespace direct {
+namespace {
+
+// The kernels' parameters for one pass and its tiling.
+TiledParams Params(const ConvDirectPassShape& pass, const ConvDirectTiling& t, DType dtype) {
+  TiledParams p{};
   p.in_ch = pass.in_ch;
   p.out_ch = pass.out_ch;
   p.cg = static_cast<int>(pass.cg);
   p.kg = static_cast<int>(pass.kg);
   p.taps = static_cast<int>(pass.window[0] * pass.window[1] * pass.window[2]);
   p.dgrad = pass.dgrad;
-  p.act = dgrad ? kConvNoActivation : a.activation;
+  p.act = kConvNoActivation;
   p.slice_in = static_cast<int>(t.slice_in);
   p.slice_out = static_cast<int>(t.slice_out);
   for (int d = 0; d < 3; ++d) {
@@ -447,13 +605,55 @@ cudaError_t LaunchConvDirectTiled(ConvOp op, const ConvShape& s, const ConvArgs&
   p.rows_in = t.rows_in;
   p.cols_in = t.cols_in;
   p.table_bytes = static_cast<int>(t.table_bytes);
-  p.buffer_elems = t.rows_in * t.cols_in * p.slice_in;
+  p.buffer_elems = static_cast<int>(t.buffer_bytes / (dtype == DType::kF32 ? 4 : 2));
   p.tiles = static_cast<int>(t.tiles);
   p.tiles_w = static_cast<int>(t.tiles_w);
   p.tiles_h = static_cast<int>(t.tiles_h);
+  p.segments = t.segments;
+  return p;
+}
+
+}  // namespace
+}  // namespace direct
+
+cudaError_t LaunchConvDirectTiled(ConvOp op, const ConvShape& s, const ConvArgs& a,
+                                  cudaStream_t stream) {
+  const ConvDirectPassShape pass = ConvDirectPass(op, s);
+  const ConvDirectTiling t = ConvDirectTile(pass, a.dtype);
+  if (!t.ok || op == ConvOp::kWgrad) return cudaErrorInvalidValue;
+  if (t.tiles == 0) return cudaSuccess;
+  const bool dgrad = op == ConvOp::kDgrad;
+  direct::TiledParams p = direct::Params(pass, t, a.dtype);
+  p.in = dgrad ? a.dy : a.x;
+  p.out = dgrad ? a.dx : a.y;
+  p.w = a.w;
+  p.bias = dgrad ? nullptr : a.bias;
+  p.residual = dgrad ? nullptr : a.residual;
+  p.act = dgrad ? kConvNoActivation : a.activation;
+  for (const void* ptr : {p.in, static_cast<const void*>(p.out), p.bias, p.residual})
+    if (ptr != nullptr && !IsAligned(ptr, 16)) return cudaErrorMisalignedAddress;
   return DispatchDType(a.dtype, [&](auto tag) {
     using T = typename decltype(tag)::type;
     return direct::RunTiled<T>(t, p, stream);
+  });
+}
+
+cudaError_t LaunchConvDirectWgradPartials(const ConvShape& s, const ConvArgs& a, float* partials,
+                                          int64_t max_parts, int64_t* parts,
+                                          cudaStream_t stream) {
+  const ConvDirectPassShape pass = ConvDirectPass(ConvOp::kWgrad, s);
+  const ConvDirectTiling t = ConvDirectTile(pass, a.dtype);
+  *parts = 0;
+  if (!t.ok || t.window_w == 0 || max_parts < 1) return cudaErrorInvalidValue;
+  if (!IsAligned(a.x, 16) || !IsAligned(a.dy, 16)) return cudaErrorMisalignedAddress;
+  if (t.tiles == 0) return cudaSuccess;
+  direct::TiledParams p = direct::Params(pass, t, a.dtype);
+  p.in = a.x;
+  p.dy = a.dy;
+  p.partials = partials;
+  return DispatchDType(a.dtype, [&](auto tag) {
+    using T = typename decltype(tag)::type;
+    return direct::RunTiledWgrad<T>(t, p, max_parts, parts, stream);
   });
 }
 

@@ -1,5 +1,6 @@
 // The shared-memory tiled direct convolution (conv_direct.cu): depthwise and
-// grouped fprop and stride-1 dgrad. Rules and tiling: conv_direct_plan.h.
+// grouped fprop and stride-1 dgrad, and depthwise wgrad's partial sums.
+// Rules and tiling: conv_direct_plan.h.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -14,5 +15,13 @@ namespace jax_dnn {
 // ok (ConvGroupedSupports / ConvDepthwiseTiled); buffers 16-byte aligned.
 cudaError_t LaunchConvDirectTiled(ConvOp op, const ConvShape& shape, const ConvArgs& args,
                                   cudaStream_t stream);
+
+// Depthwise wgrad's first stage (ConvDepthwiseTiled(kWgrad, ...) holds):
+// writes partial sums [parts, C * taps] (fp32) into `partials` with at most
+// `max_parts` parts, and how many in *parts; the caller reduces them in a
+// fixed order.
+cudaError_t LaunchConvDirectWgradPartials(const ConvShape& shape, const ConvArgs& args,
+                                          float* partials, int64_t max_parts, int64_t* parts,
+                                          cudaStream_t stream);
 
 }  // namespace jax_dnn

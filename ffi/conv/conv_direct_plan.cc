@@ -24,6 +24,12 @@ constexpr int kMaxThreads = 512;
 constexpr int64_t kSliceBytes = 128;
 constexpr int64_t kSliceOverheadBytes = 32;
 constexpr int64_t kMinSliceBytes = 64;
+// The tiled wgrad's parts: at most this many blocks an SM (the occupancy the
+// launcher finds is below it), SMs counted up to kSmCountBound (where none
+// is known, the workspace is then an upper bound for every device).
+constexpr int64_t kWgradBlocksPerSm = 8;
+constexpr int kSmCountBound = 256;
+constexpr int kWgradUnits = 16;
 // Shared memory a block that three fit an SM (228 KB less 1 KB a block).
 constexpr int64_t kPreferredSmem = 72 * 1024;
 
@@ -38,6 +44,7 @@ ConvDirectPassShape ConvDirectPass(ConvOp op, const ConvShape& s) {
   p.n = s.n;
   p.groups = s.groups;
   p.dgrad = op == ConvOp::kDgrad;
+  p.wgrad = op == ConvOp::kWgrad;
   p.in_ch = p.dgrad ? s.k : s.c;
   p.out_ch = p.dgrad ? s.c : s.k;
   p.cg = s.groups > 0 ? p.in_ch / s.groups : 1;
@@ -65,7 +72,7 @@ ConvDirectTiling ConvDirectTile(const ConvDirectPassShape& p, DType dtype) {
   // window row's weights, 2 x S, serve both rows). Grouped: kt output
   // channels of one group x 7 columns, each input read once for the kt.
   t.kt = depthwise ? 2 : (p.kg % 4 == 0 ? 4 : (p.kg % 2 == 0 ? 2 : 1));
-  t.rows_t = depthwise ? 2 : 1;
+  t.rows_t = depthwise && !p.wgrad ? 2 : 1;
   if (p.in_ch % t.vec != 0 || p.out_ch % t.vec != 0) {
     t.why = "channels must be multiples of " + std::to_string(t.vec) + " (16-byte rows)";
     return t;
@@ -81,10 +88,11 @@ ConvDirectTiling ConvDirectTile(const ConvDirectPassShape& p, DType dtype) {
   const int64_t min_bytes = std::min(kMinSliceBytes, groups_up * p.cg * esize);
   std::vector<std::array<int64_t, 3>> ranked;  // (cost, padded bytes, -ng)
   for (int64_t ng = ng0; ng <= std::min(max_ng, groups_up); ng += ng0) {
-    if (ng > ng0 && ng * p.cg * esize < min_bytes) continue;
+    if (ng * p.cg * esize < min_bytes) continue;
     const int64_t padded = Ceil(p.groups, ng) * ng * p.cg * esize;
     ranked.push_back({2 * padded + Ceil(p.groups, ng) * kSliceOverheadBytes, padded, -ng});
   }
+  if (ranked.empty()) ranked.push_back({0, 0, -ng0});  // ng0 alone passes 128 bytes
   std::sort(ranked.begin(), ranked.end());
   const int64_t taps = p.window[0] * p.window[1] * p.window[2];
 
@@ -95,7 +103,13 @@ ConvDirectTiling ConvDirectTile(const ConvDirectPassShape& p, DType dtype) {
   auto try_tiling = [&](int64_t ng, int sp, int64_t budget) {
     const int64_t slice_in = ng * p.cg, slice_out = ng * p.kg;
     const int lanes = static_cast<int>(slice_out / t.kt);
-    const int64_t table = Ceil(taps * slice_out * p.cg * 4, 16) * 16;
+    // wgrad: no window table; the threads' sums (S x 2 floats each) for the
+    // block's fixed-order reduction.
+    const int segments =
+        p.wgrad ? std::max<int>(1, kTargetThreads / (lanes * static_cast<int>(p.window[1]))) : 1;
+    const int64_t table =
+        p.wgrad ? Ceil(int64_t{lanes} * p.window[1] * segments * p.window[2] * 2 * 4, 16) * 16
+                : Ceil(taps * slice_out * p.cg * 4, 16) * 16;
     int64_t best = -1;
     for (int rt = 1; rt <= sp; rt *= 2) {
       const int ct = sp / rt;
@@ -104,7 +118,7 @@ ConvDirectTiling ConvDirectTile(const ConvDirectPassShape& p, DType dtype) {
       const int64_t cols_in = (tw - 1) * p.stride[2] + (p.window[2] - 1) * p.dilation[2] + 1;
       const int64_t tiles_h = Ceil(p.out_ext[1], th), tiles_w = Ceil(p.out_ext[2], tw);
       const int64_t cost = tiles_h * tiles_w * (rows_in * cols_in + th * tw);
-      const int64_t buffer = rows_in * cols_in * slice_in * esize;
+      const int64_t buffer = (rows_in * cols_in + (p.wgrad ? th * tw : 0)) * slice_in * esize;
       if (table + 2 * buffer > budget) continue;
       if (best < 0 || cost < best) {
         best = cost;
@@ -122,12 +136,16 @@ ConvDirectTiling ConvDirectTile(const ConvDirectPassShape& p, DType dtype) {
         t.tiles_h = tiles_h;
         t.tiles_w = tiles_w;
         t.buffer_bytes = buffer;
+        t.segments = segments;
       }
     }
     return best >= 0;
   };
-  // Spatial threads: a power of two up to kTargetThreads / lanes.
+  // Spatial threads: a power of two up to kTargetThreads / lanes. wgrad's
+  // threads split the window rows instead; its tile is 16 units of 7
+  // outputs (8 x 14 at 64 bytes a pixel: 25 KB of x and dy a stage).
   auto full_sp = [&](int64_t ng) {
+    if (p.wgrad) return kWgradUnits;
     int sp = 1;
     while (sp * 2 * (ng * p.kg / t.kt) <= kTargetThreads) sp *= 2;
     return sp;
@@ -149,9 +167,19 @@ ConvDirectTiling ConvDirectTile(const ConvDirectPassShape& p, DType dtype) {
     }
     if (found) break;
   }
-  const int64_t first_ng = -ranked.front()[2];
-  for (int sp = full_sp(first_ng) / 2; !found && sp >= 1; sp /= 2)
-    found = try_tiling(first_ng, sp, kConvDirectSmemBudget);
+  // Last, slices narrower than 64 bytes (a wide window's table or a
+  // strided, dilated tile), then fewer threads a block.
+  std::vector<int64_t> last;
+  for (const auto& r : ranked) last.push_back(-r[2]);
+  for (int64_t ng = std::min(max_ng, groups_up); ng >= ng0; ng -= ng0)
+    if (ng * p.cg * esize < min_bytes) last.push_back(ng);
+  for (int halve = 0; !found && halve < 10; ++halve) {
+    for (int64_t ng : last) {
+      const int sp = full_sp(ng) >> halve;
+      if (ng * p.kg / t.kt > kMaxThreads || sp < 1) continue;
+      if ((found = try_tiling(ng, sp, kConvDirectSmemBudget))) break;
+    }
+  }
   if (!found) {
     t.why = "the window and its slice of channels pass the shared memory budget (" +
             std::to_string(kConvDirectSmemBudget / 1024) + " KB a block)";
@@ -161,7 +189,8 @@ ConvDirectTiling ConvDirectTile(const ConvDirectPassShape& p, DType dtype) {
     t.why = "too many channels";
     return t;
   }
-  t.threads = t.lanes * t.row_threads * t.col_threads;
+  t.threads = p.wgrad ? t.lanes * static_cast<int>(p.window[1]) * t.segments
+                      : t.lanes * t.row_threads * t.col_threads;
   t.smem_bytes = t.table_bytes + 2 * t.buffer_bytes;
   t.tiles = p.n * p.out_ext[0] * t.tiles_h * t.tiles_w;
   // The kernel walks tiles in 32-bit (a tile index plus the grid stays below
@@ -228,12 +257,22 @@ bool ConvGroupedSupports(ConvOp op, const ConvShape& s, DType dtype, std::string
 }
 
 bool ConvDepthwiseTiled(ConvOp op, const ConvShape& s, DType dtype, bool aligned) {
-  if (op == ConvOp::kWgrad || !aligned || s.groups != s.c || s.k != s.c) return false;
+  if (!aligned || s.groups != s.c || s.k != s.c) return false;
   if (op == ConvOp::kDgrad)
     for (int d = 0; d < 3; ++d)
       if (s.stride[d] != 1) return false;
   if (!ExtentError(s).empty()) return false;
-  return ConvDirectTile(ConvDirectPass(op, s), dtype).ok;
+  const ConvDirectTiling t = ConvDirectTile(ConvDirectPass(op, s), dtype);
+  if (op == ConvOp::kWgrad)
+    return t.ok && s.window[0] == 1 && t.window_w > 0 && t.threads <= kMaxThreads;
+  return t.ok;
+}
+
+int64_t ConvDepthwiseTiledWgradParts(const ConvShape& s, DType dtype, int sm_count) {
+  const ConvDirectTiling t = ConvDirectTile(ConvDirectPass(ConvOp::kWgrad, s), dtype);
+  if (!t.ok) return 0;
+  const int64_t sms = sm_count > 0 ? std::min(sm_count, kSmCountBound) : kSmCountBound;
+  return std::max<int64_t>(1, std::min(t.tiles, Ceil(kWgradBlocksPerSm * sms, t.slices)));
 }
 
 }  // namespace jax_dnn

@@ -1,7 +1,8 @@
 // The shared-memory tiled direct convolution (conv_direct.cu), host-only (the
 // plans build without CUDA): the fprop and stride-1 dgrad of depthwise
 // convolutions (groups == C == K) and of grouped ones with few channels a
-// group (grouped_direct: C / groups <= kConvGroupedMaxChannels).
+// group (grouped_direct: C / groups <= kConvGroupedMaxChannels), and the
+// depthwise wgrad's partial sums (its tiles as fprop's, dy's tile beside x's).
 //
 // One pass computes out[n, o, k] = sum over the group's input channels and
 // the window of in[n, o * stride + tap0 + tap * dilation, c] * table[tap, k, c]:
@@ -48,6 +49,7 @@ struct ConvDirectPassShape {
   int64_t stride[3] = {1, 1, 1}, dilation[3] = {1, 1, 1};
   int64_t tap0[3] = {0, 0, 0};  // input position of tap 0 for output 0
   bool dgrad = false;            // the window mirrored and transposed in its group
+  bool wgrad = false;            // depthwise wgrad: fprop's geometry, dy tiles beside x's
 };
 
 ConvDirectPassShape ConvDirectPass(ConvOp op, const ConvShape& shape);
@@ -73,6 +75,9 @@ struct ConvDirectTiling {
   int64_t table_bytes = 0, buffer_bytes = 0, smem_bytes = 0;
   int window_w = 0;            // depthwise: the W window unrolled (3, 5, 7), 0 runtime
   int stride_w = 0;            // and its W stride (1, 2)
+  // wgrad: a thread (channel pair, window row, segment) sums its row's S x 2
+  // taps over the tile's (output row, 7 columns) units seg, seg + segments, ...
+  int segments = 1;
 };
 
 ConvDirectTiling ConvDirectTile(const ConvDirectPassShape& pass, DType dtype);
@@ -84,7 +89,14 @@ bool ConvGroupedSupports(ConvOp op, const ConvShape& shape, DType dtype, std::st
 // Whether the tiled kernel runs a depthwise `op` (its rules are
 // ConvDepthwiseSupports'; the rest run conv_depthwise.cu's kernels): fprop
 // and stride-1 dgrad, multiplier 1, C a multiple of 16 bytes, buffers
-// 16-byte aligned (`aligned`), and a tile within the shared memory budget.
+// 16-byte aligned (`aligned`), and a tile within the shared memory budget;
+// wgrad also needs a 2D or 1D window (T = 1) of width 3, 5 or 7 at W stride
+// 1 or 2, undilated along W.
 bool ConvDepthwiseTiled(ConvOp op, const ConvShape& shape, DType dtype, bool aligned);
+
+// The tiled depthwise wgrad's blocks a channel slice at most on a device of
+// `sm_count` SMs (0: unknown, an upper bound): its partials [parts, K * taps]
+// (the fixed-order reduction's input; see conv_depthwise_wgrad.cu).
+int64_t ConvDepthwiseTiledWgradParts(const ConvShape& shape, DType dtype, int sm_count);
 
 }  // namespace jax_dnn
