@@ -11,7 +11,7 @@
 //     into one of two shared buffers, and is persistent: while it computes
 //     stage i, stage i + 1's copies are in flight. Concurrent blocks take
 //     consecutive tiles, so the halo another block reads comes from L2;
-//   - the window of the slice sits in shared memory as fp32 [tap][out][in];
+//   - the window of the slice sits in shared memory as fp32 [tap][in][out];
 //   - depthwise: a thread owns 2 channels (one 4-byte bf16x2 / half2 read, 8
 //     at fp32), 2 output rows and 7 columns; for each window row it takes the
 //     row's 2 x S weights into registers (they serve both output rows) and, on
@@ -90,6 +90,24 @@ __device__ __forceinline__ float2 LoadPair(const __half* p) {
 }
 __device__ __forceinline__ float2 LoadPair(const float* p) {
   return *reinterpret_cast<const float2*>(p);
+}
+
+// N consecutive floats of shared memory (N-aligned) as one access.
+template <int N>
+__device__ __forceinline__ void LoadFloats(const float* p, float (&out)[N]) {
+  if constexpr (N == 4) {
+    const float4 f = *reinterpret_cast<const float4*>(p);
+    out[0] = f.x;
+    out[1] = f.y;
+    out[2] = f.z;
+    out[3] = f.w;
+  } else if constexpr (N == 2) {
+    const float2 f = *reinterpret_cast<const float2*>(p);
+    out[0] = f.x;
+    out[1] = f.y;
+  } else {
+    out[0] = *p;
+  }
 }
 
 struct TilePos {
@@ -198,7 +216,8 @@ __global__ void __launch_bounds__(kDw ? kMaxDepthwiseThreads : kMaxThreads,
     TiledKernel(TiledParams p) {
   constexpr int kRows = kDw ? 2 : 1;
   extern __shared__ __align__(16) unsigned char smem[];
-  float* table = reinterpret_cast<float*>(smem);  // [tap][slice_out][cg]
+  // [tap][cg][slice_out]: a warp's lanes read consecutive output channels.
+  float* table = reinterpret_cast<float*>(smem);
   T* buffers = reinterpret_cast<T*>(smem + p.table_bytes);
 
   const int64_t in_c0 = static_cast<int64_t>(blockIdx.y) * p.slice_in;
@@ -214,8 +233,8 @@ __global__ void __launch_bounds__(kDw ? kMaxDepthwiseThreads : kMaxThreads,
     for (int e = threadIdx.x; e < p.taps * width; e += blockDim.x) {
       const int tap = e / width;
       const int rest = e - tap * width;
-      const int ol = rest / p.cg;
-      const int j = rest - ol * p.cg;
+      const int j = rest / p.slice_out;
+      const int ol = rest - j * p.slice_out;
       const int64_t oc = out_c0 + ol;
       float v = 0.f;
       if (oc < p.out_ch) {
@@ -316,20 +335,17 @@ __global__ void __launch_bounds__(kDw ? kMaxDepthwiseThreads : kMaxThreads,
           } else {
 #pragma unroll 1
             for (int s = 0; s < p.win[2]; ++s) {
-              const float* tw = table + ((tap_row + s) * p.slice_out + ol) * p.cg;
+              const float* tw = table + (tap_row + s) * p.cg * p.slice_out + ol;
               const T* xs = xr + s * p.dil[2] * p.slice_in;
 #pragma unroll 1
               for (int c = 0; c < p.cg; c += kCp) {
                 float wv[kKt][kCp];
 #pragma unroll
-                for (int j = 0; j < kKt; ++j) {
-                  if constexpr (kCp == 2) {
-                    const float2 f = *reinterpret_cast<const float2*>(tw + j * p.cg + c);
-                    wv[j][0] = f.x;
-                    wv[j][1] = f.y;
-                  } else {
-                    wv[j][0] = tw[j * p.cg + c];
-                  }
+                for (int u = 0; u < kCp; ++u) {
+                  float f[kKt];
+                  LoadFloats<kKt>(tw + (c + u) * p.slice_out, f);
+#pragma unroll
+                  for (int j = 0; j < kKt; ++j) wv[j][u] = f[j];
                 }
 #pragma unroll
                 for (int q = 0; q < kQt; ++q) {
