@@ -96,11 +96,14 @@ ConvDirectTiling ConvDirectTile(const ConvDirectPassShape& p, DType dtype) {
   std::sort(ranked.begin(), ranked.end());
   const int64_t taps = p.window[0] * p.window[1] * p.window[2];
 
-  // For one slice and spatial threads `sp`: the split into row x column
-  // threads with the least traffic an output (the input tile with its halo,
-  // read from L2, plus the outputs the tile covers past the edges) whose
-  // table and double buffer fit `budget`; false if none does.
-  auto try_tiling = [&](int64_t ng, int sp, int64_t budget) {
+  // For one slice and up to `sp` spatial threads (a power of two): the count
+  // and split into row x column threads with the least traffic (the input
+  // tiles with their halo, read from L2, plus the outputs the tiles cover
+  // past the edges: small images take fewer threads). `strict`: that best
+  // one, if its table and double buffer fit `budget`; else the best split of
+  // `sp` threads that fits. False if none.
+  auto try_tiling = [&](int64_t ng, int sp, int64_t budget, bool strict) {
+    const int min_units = strict ? 1 : sp;
     const int64_t slice_in = ng * p.cg, slice_out = ng * p.kg;
     const int lanes = static_cast<int>(slice_out / t.kt);
     // wgrad: no window table; the threads' sums (S x 2 floats each) for the
@@ -111,16 +114,20 @@ ConvDirectTiling ConvDirectTile(const ConvDirectPassShape& p, DType dtype) {
         p.wgrad ? Ceil(int64_t{lanes} * p.window[1] * segments * p.window[2] * 2 * 4, 16) * 16
                 : Ceil(taps * slice_out * p.cg * 4, 16) * 16;
     int64_t best = -1;
-    for (int rt = 1; rt <= sp; rt *= 2) {
-      const int ct = sp / rt;
+    bool ok = false;
+    for (int units = sp; units >= min_units; units /= 2)
+    for (int rt = 1; rt <= units; rt *= 2) {
+      const int ct = units / rt;
       const int64_t th = int64_t{rt} * t.rows_t, tw = int64_t{ct} * t.cols_t;
       const int64_t rows_in = (th - 1) * p.stride[1] + (p.window[1] - 1) * p.dilation[1] + 1;
       const int64_t cols_in = (tw - 1) * p.stride[2] + (p.window[2] - 1) * p.dilation[2] + 1;
       const int64_t tiles_h = Ceil(p.out_ext[1], th), tiles_w = Ceil(p.out_ext[2], tw);
       const int64_t cost = tiles_h * tiles_w * (rows_in * cols_in + th * tw);
       const int64_t buffer = (rows_in * cols_in + (p.wgrad ? th * tw : 0)) * slice_in * esize;
-      if (table + 2 * buffer > budget) continue;
+      const bool fits = table + 2 * buffer <= budget;
+      if (!fits && !strict) continue;
       if (best < 0 || cost < best) {
+        ok = fits;
         best = cost;
         t.slice_in = slice_in;
         t.slice_out = slice_out;
@@ -139,7 +146,7 @@ ConvDirectTiling ConvDirectTile(const ConvDirectPassShape& p, DType dtype) {
         t.segments = segments;
       }
     }
-    return best >= 0;
+    return best >= 0 && ok;
   };
   // Spatial threads: a power of two up to kTargetThreads / lanes. wgrad's
   // threads split the window rows instead; its tile is 16 units of 7
@@ -163,7 +170,7 @@ ConvDirectTiling ConvDirectTile(const ConvDirectPassShape& p, DType dtype) {
   for (int64_t budget : {kPreferredSmem, kConvDirectSmemBudget}) {
     for (const auto& r : ranked) {
       if (-r[2] * p.kg / t.kt > kMaxThreads) continue;
-      if ((found = try_tiling(-r[2], full_sp(-r[2]), budget))) break;
+      if ((found = try_tiling(-r[2], full_sp(-r[2]), budget, true))) break;
     }
     if (found) break;
   }
@@ -177,7 +184,7 @@ ConvDirectTiling ConvDirectTile(const ConvDirectPassShape& p, DType dtype) {
     for (int64_t ng : last) {
       const int sp = full_sp(ng) >> halve;
       if (ng * p.kg / t.kt > kMaxThreads || sp < 1) continue;
-      if ((found = try_tiling(ng, sp, kConvDirectSmemBudget))) break;
+      if ((found = try_tiling(ng, sp, kConvDirectSmemBudget, false))) break;
     }
   }
   if (!found) {
