@@ -217,9 +217,18 @@ def test_groups_take_the_direct_kernels_when_deterministic():
     ("fwd", "bfloat16", dict(c=64, k=64, groups=8, spatial=(9, 10, 11), window=(3, 3, 3)), None),
     ("fwd", "bfloat16", dict(c=64, k=64, groups=8, spatial=(1000,), window=(5,)), None),
     ("fwd", "bfloat16", dict(c=64, k=64, groups=8, pad=4), None),  # padding past the window
+    # wgrad: 1D/2D windows, 2, 4, 8 or 16 channels a group, K / groups even.
+    ("wgrad", "bfloat16", dict(c=128, k=128, groups=32), None),
+    ("wgrad", "float32", dict(c=256, k=256, groups=32, stride=2), None),
+    ("wgrad", "float16", dict(c=32, k=64, groups=2, window=(5, 5)), None),
+    ("wgrad", "bfloat16", dict(c=64, k=64, groups=8, spatial=(1000,), window=(7,)), None),
     # Not taken.
     ("fwd", "bfloat16", dict(c=256, k=256, groups=8), "past 16"),  # 32 a group: XLA
-    ("wgrad", "bfloat16", dict(c=128, k=128, groups=32), "wgrad"),
+    ("wgrad", "bfloat16", dict(c=64, k=64, groups=8, spatial=(9, 10, 11), window=(3, 3, 3)),
+     "3D windows"),
+    ("wgrad", "bfloat16", dict(c=48, k=48, groups=8), "2, 4, 8 or 16"),
+    ("wgrad", "bfloat16", dict(c=48, k=24, groups=8), "2, 4, 8 or 16"),
+    ("wgrad", "bfloat16", dict(c=64, k=24, groups=8), "even K / groups"),
     ("dgrad", "bfloat16", dict(c=128, k=128, groups=32, stride=2), "strided dgrad"),
     ("fwd", "bfloat16", dict(c=12, k=12, groups=3), "multiples of 8"),  # 16-byte rows
     ("fwd", "bfloat16", dict(c=64, k=64, groups=64), "depthwise"),
@@ -228,7 +237,15 @@ def test_groups_take_the_direct_kernels_when_deterministic():
 def test_grouped_direct_rules(op, dtype, kw, words):
   a = algorithms(problem(op, dtype, **kw))[GROUPED]
   if words is None:
-    assert a.supported and a.deterministic and a.workspace_bytes == 0, a.reason
+    assert a.supported and a.deterministic, a.reason
+    if op == "wgrad":
+      # Partials of K * taps * C/G floats a part, and the fp32 sum unless dw is fp32.
+      p = problem(op, dtype, **kw)
+      width = p.k * p.window[0] * p.window[1] * p.window[2] * (p.c // p.groups) * 4
+      assert a.workspace_bytes >= width * (1 if dtype == "float32" else 2), a
+      assert a.workspace_bytes <= algorithms(p, sm_count=0)[GROUPED].workspace_bytes
+    else:
+      assert a.workspace_bytes == 0
     assert ext.conv_plan(problem(op, dtype, **kw), True, dev()).name == GROUPED
   else:
     assert not a.supported and a.reason.startswith(GROUPED + ":") and words in a.reason, a.reason

@@ -21,7 +21,6 @@
 // and dy).
 #include <algorithm>
 
-#include "ffi/common/column_sum.h"
 #include "ffi/common/device_info.h"
 #include "ffi/conv/conv_depthwise.cuh"
 #include "ffi/conv/conv_direct.h"
@@ -154,12 +153,6 @@ __global__ void __launch_bounds__(kMaxThreads, 1) DepthwiseWgradKernel(WgradPass
   }
 }
 
-template <typename T>
-__global__ void CastKernel(const float* __restrict__ in, T* __restrict__ out, int64_t count) {
-  const int64_t e = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
-  if (e < count) out[e] = FromFloat<T>(in[e]);
-}
-
 template <typename T, int V, int kS, int kSw, int kQt>
 cudaError_t Run(const ConvDepthwiseTiling& t, const WgradPass& p, cudaStream_t stream) {
   const dim3 grid(static_cast<unsigned>(t.parts), static_cast<unsigned>(t.channel_blocks),
@@ -188,29 +181,6 @@ cudaError_t RunWgrad(const ConvDepthwiseTiling& t, const WgradPass& p, cudaStrea
   }
 }
 
-// The parts' fixed-order column sum into `sum` (dw itself at fp32, else the
-// workspace's fp32 sum, then cast into dw).
-cudaError_t SumParts(const float* partials, int64_t parts, int64_t width, float* sum,
-                     const ConvArgs& a, cudaStream_t stream) {
-  ColumnSumParams cs{};
-  cs.partials = partials;
-  cs.out[0] = sum;
-  cs.out[1] = sum;
-  cs.param_sets = 1;
-  cs.parts = parts;
-  cs.sums = 1;
-  cs.width = width;
-  cudaError_t e = LaunchColumnSum(cs, stream);
-  if (e != cudaSuccess || a.dtype == DType::kF32) return e;
-  return DispatchDType(a.dtype, [&](auto tag) {
-    using T = typename decltype(tag)::type;
-    constexpr int kCastThreads = 256;
-    const unsigned blocks = static_cast<unsigned>((width + kCastThreads - 1) / kCastThreads);
-    CastKernel<T><<<blocks, kCastThreads, 0, stream>>>(sum, static_cast<T*>(a.dw), width);
-    return cudaGetLastError();
-  });
-}
-
 }  // namespace
 
 cudaError_t LaunchDepthwiseWgrad(const ConvShape& s, const ConvArgs& a, cudaStream_t stream) {
@@ -226,8 +196,6 @@ cudaError_t LaunchDepthwiseWgrad(const ConvShape& s, const ConvArgs& a, cudaStre
   const int64_t capacity = (a.workspace_bytes - sum_bytes) / (width * 4);
   if (capacity < 1) return cudaErrorInvalidValue;
   float* partials = reinterpret_cast<float*>(static_cast<char*>(a.workspace) + sum_bytes);
-  float* sum = a.dtype == DType::kF32 ? static_cast<float*>(a.dw)
-                                       : static_cast<float*>(a.workspace);
   // The shared-memory tiled kernel (conv_direct.cu) where it takes the
   // problem; its partials reduce as this file's do.
   const bool aligned16 = IsAligned(a.x, 16) && IsAligned(a.dy, 16);
@@ -241,7 +209,7 @@ cudaError_t LaunchDepthwiseWgrad(const ConvShape& s, const ConvArgs& a, cudaStre
       cudaError_t e = LaunchConvDirectWgradPartials(s, a, partials, capacity, &parts, stream);
       if (e != cudaSuccess) return e;
     }
-    return SumParts(partials, parts, width, sum, a, stream);
+    return LaunchConvDirectSumParts(partials, parts, width, a, stream);
   }
   t.parts = std::min(t.parts, capacity);
   WgradPass p{};
@@ -268,7 +236,7 @@ cudaError_t LaunchDepthwiseWgrad(const ConvShape& s, const ConvArgs& a, cudaStre
     return RunWgrad<T>(t, p, stream);
   });
   if (e != cudaSuccess) return e;
-  return SumParts(partials, t.parts, width, sum, a, stream);
+  return LaunchConvDirectSumParts(partials, t.parts, width, a, stream);
 }
 
 }  // namespace depthwise

@@ -29,6 +29,7 @@
 // memory allows.
 #include <algorithm>
 
+#include "ffi/common/column_sum.h"
 #include "ffi/common/device.cuh"
 #include "ffi/common/device_info.h"
 #include "ffi/conv/conv_depthwise.cuh"
@@ -427,13 +428,13 @@ cudaError_t RunTiled(const ConvDirectTiling& t, const TiledParams& p, cudaStream
   }
 }
 
-// Starts the copies of the tile's dy [tile_h][tile_w][slice] (wgrad), zeros
-// past the output's edges and channels.
+// Starts the copies of the tile's dy [tile_h][tile_w][slice_out] (wgrad),
+// zeros past the output's edges and channels.
 template <typename T>
 __device__ __forceinline__ void IssueDy(const TiledParams& p, const TilePos& tp, int64_t c0,
                                         T* buf) {
   constexpr int kVec = 16 / sizeof(T);
-  const int chunks = p.slice_in / kVec;
+  const int chunks = p.slice_out / kVec;
   const int total = p.tile_h * p.tile_w * chunks;
   const int oh0 = tp.th * p.tile_h, ow0 = tp.tw * p.tile_w;
   const T* dy = static_cast<const T*>(p.dy);
@@ -551,6 +552,131 @@ __global__ void __launch_bounds__(kMaxThreads, 2) TiledWgradKernel(TiledParams p
   }
 }
 
+// Grouped wgrad, window T = 1: dw[k, (r, s), c] = sum over outputs of
+// dy[o, k] * x[o * stride + tap0 + (r, s) * dilation, g(k) * kCG + c]. A
+// thread (output channel pair of one group, tap, segment) sums the pair's
+// kCG x 2 products over its units (an output row of 7 columns: 7 dy pairs in
+// registers, each input pair of the group read once for both channels);
+// the rest as TiledWgradKernel's.
+// 16 channels a group: 32 sums a thread, up to 128 registers (at 64 it spilled).
+template <typename T, int kCG>
+__global__ void __launch_bounds__(kMaxThreads, kCG >= 16 ? 1 : 2)
+    TiledGroupedWgradKernel(TiledParams p) {
+  extern __shared__ __align__(16) unsigned char smem[];
+  float2* sums = reinterpret_cast<float2*>(smem);  // [segments][taps][lanes][kCG]
+  T* buffers = reinterpret_cast<T*>(smem + p.table_bytes);
+  const int x_elems = p.rows_in * p.cols_in * p.slice_in;
+
+  const int64_t in_c0 = static_cast<int64_t>(blockIdx.y) * p.slice_in;
+  const int64_t out_c0 = static_cast<int64_t>(blockIdx.y) * p.slice_out;
+  const int taps = p.win[1] * p.win[2];
+  const int cl = threadIdx.x % p.lanes;
+  const int rest = threadIdx.x / p.lanes;
+  const int tap = rest % taps;
+  const int seg = rest / taps;
+  const int r = tap / p.win[2];
+  const int s = tap - r * p.win[2];
+  const int ol = cl * 2;
+  const int gin = (ol / p.kg) * kCG;  // the group's first input channel in the slice
+  const int col_groups = p.tile_w / kQt;
+  const int units = p.tile_h * col_groups;
+
+  float2 acc[kCG];
+#pragma unroll
+  for (int c = 0; c < kCG; ++c) acc[c] = make_float2(0.f, 0.f);
+
+  if (static_cast<int>(blockIdx.x) < p.tiles) {
+    {
+      const TilePos tp = DecodeTile(p, blockIdx.x);
+      IssueStage<T>(p, tp, 0, in_c0, buffers);
+      IssueDy<T>(p, tp, out_c0, buffers + x_elems);
+    }
+    CpAsyncCommit();
+    int stage = 0;
+#pragma unroll 1
+    for (int tile = blockIdx.x; tile < p.tiles; tile += gridDim.x, ++stage) {
+      const int next = tile + static_cast<int>(gridDim.x);
+      if (next < p.tiles) {
+        const TilePos tp = DecodeTile(p, next);
+        T* buf = buffers + ((stage + 1) & 1) * p.buffer_elems;
+        IssueStage<T>(p, tp, 0, in_c0, buf);
+        IssueDy<T>(p, tp, out_c0, buf + x_elems);
+      }
+      CpAsyncCommit();
+      CpAsyncWaitOne();
+      __syncthreads();
+      const T* xb = buffers + (stage & 1) * p.buffer_elems;
+      const T* db = xb + x_elems;
+      if (InputPlane(p, DecodeTile(p, tile).od, 0) >= 0) {
+#pragma unroll 1
+        for (int u = seg; u < units; u += p.segments) {
+          const int oh = u / col_groups;
+          const int cg = u - oh * col_groups;
+          const T* dp = db + (oh * p.tile_w + cg * kQt) * p.slice_out + ol;
+          const T* xp = xb +
+                        ((oh * p.stride[1] + r * p.dil[1]) * p.cols_in + cg * kQt * p.stride[2] +
+                         s * p.dil[2]) * p.slice_in + gin;
+#pragma unroll
+          for (int q = 0; q < kQt; ++q) {
+            const float2 g = LoadPair(dp + q * p.slice_out);
+            const T* xq = xp + q * p.stride[2] * p.slice_in;
+#pragma unroll
+            for (int c = 0; c < kCG; c += 2) {
+              const float2 x = LoadPair(xq + c);
+              acc[c].x = fmaf(x.x, g.x, acc[c].x);
+              acc[c].y = fmaf(x.x, g.y, acc[c].y);
+              acc[c + 1].x = fmaf(x.y, g.x, acc[c + 1].x);
+              acc[c + 1].y = fmaf(x.y, g.y, acc[c + 1].y);
+            }
+          }
+        }
+      }
+      __syncthreads();
+    }
+  }
+  // The segments' sums, added in segment order.
+  float2* mine = sums + ((seg * taps + tap) * p.lanes + cl) * kCG;
+#pragma unroll
+  for (int c = 0; c < kCG; ++c) mine[c] = acc[c];
+  __syncthreads();
+  const int64_t k = out_c0 + ol;
+  if (seg != 0 || k >= p.out_ch) return;
+  float* out = p.partials + static_cast<int64_t>(blockIdx.x) * p.out_ch * taps * kCG;
+#pragma unroll
+  for (int c = 0; c < kCG; ++c) {
+    float2 v = acc[c];
+    for (int sg = 1; sg < p.segments; ++sg) {
+      const float2 o = sums[((sg * taps + tap) * p.lanes + cl) * kCG + c];
+      v.x += o.x;
+      v.y += o.y;
+    }
+    out[(k * taps + tap) * kCG + c] = v.x;
+    out[((k + 1) * taps + tap) * kCG + c] = v.y;
+  }
+}
+
+template <typename T, int kCG>
+cudaError_t RunGroupedWgrad(const ConvDirectTiling& t, const TiledParams& p, int64_t max_parts,
+                            int64_t* parts, cudaStream_t stream) {
+  auto kernel = TiledGroupedWgradKernel<T, kCG>;
+  unsigned slots = 0;
+  cudaError_t e = PersistentGrid(kernel, t.threads, static_cast<size_t>(t.smem_bytes),
+                                 1LL << 30, &slots);
+  if (e != cudaSuccess) return e;
+  const int64_t blocks = std::min<int64_t>(
+      {t.tiles, std::max<int64_t>(1, static_cast<int64_t>(slots) / t.slices), max_parts});
+  *parts = blocks;
+  const dim3 grid(static_cast<unsigned>(blocks), static_cast<unsigned>(t.slices));
+  kernel<<<grid, t.threads, static_cast<size_t>(t.smem_bytes), stream>>>(p);
+  return cudaGetLastError();
+}
+
+template <typename T>
+__global__ void CastKernel(const float* __restrict__ in, T* __restrict__ out, int64_t count) {
+  const int64_t e = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (e < count) out[e] = FromFloat<T>(in[e]);
+}
+
 template <typename T, int kS, int kSw>
 cudaError_t RunWgrad(const ConvDirectTiling& t, const TiledParams& p, int64_t max_parts,
                      int64_t* parts, cudaStream_t stream) {
@@ -570,6 +696,20 @@ cudaError_t RunWgrad(const ConvDirectTiling& t, const TiledParams& p, int64_t ma
 template <typename T>
 cudaError_t RunTiledWgrad(const ConvDirectTiling& t, const TiledParams& p, int64_t max_parts,
                           int64_t* parts, cudaStream_t stream) {
+  if (p.cg > 1) {
+    switch (p.cg) {
+      case 2:
+        return RunGroupedWgrad<T, 2>(t, p, max_parts, parts, stream);
+      case 4:
+        return RunGroupedWgrad<T, 4>(t, p, max_parts, parts, stream);
+      case 8:
+        return RunGroupedWgrad<T, 8>(t, p, max_parts, parts, stream);
+      case 16:
+        return RunGroupedWgrad<T, 16>(t, p, max_parts, parts, stream);
+      default:
+        return cudaErrorInvalidValue;
+    }
+  }
   switch (t.window_w * 10 + t.stride_w) {
     case 31:
       return RunWgrad<T, 3, 1>(t, p, max_parts, parts, stream);
@@ -634,9 +774,27 @@ TiledParams Params(const ConvDirectPassShape& pass, const ConvDirectTiling& t, D
 
 cudaError_t LaunchConvDirectTiled(ConvOp op, const ConvShape& s, const ConvArgs& a,
                                   cudaStream_t stream) {
+  if (op == ConvOp::kWgrad) {
+    // The partials after the fp32 sum in the workspace, then their
+    // fixed-order sum.
+    const int64_t width = ConvDirectWgradWidth(s);
+    const int64_t sum_bytes = ConvDirectWgradSumBytes(s, a.dtype);
+    const int64_t capacity = (a.workspace_bytes - sum_bytes) / (width * 4);
+    if (capacity < 1) return cudaErrorInvalidValue;
+    float* partials = reinterpret_cast<float*>(static_cast<char*>(a.workspace) + sum_bytes);
+    int64_t parts = 0;
+    cudaError_t e = LaunchConvDirectWgradPartials(s, a, partials, capacity, &parts, stream);
+    if (e != cudaSuccess) return e;
+    if (parts == 0) {
+      parts = 1;
+      e = cudaMemsetAsync(partials, 0, width * 4, stream);
+      if (e != cudaSuccess) return e;
+    }
+    return LaunchConvDirectSumParts(partials, parts, width, a, stream);
+  }
   const ConvDirectPassShape pass = ConvDirectPass(op, s);
   const ConvDirectTiling t = ConvDirectTile(pass, a.dtype);
-  if (!t.ok || op == ConvOp::kWgrad) return cudaErrorInvalidValue;
+  if (!t.ok) return cudaErrorInvalidValue;
   if (t.tiles == 0) return cudaSuccess;
   const bool dgrad = op == ConvOp::kDgrad;
   direct::TiledParams p = direct::Params(pass, t, a.dtype);
@@ -660,7 +818,7 @@ cudaError_t LaunchConvDirectWgradPartials(const ConvShape& s, const ConvArgs& a,
   const ConvDirectPassShape pass = ConvDirectPass(ConvOp::kWgrad, s);
   const ConvDirectTiling t = ConvDirectTile(pass, a.dtype);
   *parts = 0;
-  if (!t.ok || t.window_w == 0 || max_parts < 1) return cudaErrorInvalidValue;
+  if (!t.ok || (pass.cg == 1 && t.window_w == 0) || max_parts < 1) return cudaErrorInvalidValue;
   if (!IsAligned(a.x, 16) || !IsAligned(a.dy, 16)) return cudaErrorMisalignedAddress;
   if (t.tiles == 0) return cudaSuccess;
   direct::TiledParams p = direct::Params(pass, t, a.dtype);
@@ -670,6 +828,29 @@ cudaError_t LaunchConvDirectWgradPartials(const ConvShape& s, const ConvArgs& a,
   return DispatchDType(a.dtype, [&](auto tag) {
     using T = typename decltype(tag)::type;
     return direct::RunTiledWgrad<T>(t, p, max_parts, parts, stream);
+  });
+}
+
+cudaError_t LaunchConvDirectSumParts(const float* partials, int64_t parts, int64_t width,
+                                     const ConvArgs& a, cudaStream_t stream) {
+  float* sum = a.dtype == DType::kF32 ? static_cast<float*>(a.dw)
+                                       : static_cast<float*>(a.workspace);
+  ColumnSumParams cs{};
+  cs.partials = partials;
+  cs.out[0] = sum;
+  cs.out[1] = sum;
+  cs.param_sets = 1;
+  cs.parts = parts;
+  cs.sums = 1;
+  cs.width = width;
+  cudaError_t e = LaunchColumnSum(cs, stream);
+  if (e != cudaSuccess || a.dtype == DType::kF32) return e;
+  return DispatchDType(a.dtype, [&](auto tag) {
+    using T = typename decltype(tag)::type;
+    constexpr int kCastThreads = 256;
+    const unsigned blocks = static_cast<unsigned>((width + kCastThreads - 1) / kCastThreads);
+    direct::CastKernel<T><<<blocks, kCastThreads, 0, stream>>>(sum, static_cast<T*>(a.dw), width);
+    return cudaGetLastError();
   });
 }
 

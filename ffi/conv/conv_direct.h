@@ -10,9 +10,11 @@
 
 namespace jax_dnn {
 
-// Runs fprop (x, w, bias, residual -> y) or stride-1 dgrad (dy, w -> dx) on
-// `shape` with the pointers in `args`. The caller checked that the tiling is
-// ok (ConvGroupedSupports / ConvDepthwiseTiled); buffers 16-byte aligned.
+// Runs fprop (x, w, bias, residual -> y), stride-1 dgrad (dy, w -> dx) or
+// (grouped) wgrad (x, dy -> dw, through the workspace ConvGroupedWorkspaceBytes
+// sized) on `shape` with the pointers in `args`. The caller checked that the
+// tiling is ok (ConvGroupedSupports / ConvDepthwiseTiled); buffers 16-byte
+// aligned.
 cudaError_t LaunchConvDirectTiled(ConvOp op, const ConvShape& shape, const ConvArgs& args,
                                   cudaStream_t stream);
 
@@ -23,5 +25,11 @@ cudaError_t LaunchConvDirectTiled(ConvOp op, const ConvShape& shape, const ConvA
 cudaError_t LaunchConvDirectWgradPartials(const ConvShape& shape, const ConvArgs& args,
                                           float* partials, int64_t max_parts, int64_t* parts,
                                           cudaStream_t stream);
+
+// The fixed-order column sum of `parts` rows of partials [parts, width] into
+// dw (fp32), or into the workspace's fp32 sum at its start and then cast
+// into dw (bf16, fp16).
+cudaError_t LaunchConvDirectSumParts(const float* partials, int64_t parts, int64_t width,
+                                     const ConvArgs& args, cudaStream_t stream);
 
 }  // namespace jax_dnn

@@ -71,7 +71,7 @@ ConvDirectTiling ConvDirectTile(const ConvDirectPassShape& p, DType dtype) {
   // Depthwise: a thread 2 channels x 2 rows x 7 columns (28 accumulators; a
   // window row's weights, 2 x S, serve both rows). Grouped: kt output
   // channels of one group x 7 columns, each input read once for the kt.
-  t.kt = depthwise ? 2 : (p.kg % 4 == 0 ? 4 : (p.kg % 2 == 0 ? 2 : 1));
+  t.kt = depthwise || p.wgrad ? 2 : (p.kg % 4 == 0 ? 4 : (p.kg % 2 == 0 ? 2 : 1));
   t.rows_t = depthwise && !p.wgrad ? 2 : 1;
   if (p.in_ch % t.vec != 0 || p.out_ch % t.vec != 0) {
     t.why = "channels must be multiples of " + std::to_string(t.vec) + " (16-byte rows)";
@@ -82,7 +82,9 @@ ConvDirectTiling ConvDirectTile(const ConvDirectPassShape& p, DType dtype) {
   // at least 64 (two 32-byte sectors) where the channels allow. Ranked by
   // waste: twice the padded channels' bytes (they cost FMAs and stores) plus
   // each slice's overhead; ties to the less padded, then the wider.
-  const int64_t ng0 = t.vec / std::gcd<int64_t>(p.cg, t.vec);
+  // wgrad copies dy's slice too: whole 16-byte copies of its channels.
+  int64_t ng0 = t.vec / std::gcd<int64_t>(p.cg, t.vec);
+  if (p.wgrad) ng0 = std::lcm<int64_t>(ng0, t.vec / std::gcd<int64_t>(p.kg, t.vec));
   const int64_t max_ng = std::max(ng0, (kSliceBytes / esize) / p.cg / ng0 * ng0);
   const int64_t groups_up = Ceil(p.groups, ng0) * ng0;
   const int64_t min_bytes = std::min(kMinSliceBytes, groups_up * p.cg * esize);
@@ -102,16 +104,20 @@ ConvDirectTiling ConvDirectTile(const ConvDirectPassShape& p, DType dtype) {
   // past the edges: small images take fewer threads). `strict`: that best
   // one, if its table and double buffer fit `budget`; else the best split of
   // `sp` threads that fits. False if none.
+  // wgrad: a thread's share of the window (depthwise: a window row; grouped:
+  // a tap) and its sums an output channel (S taps; the group's cg channels).
+  const int wgrad_rows = static_cast<int>(depthwise ? p.window[1] : p.window[1] * p.window[2]);
+  const int64_t wgrad_sums = depthwise ? p.window[2] : p.cg;
   auto try_tiling = [&](int64_t ng, int sp, int64_t budget, bool strict) {
     const int min_units = strict ? 1 : sp;
     const int64_t slice_in = ng * p.cg, slice_out = ng * p.kg;
     const int lanes = static_cast<int>(slice_out / t.kt);
     // wgrad: no window table; the threads' sums (S x 2 floats each) for the
     // block's fixed-order reduction.
-    const int segments =
-        p.wgrad ? std::max<int>(1, kTargetThreads / (lanes * static_cast<int>(p.window[1]))) : 1;
+    if (p.wgrad && lanes * wgrad_rows > kMaxThreads) return false;
+    const int segments = p.wgrad ? std::max<int>(1, kTargetThreads / (lanes * wgrad_rows)) : 1;
     const int64_t table =
-        p.wgrad ? Ceil(int64_t{lanes} * p.window[1] * segments * p.window[2] * 2 * 4, 16) * 16
+        p.wgrad ? Ceil(int64_t{lanes} * wgrad_rows * segments * wgrad_sums * 2 * 4, 16) * 16
                 : Ceil(taps * slice_out * p.cg * 4, 16) * 16;
     int64_t best = -1;
     bool ok = false;
@@ -123,7 +129,8 @@ ConvDirectTiling ConvDirectTile(const ConvDirectPassShape& p, DType dtype) {
       const int64_t cols_in = (tw - 1) * p.stride[2] + (p.window[2] - 1) * p.dilation[2] + 1;
       const int64_t tiles_h = Ceil(p.out_ext[1], th), tiles_w = Ceil(p.out_ext[2], tw);
       const int64_t cost = tiles_h * tiles_w * (rows_in * cols_in + th * tw);
-      const int64_t buffer = (rows_in * cols_in + (p.wgrad ? th * tw : 0)) * slice_in * esize;
+      const int64_t buffer =
+          (rows_in * cols_in * slice_in + (p.wgrad ? th * tw * slice_out : 0)) * esize;
       const bool fits = table + 2 * buffer <= budget;
       if (!fits && !strict) continue;
       if (best < 0 || cost < best) {
@@ -196,7 +203,7 @@ ConvDirectTiling ConvDirectTile(const ConvDirectPassShape& p, DType dtype) {
     t.why = "too many channels";
     return t;
   }
-  t.threads = p.wgrad ? t.lanes * static_cast<int>(p.window[1]) * t.segments
+  t.threads = p.wgrad ? t.lanes * wgrad_rows * t.segments
                       : t.lanes * t.row_threads * t.col_threads;
   t.smem_bytes = t.table_bytes + 2 * t.buffer_bytes;
   t.tiles = p.n * p.out_ext[0] * t.tiles_h * t.tiles_w;
@@ -251,7 +258,12 @@ bool ConvGroupedSupports(ConvOp op, const ConvShape& s, DType dtype, std::string
     return no(std::to_string(cg) + " input channels a group, past " +
               std::to_string(kConvGroupedMaxChannels) +
               " (groups that wide are dense enough for a GEMM: XLA runs them)");
-  if (op == ConvOp::kWgrad) return no("no wgrad kernel (XLA runs it)");
+  if (op == ConvOp::kWgrad) {
+    if (s.window[0] != 1) return no("wgrad of 3D windows (XLA runs it)");
+    if (cg != 2 && cg != 4 && cg != 8 && cg != 16)
+      return no("wgrad needs 2, 4, 8 or 16 input channels a group (XLA runs it)");
+    if ((s.k / s.groups) % 2 != 0) return no("wgrad needs an even K / groups (XLA runs it)");
+  }
   if (op == ConvOp::kDgrad)
     for (int d = 0; d < 3; ++d)
       if (s.stride[d] != 1) return no("strided dgrad (XLA runs it)");
@@ -259,8 +271,31 @@ bool ConvGroupedSupports(ConvOp op, const ConvShape& s, DType dtype, std::string
   if (!extent.empty()) return no(extent);
   const ConvDirectTiling t = ConvDirectTile(ConvDirectPass(op, s), dtype);
   if (!t.ok) return no(t.why);
+  if (t.threads > kMaxThreads)
+    return no("K / groups x window past " + std::to_string(kMaxThreads) + " threads a block");
   if (why) why->clear();
   return true;
+}
+
+int64_t ConvGroupedWorkspaceBytes(ConvOp op, const ConvShape& s, DType dtype, int sm_count) {
+  if (op != ConvOp::kWgrad) return 0;
+  const ConvDirectTiling t = ConvDirectTile(ConvDirectPass(op, s), dtype);
+  if (!t.ok) return 0;
+  return ConvDirectWgradSumBytes(s, dtype) +
+         ConvDirectWgradParts(t, sm_count) * ConvDirectWgradWidth(s) * 4;
+}
+
+int64_t ConvDirectWgradWidth(const ConvShape& s) {
+  return s.k * s.window[0] * s.window[1] * s.window[2] * (s.c / s.groups);
+}
+
+int64_t ConvDirectWgradSumBytes(const ConvShape& s, DType dtype) {
+  return dtype == DType::kF32 ? 0 : Ceil(ConvDirectWgradWidth(s) * 4, 256) * 256;
+}
+
+int64_t ConvDirectWgradParts(const ConvDirectTiling& t, int sm_count) {
+  const int64_t sms = sm_count > 0 ? std::min(sm_count, kSmCountBound) : kSmCountBound;
+  return std::max<int64_t>(1, std::min(t.tiles, Ceil(kWgradBlocksPerSm * sms, t.slices)));
 }
 
 bool ConvDepthwiseTiled(ConvOp op, const ConvShape& s, DType dtype, bool aligned) {
@@ -277,9 +312,7 @@ bool ConvDepthwiseTiled(ConvOp op, const ConvShape& s, DType dtype, bool aligned
 
 int64_t ConvDepthwiseTiledWgradParts(const ConvShape& s, DType dtype, int sm_count) {
   const ConvDirectTiling t = ConvDirectTile(ConvDirectPass(ConvOp::kWgrad, s), dtype);
-  if (!t.ok) return 0;
-  const int64_t sms = sm_count > 0 ? std::min(sm_count, kSmCountBound) : kSmCountBound;
-  return std::max<int64_t>(1, std::min(t.tiles, Ceil(kWgradBlocksPerSm * sms, t.slices)));
+  return t.ok ? ConvDirectWgradParts(t, sm_count) : 0;
 }
 
 }  // namespace jax_dnn

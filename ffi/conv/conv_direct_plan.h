@@ -75,16 +75,30 @@ struct ConvDirectTiling {
   int64_t table_bytes = 0, buffer_bytes = 0, smem_bytes = 0;
   int window_w = 0;            // depthwise: the W window unrolled (3, 5, 7), 0 runtime
   int stride_w = 0;            // and its W stride (1, 2)
-  // wgrad: a thread (channel pair, window row, segment) sums its row's S x 2
-  // taps over the tile's (output row, 7 columns) units seg, seg + segments, ...
+  // wgrad: a thread (channel pair, its share of the window, segment) sums
+  // over the tile's (output row, 7 columns) units seg, seg + segments, ...;
+  // depthwise: a window row's S taps, grouped: one tap's cg input channels.
   int segments = 1;
 };
 
 ConvDirectTiling ConvDirectTile(const ConvDirectPassShape& pass, DType dtype);
 
 // grouped_direct's rules: true when it runs `op` on `shape`; otherwise false
-// with the reason in *why.
+// with the reason in *why. wgrad: 1D/2D windows, 2, 4, 8 or 16 input
+// channels a group, an even K / groups.
 bool ConvGroupedSupports(ConvOp op, const ConvShape& shape, DType dtype, std::string* why);
+
+// grouped_direct's workspace (wgrad: the fp32 sum unless dw is fp32, then
+// the parts' partials [parts, K * taps * C / groups]; fprop, dgrad: 0) on a
+// device of `sm_count` SMs (0: unknown, an upper bound).
+int64_t ConvGroupedWorkspaceBytes(ConvOp op, const ConvShape& shape, DType dtype, int sm_count);
+
+// The direct wgrads' reduction: dw's elements (K * taps * C / groups), the
+// bytes of its fp32 sum at the workspace's start (0 for fp32: dw itself),
+// and the parts (blocks a slice) at most.
+int64_t ConvDirectWgradWidth(const ConvShape& shape);
+int64_t ConvDirectWgradSumBytes(const ConvShape& shape, DType dtype);
+int64_t ConvDirectWgradParts(const ConvDirectTiling& tiling, int sm_count);
 
 // Whether the tiled kernel runs a depthwise `op` (its rules are
 // ConvDepthwiseSupports'; the rest run conv_depthwise.cu's kernels): fprop

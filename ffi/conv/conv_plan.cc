@@ -213,8 +213,10 @@ ConvAlgorithm Answer(int id, const ConvProblem& p, const DeviceProps& device) {
       std::string why;
       if (!ConvGroupedSupports(p.op, p.shape, p.dtype, &why))
         a.reason = why.empty() ? "grouped_direct does not take this problem" : why;
-      a.workspace_bytes = 0;
-      a.deterministic = true;  // each output summed by one thread in a fixed order
+      a.workspace_bytes = ConvGroupedWorkspaceBytes(p.op, p.shape, p.dtype, device.sm_count);
+      // Each output summed by one thread in a fixed order; wgrad's parts
+      // reduced in a fixed order.
+      a.deterministic = true;
       break;
     }
     default:

@@ -22,9 +22,10 @@
 //     (conv_direct.h) where it fits, the rest the older direct kernels.
 //   grouped_direct: grouped convolutions with few channels a group
 //     (2 <= C / groups <= kConvGroupedMaxChannels) on the tiled direct kernel:
-//     fprop and stride-1 dgrad; rules ConvGroupedSupports (conv_direct_plan.h).
-//     No workspace; deterministic (every output summed by one thread in a
-//     fixed order).
+//     fprop, stride-1 dgrad and wgrad (1D/2D windows); rules and workspace
+//     ConvGroupedSupports / ConvGroupedWorkspaceBytes (conv_direct_plan.h).
+//     Deterministic (every output summed by one thread in a fixed order;
+//     wgrad's per-block partials reduced in a fixed order).
 #pragma once
 
 #include <cstdint>
