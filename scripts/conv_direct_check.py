@@ -73,7 +73,7 @@ CASES = [
     ("dw multiplier 2", (2, 8, 8, 16), (3, 3, 1, 32), jnp.bfloat16, dict(groups=16)),
     ("dw c12 fp16", (2, 8, 9, 12), (3, 3, 1, 12), jnp.float16, dict(groups=12)),
     ("dw n=0", (0, 8, 8, 32), (3, 3, 1, 32), jnp.bfloat16, dict(groups=32)),
-    # grouped_direct (wgrad and strided dgrad: XLA).
+    # grouped_direct (strided dgrad, 3D wgrad and groups of 3 or 6: XLA).
     ("g 4/group bias", (2, 13, 12, 64), (3, 3, 4, 64), jnp.bfloat16, dict(groups=16, bias=True)),
     ("g 6->3 res relu fp16", (2, 9, 15, 48), (3, 3, 6, 24), jnp.float16,
      dict(groups=8, residual=True, activation="relu")),
@@ -139,8 +139,9 @@ def check_case(case) -> tuple[bool, str]:
   fan_in = int(np.prod(k_shape[:-1]))
   w = (jax.random.normal(keys[1], k_shape, jnp.float32) / np.sqrt(fan_in)).astype(dtype)
   y_shape = jax.eval_shape(lambda x, w: jax_dnn.conv(x, w, **conv_kw), x, w).shape
-  b = jax.random.normal(keys[2], k_shape[-1:], jnp.float32).astype(dtype) if kw.get("bias") else None
-  r = jax.random.normal(keys[3], y_shape, jnp.float32).astype(dtype) if kw.get("residual") else None
+  normal = lambda key, shape: jax.random.normal(key, shape, jnp.float32).astype(dtype)
+  b = normal(keys[2], k_shape[-1:]) if kw.get("bias") else None
+  r = normal(keys[3], y_shape) if kw.get("residual") else None
   dy = jax.random.normal(keys[4], y_shape, jnp.float32).astype(dtype)
   act = kw.get("activation")
 

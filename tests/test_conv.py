@@ -437,8 +437,9 @@ def test_deterministic_setting_reaches_every_primitive():
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("shape,kernel,groups", [((8, 28, 28, 64), (3, 3, 64, 64), 1),
-                                                 ((4, 20, 20, 96), (3, 3, 1, 96), 96)],
-                         ids=["dense", "depthwise"])
+                                                 ((4, 20, 20, 96), (3, 3, 1, 96), 96),
+                                                 ((4, 20, 20, 64), (3, 3, 4, 64), 16)],
+                         ids=["dense", "depthwise", "grouped"])
 def test_deterministic_runs_are_bitwise_equal(gpu, shape, kernel, groups):
   del gpu
   x = randn(31, shape, jnp.bfloat16)

@@ -60,7 +60,9 @@ struct TiledParams {
   int lanes, col_threads;
   int tile_h, tile_w, rows_in, cols_in;
   int table_bytes;       // a multiple of 16: the buffers follow
-  int buffer_elems;      // a stage's: rows_in * cols_in * slice_in (wgrad: + dy's tile_h * tile_w * slice_in)
+  // A stage's elements: rows_in * cols_in * slice_in (wgrad: and dy's
+  // tile_h * tile_w * slice_out after them).
+  int buffer_elems;
   int tiles;             // < 2^31 (the plan checks)
   int tiles_w, tiles_h;
   // wgrad: dy [N, O, P, Q, C] beside in = x; partials [parts, C * taps].
@@ -420,11 +422,14 @@ cudaError_t RunTiled(const ConvDirectTiling& t, const TiledParams& p, cudaStream
   const bool pairs = p.cg % 2 == 0;
   switch (t.kt) {
     case 4:
-      return pairs ? Run<T, false, 0, 0, 4, 2>(t, p, stream) : Run<T, false, 0, 0, 4, 1>(t, p, stream);
+      return pairs ? Run<T, false, 0, 0, 4, 2>(t, p, stream)
+                   : Run<T, false, 0, 0, 4, 1>(t, p, stream);
     case 2:
-      return pairs ? Run<T, false, 0, 0, 2, 2>(t, p, stream) : Run<T, false, 0, 0, 2, 1>(t, p, stream);
+      return pairs ? Run<T, false, 0, 0, 2, 2>(t, p, stream)
+                   : Run<T, false, 0, 0, 2, 1>(t, p, stream);
     default:
-      return pairs ? Run<T, false, 0, 0, 1, 2>(t, p, stream) : Run<T, false, 0, 0, 1, 1>(t, p, stream);
+      return pairs ? Run<T, false, 0, 0, 1, 2>(t, p, stream)
+                   : Run<T, false, 0, 0, 1, 1>(t, p, stream);
   }
 }
 
@@ -438,7 +443,8 @@ __device__ __forceinline__ void IssueDy(const TiledParams& p, const TilePos& tp,
   const int total = p.tile_h * p.tile_w * chunks;
   const int oh0 = tp.th * p.tile_h, ow0 = tp.tw * p.tile_w;
   const T* dy = static_cast<const T*>(p.dy);
-  const T* plane = dy + ((tp.n * p.out_ext[0] + tp.od) * p.out_ext[1]) * p.out_ext[2] * p.out_ch + c0;
+  const T* plane =
+      dy + ((tp.n * p.out_ext[0] + tp.od) * p.out_ext[1]) * p.out_ext[2] * p.out_ch + c0;
   for (int e = threadIdx.x; e < total; e += blockDim.x) {
     const int px = e / chunks;
     const int ch = (e - px * chunks) * kVec;

@@ -13,9 +13,9 @@ namespace {
 constexpr int64_t kMaxExtent = (int64_t{1} << 31) - 1;
 constexpr int64_t kMaxGridYZ = 65535;
 constexpr int64_t kMaxTiles = int64_t{1} << 30;
-// Threads a block the tiling aims at (the kernel's launch bound is 512 with
-// two blocks an SM: 64 registers a thread). 256 threads of 2 x 7 outputs
-// and 32 channel pairs are an 8 x 14 tile of 64 channels: 3-4 blocks an SM.
+// Threads a block the tiling aims at, at most (the kernels' launch bounds
+// hold them to 64 registers a thread). 256 threads of 2 x 7 outputs and 32
+// channel pairs are an 8 x 14 tile of 64 channels: 3-4 blocks an SM.
 constexpr int kTargetThreads = 256;
 constexpr int kMaxThreads = 512;
 // A slice's channels: at most 128 bytes a pixel (one line a warp), and each
