@@ -18,8 +18,9 @@
 //     Deterministic.
 //   depthwise_direct: the direct depthwise kernels (conv_depthwise.h); its
 //     rules and workspace are ConvDepthwiseSupports / ConvDepthwiseWorkspaceBytes.
-//     fprop and stride-1 dgrad run the shared-memory tiled kernel
-//     (conv_direct.h) where it fits, the rest the older direct kernels.
+//     The shared-memory tiled kernel (conv_direct.h) runs what it takes
+//     (ConvDepthwiseTiled: fprop, stride-1 dgrad, wgrad of 1D/2D windows 3,
+//     5 or 7 wide), the other direct kernels the rest.
 //   grouped_direct: grouped convolutions with few channels a group
 //     (2 <= C / groups <= kConvGroupedMaxChannels) on the tiled direct kernel:
 //     fprop, stride-1 dgrad and wgrad (1D/2D windows); rules and workspace
