@@ -437,8 +437,9 @@ def test_deterministic_setting_reaches_every_primitive():
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("shape,kernel,groups", [((8, 28, 28, 64), (3, 3, 64, 64), 1),
-                                                 ((4, 20, 20, 96), (3, 3, 1, 96), 96)],
-                         ids=["dense", "depthwise"])
+                                                 ((4, 20, 20, 96), (3, 3, 1, 96), 96),
+                                                 ((4, 20, 20, 64), (3, 3, 4, 64), 16)],
+                         ids=["dense", "depthwise", "grouped"])
 def test_deterministic_runs_are_bitwise_equal(gpu, shape, kernel, groups):
   del gpu
   x = randn(31, shape, jnp.bfloat16)
@@ -481,7 +482,56 @@ KERNEL_CASES = [
      ("depthwise_direct", "depthwise_direct", "depthwise_direct")),
     ("2d_depthwise_7x7_s2_det", (2, 15, 14, 40), (7, 7, 1, 40), dict(groups=40, strides=2),
      True, ("depthwise_direct", "depthwise_direct", "depthwise_direct")),
+    # The tiled direct kernel's paths: unrolled 3/5/7 windows at W stride 1
+    # and 2, the runtime tap loop (dilated), 1D and 3D, tiles past the edges,
+    # channel slices of 48 (144 = 3 x 48) and a partial one (88 = 48 + 40).
+    ("2d_depthwise_3x3_c144_res_silu_det", (2, 19, 23, 144), (3, 3, 1, 144),
+     dict(groups=144, bias=True, residual=True, activation="silu"), True,
+     ("depthwise_direct", "depthwise_direct", "depthwise_direct")),
+    ("2d_depthwise_5x5_s2_c88_det", (1, 17, 30, 88), (5, 5, 1, 88), dict(groups=88, strides=2),
+     True, ("depthwise_direct", "depthwise_direct", "depthwise_direct")),
+    ("2d_depthwise_3x3_dilated_det", (2, 12, 9, 32), (3, 3, 1, 32),
+     dict(groups=32, dilation=(2, 3), padding=((3, 1), (0, 4))), True,
+     ("depthwise_direct", "depthwise_direct", "depthwise_direct")),
+    ("1d_depthwise_k7_det", (3, 37, 24), (7, 1, 24), dict(groups=24, bias=True), True,
+     ("depthwise_direct", "depthwise_direct", "depthwise_direct")),
+    ("3d_depthwise_3x3x3_det", (1, 5, 6, 7, 16), (3, 3, 3, 1, 16), dict(groups=16), True,
+     ("depthwise_direct", "depthwise_direct", "depthwise_direct")),
+    # grouped_direct: ResNeXt's 4 channels a group, 6 in and 3 out a group
+    # (wgrad: XLA), strided (dgrad: XLA), 3D (wgrad: XLA).
+    ("2d_grouped_c4_det", (2, 13, 12, 64), (3, 3, 4, 64), dict(groups=16, bias=True), True,
+     ("grouped_direct", "grouped_direct", "grouped_direct")),
+    ("2d_grouped_6to3_res_relu_det", (2, 9, 15, 48), (3, 3, 6, 24),
+     dict(groups=8, residual=True, activation="relu"), True,
+     ("grouped_direct", "grouped_direct", None)),
+    ("2d_grouped_s2_det", (2, 15, 14, 64), (3, 3, 8, 64), dict(groups=8, strides=2), True,
+     ("grouped_direct", None, "grouped_direct")),
+    ("3d_grouped_det", (1, 5, 6, 7, 32), (3, 3, 3, 4, 32), dict(groups=8), True,
+     ("grouped_direct", "grouped_direct", None)),
 ]
+
+
+def _per_axis(v, n):
+  return tuple(v) if isinstance(v, (tuple, list)) else (v,) * n
+
+
+@pytest.mark.parametrize("case", KERNEL_CASES, ids=lambda c: c[0])
+def test_kernel_cases_plan_their_algorithms(case):
+  """CPU: the registry plans each kernel case's ops on the algorithms listed
+  (bf16, an H100's 132 SMs), so the GPU test below runs the kernels it names."""
+  name, x_shape, k_shape, kw, det, algos = case
+  kw = dict(kw)
+  spec = lambda shape: jax.ShapeDtypeStruct(shape, jnp.bfloat16)
+  x, w = spec(x_shape), spec(k_shape)
+  bias = spec(k_shape[-1:]) if kw.pop("bias", False) else None
+  has_residual = kw.pop("residual", False)
+  activation = kw.pop("activation", None)
+  residual = spec(jax.eval_shape(lambda x, w: jax_dnn.conv(x, w, **kw), x, w).shape)
+  got = jax_dnn.conv_algorithms(x, w, bias, residual=residual if has_residual else None,
+                                activation=activation, deterministic=det, sm_count=132, **kw)
+  ran = tuple(None if got[op].chosen is None else got[op].chosen.name
+              for op in ("fwd", "dgrad", "wgrad"))
+  assert ran == algos, (name, ran, [str(got[op]) for op in got])
 
 
 @pytest.mark.gpu
@@ -525,11 +575,11 @@ def test_kernels_take_these(gpu, case, dtype):
     n = len(x_shape) - 2
     up = jnp.promote_types(x.dtype, jnp.float32)  # fp32 math; fp64 where check_fwd_bwd asks
     y = lax.conv_general_dilated(
-        x.astype(up), w.astype(up), (kw.get("strides", 1),) * n, kw.get("padding", "SAME"),
-        rhs_dilation=(kw.get("dilation", 1),) * n, dimension_numbers=_DN[n],
-        feature_group_count=kw.get("groups", 1), precision=HIGHEST)
+        x.astype(up), w.astype(up), _per_axis(kw.get("strides", 1), n),
+        kw.get("padding", "SAME"), rhs_dilation=_per_axis(kw.get("dilation", 1), n),
+        dimension_numbers=_DN[n], feature_group_count=kw.get("groups", 1), precision=HIGHEST)
     y = y + (0 if b is None else b.astype(up)) + (0 if r is None else r.astype(up))
-    y = jax.nn.relu(y) if activation == "relu" else y
+    y = {None: lambda v: v, "relu": jax.nn.relu, "silu": jax.nn.silu}[activation](y)
     return y.astype(x.dtype)
 
   before = jax_dnn.config.deterministic

@@ -16,6 +16,8 @@ IGEMM_128 = "implicit_gemm_128x128"
 IGEMM_64 = "implicit_gemm_128x64"
 GEMM_1X1 = "gemm_1x1"
 DEPTHWISE = "depthwise_direct"
+GROUPED = "grouped_direct"
+ALL = [IGEMM_128, IGEMM_64, GEMM_1X1, DEPTHWISE, GROUPED]
 
 
 def _out(i, w, s, d, lo, hi):
@@ -51,8 +53,8 @@ def algorithms(p, sm_count=H100):
 def test_every_algorithm_answers():
   for op in ("fwd", "dgrad", "wgrad"):
     algos = ext.conv_algorithms(problem(op), dev())
-    assert [a.name for a in algos] == [IGEMM_128, IGEMM_64, GEMM_1X1, DEPTHWISE]
-    assert len({a.id for a in algos}) == 4
+    assert [a.name for a in algos] == ALL
+    assert len({a.id for a in algos}) == len(ALL)
     for a in algos:
       assert a.workspace_bytes >= 0
       assert a.supported == (a.reason == ""), a
@@ -162,7 +164,7 @@ def test_built_kernels(op, dtype, rank, takes):
 def test_float32_gradients_have_no_kernel():
   plan = ext.conv_plan(problem("dgrad", "float32"), False, dev())
   assert not plan.supported and plan.id == -1
-  for name in (IGEMM_128, IGEMM_64, GEMM_1X1, DEPTHWISE):
+  for name in ALL:
     assert name + ":" in plan.reason
 
 
@@ -181,21 +183,84 @@ def test_channel_alignment(dtype, c, k, takes):
     assert "multiples of" in a.reason
 
 
-def test_groups_take_depthwise_or_nothing():
+def test_groups_take_the_direct_kernels_when_deterministic():
   grouped = algorithms(problem(c=128, k=128, groups=32))
   assert not grouped[IGEMM_128].supported and "groups" in grouped[IGEMM_128].reason
-  # Depthwise (groups == C): the depthwise kernel's own rules decide.
-  p = problem(c=64, k=64, groups=64)
-  dw = algorithms(p)[DEPTHWISE]
-  plan = ext.conv_plan(p, False, dev())
-  if dw.supported:
-    # Slower than XLA's depthwise: taken in the deterministic mode only.
-    assert not plan.supported and "slower than XLA" in plan.reason
+  # Depthwise (groups == C): the depthwise kernel's own rules decide;
+  # grouped (2-16 channels a group): grouped_direct's. The heuristic's switch
+  # (kConvDirectByDefault) is off: XLA runs them unless deterministic.
+  for p, name in ((problem(c=64, k=64, groups=64), DEPTHWISE),
+                  (problem(c=128, k=128, groups=32), GROUPED)):
+    a = algorithms(p)[name]
+    assert a.supported and a.deterministic and a.workspace_bytes >= 0, a
+    plan = ext.conv_plan(p, False, dev())
+    assert not plan.supported and "kConvDirectByDefault" in plan.reason, plan
     plan = ext.conv_plan(p, True, dev())
-    assert plan.name == DEPTHWISE and plan.workspace_bytes == dw.workspace_bytes
+    assert plan.name == name and plan.workspace_bytes == a.workspace_bytes
+  # Each takes only its own kind of groups.
+  assert not algorithms(problem(c=64, k=64, groups=64))[GROUPED].supported
+  assert not algorithms(problem(c=128, k=128, groups=32))[DEPTHWISE].supported
+  assert not algorithms(problem(c=64, k=64))[GROUPED].supported
+
+
+@pytest.mark.parametrize("op, dtype, kw, words", [
+    # ResNeXt 32x4d's 3x3 (4 channels a group), its strided variant, other
+    # group widths, ranks and dtypes; None: taken.
+    ("fwd", "bfloat16", dict(c=128, k=128, groups=32), None),
+    ("dgrad", "bfloat16", dict(c=128, k=128, groups=32), None),
+    ("fwd", "bfloat16", dict(c=256, k=256, groups=32, stride=2), None),
+    ("fwd", "float16", dict(c=64, k=128, groups=16, activation=3, bias=True, residual=True), None),
+    ("fwd", "float32", dict(c=48, k=48, groups=4), None),  # 12 channels a group
+    ("fwd", "bfloat16", dict(c=48, k=24, groups=8), None),  # 6 in, 3 out a group
+    ("dgrad", "bfloat16", dict(c=48, k=24, groups=8, dilation=2), None),
+    ("fwd", "bfloat16", dict(c=256, k=256, groups=16, window=(7, 7)), None),  # 16 a group
+    ("fwd", "bfloat16", dict(c=64, k=64, groups=8, spatial=(9, 10, 11), window=(3, 3, 3)), None),
+    ("fwd", "bfloat16", dict(c=64, k=64, groups=8, spatial=(1000,), window=(5,)), None),
+    ("fwd", "bfloat16", dict(c=64, k=64, groups=8, pad=4), None),  # padding past the window
+    # wgrad: 1D/2D windows, 2, 4, 8 or 16 channels a group, K / groups even.
+    ("wgrad", "bfloat16", dict(c=128, k=128, groups=32), None),
+    ("wgrad", "float32", dict(c=256, k=256, groups=32, stride=2), None),
+    ("wgrad", "float16", dict(c=32, k=64, groups=2, window=(5, 5)), None),
+    ("wgrad", "bfloat16", dict(c=64, k=64, groups=8, spatial=(1000,), window=(7,)), None),
+    # Not taken.
+    ("fwd", "bfloat16", dict(c=256, k=256, groups=8), "past 16"),  # 32 a group: XLA
+    ("wgrad", "bfloat16", dict(c=64, k=64, groups=8, spatial=(9, 10, 11), window=(3, 3, 3)),
+     "3D windows"),
+    ("wgrad", "bfloat16", dict(c=48, k=48, groups=8), "2, 4, 8 or 16"),
+    ("wgrad", "bfloat16", dict(c=48, k=24, groups=8), "2, 4, 8 or 16"),
+    ("wgrad", "bfloat16", dict(c=64, k=24, groups=8), "even K / groups"),
+    ("dgrad", "bfloat16", dict(c=128, k=128, groups=32, stride=2), "strided dgrad"),
+    ("fwd", "bfloat16", dict(c=12, k=12, groups=3), "multiples of 8"),  # 16-byte rows
+    ("fwd", "bfloat16", dict(c=64, k=64, groups=64), "depthwise"),
+    ("fwd", "bfloat16", dict(c=64, k=64, groups=4, window=(41, 41), pad=20), "shared memory"),
+])
+def test_grouped_direct_rules(op, dtype, kw, words):
+  a = algorithms(problem(op, dtype, **kw))[GROUPED]
+  if words is None:
+    assert a.supported and a.deterministic, a.reason
+    if op == "wgrad":
+      # Partials of K * taps * C/G floats a part, and the fp32 sum unless dw is fp32.
+      p = problem(op, dtype, **kw)
+      width = p.k * p.window[0] * p.window[1] * p.window[2] * (p.c // p.groups) * 4
+      assert a.workspace_bytes >= width * (1 if dtype == "float32" else 2), a
+      assert a.workspace_bytes <= algorithms(p, sm_count=0)[GROUPED].workspace_bytes
+    else:
+      assert a.workspace_bytes == 0
+    assert ext.conv_plan(problem(op, dtype, **kw), True, dev()).name == GROUPED
   else:
-    assert dw.reason and not plan.supported
-    assert DEPTHWISE + ": " + dw.reason in plan.reason
+    assert not a.supported and a.reason.startswith(GROUPED + ":") and words in a.reason, a.reason
+
+
+def test_depthwise_direct_still_takes_what_the_tiled_kernel_does_not():
+  # The tiled kernel runs fprop and stride-1 dgrad with channels a multiple
+  # of 16 bytes; the rest (multiplier, odd channels, strided dgrad) runs the
+  # other direct kernels: depthwise_direct takes them all.
+  for op, kw in (("fwd", dict(c=12, k=12, groups=12)), ("fwd", dict(c=16, k=48, groups=16)),
+                 ("dgrad", dict(c=64, k=64, groups=64, stride=2)),
+                 ("dgrad", dict(c=10, k=20, groups=10, window=(5, 5))),
+                 ("wgrad", dict(c=64, k=64, groups=64, window=(7, 7)))):
+    a = algorithms(problem(op, **kw))[DEPTHWISE]
+    assert a.supported and a.deterministic, (op, kw, a.reason)
 
 
 @pytest.mark.parametrize("activation, takes", [(-1, True), (0, True), (1, False), (3, False)])

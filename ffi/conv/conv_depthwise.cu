@@ -1,5 +1,9 @@
 // Direct depthwise convolution, fprop and dgrad (wgrad: conv_depthwise_wgrad.cu),
 // channels last; letters as in conv_depthwise.cuh. fp32 accumulation.
+// LaunchConvDepthwise hands what the shared-memory tiled kernel takes
+// (ConvDepthwiseTiled: conv_direct.cu) to it; the kernels here run the rest:
+// a multiplier, channels not a multiple of 16 bytes, unaligned buffers and
+// strided dgrad.
 //
 // A depthwise convolution does taps FMAs an output element and reads each
 // input once from DRAM: memory-bound at 3x3 (9 FMAs an element), close to
@@ -35,33 +39,11 @@
 #include "ffi/common/device_info.h"
 #include "ffi/conv/conv_depthwise.cuh"
 #include "ffi/conv/conv_depthwise.h"
+#include "ffi/conv/conv_direct.h"
 
 namespace jax_dnn {
 namespace depthwise {
 namespace {
-
-// bias_act's activations (ffi/activation), by id; accurate fp32 math: the
-// epilogue runs once an output, after taps FMAs.
-__device__ __forceinline__ float ApplyActivation(int act, float x) {
-  switch (act) {
-    case 0:
-      return fmaxf(x, 0.f);
-    case 1:
-      return 0.5f * x * (1.f + erff(x * 0.70710678118654752f));
-    case 2: {
-      const float u = 0.79788456080286536f * fmaf(0.044715f * x, x * x, x);
-      return 0.5f * x * (1.f + tanhf(u));
-    }
-    case 3:
-      return x / (1.f + expf(-x));  // x -> -inf: x / inf = -0, no NaN
-    case 4:
-      return 1.f / (1.f + expf(-x));
-    case 5:
-      return tanhf(x);
-    default:
-      return x;
-  }
-}
 
 // The launch bound lets ptxas use up to 255 registers: left to its
 // occupancy heuristics, it capped the 5-wide kernel at 128 and spilled.
@@ -271,6 +253,11 @@ cudaError_t LaunchConvDepthwise(ConvOp op, const ConvShape& s, const ConvArgs& a
                        depthwise::VectorAligned(p.out, a.dtype) &&
                        depthwise::VectorAligned(p.bias, a.dtype) &&
                        depthwise::VectorAligned(p.residual, a.dtype);
+  const bool aligned16 = IsAligned(p.in, 16) && IsAligned(p.out, 16) &&
+                         (p.bias == nullptr || IsAligned(p.bias, 16)) &&
+                         (p.residual == nullptr || IsAligned(p.residual, 16));
+  if (ConvDepthwiseTiled(op, s, a.dtype, aligned16))
+    return LaunchConvDirectTiled(op, s, a, stream);
   const ConvDepthwiseTiling t = ConvDepthwiseTile(op, s, a.dtype, SmCount(), aligned);
   p.in_ch = dgrad ? s.k : s.c;
   p.out_ch = dgrad ? s.c : s.k;

@@ -40,6 +40,30 @@ __device__ __forceinline__ void LoadChannels(const T* p, float (&out)[V]) {
   }
 }
 
+// bias_act's activations (ffi/activation), by id (the fused epilogue of
+// conv_depthwise.cu and conv_direct.cu); accurate fp32 math: the
+// epilogue runs once an output, after taps FMAs.
+__device__ __forceinline__ float ApplyActivation(int act, float x) {
+  switch (act) {
+    case 0:
+      return fmaxf(x, 0.f);
+    case 1:
+      return 0.5f * x * (1.f + erff(x * 0.70710678118654752f));
+    case 2: {
+      const float u = 0.79788456080286536f * fmaf(0.044715f * x, x * x, x);
+      return 0.5f * x * (1.f + tanhf(u));
+    }
+    case 3:
+      return x / (1.f + expf(-x));  // x -> -inf: x / inf = -0, no NaN
+    case 4:
+      return 1.f / (1.f + expf(-x));
+    case 5:
+      return tanhf(x);
+    default:
+      return x;
+  }
+}
+
 // The runtime loop's source position along one axis of output (or, for
 // dgrad's gather, input) position `o` and tap `tap`: false where it falls in
 // the padding (or, gathering at stride > 1, between the strided outputs).

@@ -3,6 +3,8 @@
 
 #include <algorithm>
 
+#include "ffi/conv/conv_direct_plan.h"
+
 namespace jax_dnn {
 namespace {
 
@@ -157,7 +159,12 @@ int64_t ConvDepthwiseWgradSumBytes(const ConvShape& s, DType dtype) {
 int64_t ConvDepthwiseWorkspaceBytes(ConvOp op, const ConvShape& s, DType dtype, int sm_count) {
   if (op != ConvOp::kWgrad) return 0;
   const ConvDepthwiseTiling t = ConvDepthwiseTile(op, s, dtype, sm_count);
-  return ConvDepthwiseWgradSumBytes(s, dtype) + t.parts * s.k * Taps(s) * 4;
+  // Room for the parts of whichever kernel runs (the tiled one needs
+  // 16-byte aligned buffers, which XLA's are).
+  int64_t parts = t.parts;
+  if (ConvDepthwiseTiled(op, s, dtype, true))
+    parts = std::max(parts, ConvDepthwiseTiledWgradParts(s, dtype, sm_count));
+  return ConvDepthwiseWgradSumBytes(s, dtype) + parts * s.k * Taps(s) * 4;
 }
 
 }  // namespace jax_dnn

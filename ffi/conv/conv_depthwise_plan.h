@@ -10,6 +10,12 @@
 // element; past 7x7x7 the implicit GEMM is the better algorithm), dgrad on
 // the scalar path with multiplier x taps past a block's shared-memory window
 // table (12288 floats), and extents past 2^31 or the grid.
+//
+// Which kernel runs: the shared-memory tiled one (conv_direct.h) where
+// ConvDepthwiseTiled holds (multiplier 1, C a multiple of 16 bytes, aligned
+// buffers; fprop, stride-1 dgrad, and wgrad of 1D/2D windows 3, 5 or 7 wide);
+// the rest conv_depthwise.cu's and conv_depthwise_wgrad.cu's kernels, whose
+// tiling ConvDepthwiseTile below is.
 #pragma once
 
 #include <cstdint>

@@ -2,7 +2,9 @@
 // dy[n, o, p, q, k] * x[n, o * sd - pd + t * dd, p * sh - ph + r * dh,
 // q * sw - pw + s * dw, k / M]; letters as in conv_depthwise.cuh.
 //
-// Deterministic in two stages, no atomics. A block takes a part of the
+// Deterministic in two stages, no atomics. The first stage is the tiled
+// kernel's (LaunchConvDirectWgradPartials, conv_direct.cu) where
+// ConvDepthwiseTiled holds; otherwise this file's: a block takes a part of the
 // (n, o, p) output rows, 8 channel vectors (32 channels on the vector path)
 // and some window rows (t, r); a thread owns one channel vector and one
 // window row, keeps that row's S x 4 sums in registers, and walks its lane's
@@ -19,9 +21,9 @@
 // and dy).
 #include <algorithm>
 
-#include "ffi/common/column_sum.h"
 #include "ffi/common/device_info.h"
 #include "ffi/conv/conv_depthwise.cuh"
+#include "ffi/conv/conv_direct.h"
 
 namespace jax_dnn {
 namespace depthwise {
@@ -151,12 +153,6 @@ __global__ void __launch_bounds__(kMaxThreads, 1) DepthwiseWgradKernel(WgradPass
   }
 }
 
-template <typename T>
-__global__ void CastKernel(const float* __restrict__ in, T* __restrict__ out, int64_t count) {
-  const int64_t e = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
-  if (e < count) out[e] = FromFloat<T>(in[e]);
-}
-
 template <typename T, int V, int kS, int kSw, int kQt>
 cudaError_t Run(const ConvDepthwiseTiling& t, const WgradPass& p, cudaStream_t stream) {
   const dim3 grid(static_cast<unsigned>(t.parts), static_cast<unsigned>(t.channel_blocks),
@@ -199,11 +195,27 @@ cudaError_t LaunchDepthwiseWgrad(const ConvShape& s, const ConvArgs& a, cudaStre
   const int64_t sum_bytes = ConvDepthwiseWgradSumBytes(s, a.dtype);
   const int64_t capacity = (a.workspace_bytes - sum_bytes) / (width * 4);
   if (capacity < 1) return cudaErrorInvalidValue;
+  float* partials = reinterpret_cast<float*>(static_cast<char*>(a.workspace) + sum_bytes);
+  // The shared-memory tiled kernel (conv_direct.cu) where it takes the
+  // problem; its partials reduce as this file's do.
+  const bool aligned16 = IsAligned(a.x, 16) && IsAligned(a.dy, 16);
+  if (ConvDepthwiseTiled(ConvOp::kWgrad, s, a.dtype, aligned16)) {
+    int64_t parts = 0;
+    if (s.n == 0) {
+      parts = 1;
+      cudaError_t e = cudaMemsetAsync(partials, 0, width * 4, stream);
+      if (e != cudaSuccess) return e;
+    } else {
+      cudaError_t e = LaunchConvDirectWgradPartials(s, a, partials, capacity, &parts, stream);
+      if (e != cudaSuccess) return e;
+    }
+    return LaunchConvDirectSumParts(partials, parts, width, a, stream);
+  }
   t.parts = std::min(t.parts, capacity);
   WgradPass p{};
   p.x = a.x;
   p.dy = a.dy;
-  p.partials = reinterpret_cast<float*>(static_cast<char*>(a.workspace) + sum_bytes);
+  p.partials = partials;
   p.c = s.c;
   p.k = s.k;
   p.mult = static_cast<int>(s.k / s.c);
@@ -219,30 +231,12 @@ cudaError_t LaunchDepthwiseWgrad(const ConvShape& s, const ConvArgs& a, cudaStre
   p.lanes = t.lanes;
   p.rows = s.n * s.output[0] * s.output[1];
   p.rows_per_part = (p.rows + t.parts - 1) / t.parts;
-  float* sum = a.dtype == DType::kF32 ? static_cast<float*>(a.dw)
-                                       : static_cast<float*>(a.workspace);
   cudaError_t e = DispatchDType(a.dtype, [&](auto tag) {
     using T = typename decltype(tag)::type;
     return RunWgrad<T>(t, p, stream);
   });
   if (e != cudaSuccess) return e;
-  ColumnSumParams cs{};
-  cs.partials = p.partials;
-  cs.out[0] = sum;
-  cs.out[1] = sum;
-  cs.param_sets = 1;
-  cs.parts = t.parts;
-  cs.sums = 1;
-  cs.width = width;
-  e = LaunchColumnSum(cs, stream);
-  if (e != cudaSuccess || a.dtype == DType::kF32) return e;
-  return DispatchDType(a.dtype, [&](auto tag) {
-    using T = typename decltype(tag)::type;
-    constexpr int kCastThreads = 256;
-    const unsigned blocks = static_cast<unsigned>((width + kCastThreads - 1) / kCastThreads);
-    CastKernel<T><<<blocks, kCastThreads, 0, stream>>>(sum, static_cast<T*>(a.dw), width);
-    return cudaGetLastError();
-  });
+  return LaunchConvDirectSumParts(partials, t.parts, width, a, stream);
 }
 
 }  // namespace depthwise

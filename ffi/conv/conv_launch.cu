@@ -5,6 +5,7 @@
 #include <string>
 
 #include "ffi/conv/conv_depthwise.h"
+#include "ffi/conv/conv_direct.h"
 #include "ffi/conv/conv_implicit_gemm.h"
 
 namespace jax_dnn {
@@ -31,6 +32,8 @@ cudaError_t LaunchConv(int algo, const ConvProblem& problem, const ConvArgs& arg
   if (call.workspace_bytes == 0) call.workspace = nullptr;
   if (algorithm.id == kConvDepthwiseDirect)
     return LaunchConvDepthwise(problem.op, problem.shape, call, stream);
+  if (algorithm.id == kConvGroupedDirect)
+    return LaunchConvDirectTiled(problem.op, problem.shape, call, stream);
   const int sm_count = device.sm_count > 0 ? device.sm_count : 1;
   const cudaError_t status =
       LaunchConvImplicitGemm(problem.op, algorithm.id, problem.shape, call, sm_count, stream,

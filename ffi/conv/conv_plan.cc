@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "ffi/conv/conv_depthwise_plan.h"
+#include "ffi/conv/conv_direct_plan.h"
 
 namespace jax_dnn {
 namespace {
@@ -40,6 +41,13 @@ const char* DTypeName(DType t) {
   }
 }
 
+// Whether the heuristic takes the direct kernels (depthwise_direct,
+// grouped_direct) outside the deterministic mode. Off until they measure
+// faster than XLA (cuDNN) on the benchmark set's depthwise and grouped layers
+// (scripts/conv_direct_check.py: ConvNeXt 7x7, MobileNet 3x3, ResNeXt
+// 32x4d); switching it on, state that measurement here.
+constexpr bool kConvDirectByDefault = false;
+
 const char* AlgorithmName(int id) {
   switch (id) {
     case kConvImplicitGemm128x128:
@@ -50,13 +58,15 @@ const char* AlgorithmName(int id) {
       return "depthwise_direct";
     case kConvGemm1x1:
       return "gemm_1x1";
+    case kConvGroupedDirect:
+      return "grouped_direct";
     default:
       return "unknown";
   }
 }
 
 constexpr int kAlgorithmIds[] = {kConvImplicitGemm128x128, kConvImplicitGemm128x64,
-                                 kConvGemm1x1, kConvDepthwiseDirect};
+                                 kConvGemm1x1, kConvDepthwiseDirect, kConvGroupedDirect};
 
 int64_t CeilDiv(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
@@ -199,6 +209,16 @@ ConvAlgorithm Answer(int id, const ConvProblem& p, const DeviceProps& device) {
       a.deterministic = true;
       break;
     }
+    case kConvGroupedDirect: {
+      std::string why;
+      if (!ConvGroupedSupports(p.op, p.shape, p.dtype, &why))
+        a.reason = why.empty() ? "grouped_direct does not take this problem" : why;
+      a.workspace_bytes = ConvGroupedWorkspaceBytes(p.op, p.shape, p.dtype, device.sm_count);
+      // Each output summed by one thread in a fixed order; wgrad's parts
+      // reduced in a fixed order.
+      a.deterministic = true;
+      break;
+    }
     default:
       a.reason = "no convolution algorithm has id " + std::to_string(id);
       return a;
@@ -280,14 +300,17 @@ ConvAlgorithm ConvPlan(const ConvProblem& problem, bool deterministic, const Dev
   const ConvShape& s = problem.shape;
   // Why the heuristic passed over a supported algorithm (wgrad's tile rule).
   std::string declined;
-  // The direct depthwise kernels ran at 0.28-0.57x of XLA's (cuDNN's) speed
-  // on the ConvNeXt 7x7 and MobileNet 3x3 layers (H100, bf16): by
-  // default XLA runs depthwise; the deterministic mode takes them (their
-  // wgrad adds its partials in a fixed order).
-  if (const ConvAlgorithm* a = usable(kConvDepthwiseDirect)) {
-    if (deterministic) return *a;
-    declined = "the direct depthwise kernels are slower than XLA's (0.28-0.57x, H100): "
-               "XLA runs depthwise unless deterministic";
+  // The direct kernels (depthwise_direct, grouped_direct) run by default
+  // only where kConvDirectByDefault says; otherwise in the deterministic
+  // mode, and XLA runs depthwise and grouped convolutions.
+  for (int id : {kConvDepthwiseDirect, kConvGroupedDirect}) {
+    if (const ConvAlgorithm* a = usable(id)) {
+      if (deterministic || kConvDirectByDefault) return *a;
+      declined = std::string("the direct kernels are not the default (kConvDirectByDefault): XLA "
+                             "runs ") +
+                 (id == kConvDepthwiseDirect ? "depthwise" : "grouped") +
+                 " convolutions unless deterministic";
+    }
   }
   if (const ConvAlgorithm* a = usable(kConvGemm1x1)) return *a;
   if (problem.op == ConvOp::kWgrad) {

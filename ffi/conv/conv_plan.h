@@ -18,6 +18,15 @@
 //     Deterministic.
 //   depthwise_direct: the direct depthwise kernels (conv_depthwise.h); its
 //     rules and workspace are ConvDepthwiseSupports / ConvDepthwiseWorkspaceBytes.
+//     The shared-memory tiled kernel (conv_direct.h) runs what it takes
+//     (ConvDepthwiseTiled: fprop, stride-1 dgrad, wgrad of 1D/2D windows 3,
+//     5 or 7 wide), the other direct kernels the rest.
+//   grouped_direct: grouped convolutions with few channels a group
+//     (2 <= C / groups <= kConvGroupedMaxChannels) on the tiled direct kernel:
+//     fprop, stride-1 dgrad and wgrad (1D/2D windows); rules and workspace
+//     ConvGroupedSupports / ConvGroupedWorkspaceBytes (conv_direct_plan.h).
+//     Deterministic (every output summed by one thread in a fixed order;
+//     wgrad's per-block partials reduced in a fixed order).
 #pragma once
 
 #include <cstdint>
@@ -38,6 +47,7 @@ enum ConvAlgorithmId : int {
   kConvImplicitGemm128x64 = 1,
   kConvDepthwiseDirect = 2,
   kConvGemm1x1 = 3,
+  kConvGroupedDirect = 4,
 };
 
 // One built implicit-GEMM kernel (one CUDA translation unit each,
@@ -131,7 +141,9 @@ std::vector<ConvAlgorithm> ConvAlgorithms(const ConvProblem& problem, const Devi
 ConvAlgorithm ConvAlgorithmFor(int id, const ConvProblem& problem, const DeviceProps& device);
 
 // The heuristic's choice, instantly:
-//   - depthwise_direct where it takes the problem (groups == C > 1);
+//   - depthwise_direct where it takes the problem (groups == C > 1), and
+//     grouped_direct likewise, when deterministic or where the switch
+//     kConvDirectByDefault (conv_plan.cc) is on; else declined (XLA runs them);
 //   - gemm_1x1 where it takes the problem (fprop, dgrad and wgrad);
 //   - fprop and dgrad: implicit_gemm_128x64 where the GEMM's N (fprop's K,
 //     dgrad's C) is at most 64 and it is built, else implicit_gemm_128x128;
