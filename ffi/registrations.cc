@@ -28,6 +28,7 @@
 #include "ffi/common/dtype.h"
 #include "ffi/conv/conv_plan.h"
 #include "ffi/layer_norm/layer_norm_plan.h"
+#include "ffi/pooling/pooling_plan.h"
 
 #ifdef JAX_DNN_WITH_CUDA
 #include "ffi/common/device_info.h"
@@ -48,6 +49,10 @@ XLA_FFI_DECLARE_HANDLER_SYMBOL(AttentionBwd);
 XLA_FFI_DECLARE_HANDLER_SYMBOL(ConvFwd);
 XLA_FFI_DECLARE_HANDLER_SYMBOL(ConvDgrad);
 XLA_FFI_DECLARE_HANDLER_SYMBOL(ConvWgrad);
+XLA_FFI_DECLARE_HANDLER_SYMBOL(MaxPoolFwd);
+XLA_FFI_DECLARE_HANDLER_SYMBOL(MaxPoolBwd);
+XLA_FFI_DECLARE_HANDLER_SYMBOL(AvgPoolFwd);
+XLA_FFI_DECLARE_HANDLER_SYMBOL(AvgPoolBwd);
 }  // namespace jax_dnn
 #endif
 
@@ -87,6 +92,10 @@ nb::dict Registrations() {
   d["jax_dnn_conv_fwd"] = Capsule(ConvFwd);
   d["jax_dnn_conv_dgrad"] = Capsule(ConvDgrad);
   d["jax_dnn_conv_wgrad"] = Capsule(ConvWgrad);
+  d["jax_dnn_max_pool_fwd"] = Capsule(MaxPoolFwd);
+  d["jax_dnn_max_pool_bwd"] = Capsule(MaxPoolBwd);
+  d["jax_dnn_avg_pool_fwd"] = Capsule(AvgPoolFwd);
+  d["jax_dnn_avg_pool_bwd"] = Capsule(AvgPoolBwd);
 #endif
   return d;
 }
@@ -283,6 +292,15 @@ void DefinePlans(nb::module_& m) {
 
   m.def("conv_algorithms", &jax_dnn::ConvAlgorithms, "problem"_a, "device"_a);
   m.def("conv_plan", &jax_dnn::ConvPlan, "problem"_a, "deterministic"_a, "device"_a);
+
+  m.def(
+      "pool_global_parts",
+      [](int64_t n, int64_t c, int64_t spatial, int64_t outputs, bool adaptive,
+         const std::string& dtype, const DeviceProps& device) {
+        return jax_dnn::PoolGlobalParts(n, c, spatial, outputs, adaptive, KernelDType(dtype),
+                                        device);
+      },
+      "n"_a, "c"_a, "spatial"_a, "outputs"_a, "adaptive"_a, "dtype"_a, "device"_a);
 }
 
 }  // namespace
