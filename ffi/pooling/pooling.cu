@@ -212,7 +212,6 @@ __global__ void __launch_bounds__(kThreads)
           Window(p, 1, oh, lo[1], hi[1]);
           Window(p, 2, ow, lo[2], hi[2]);
           float grad[V];
-          LoadVec<T, V>(dy + at, grad);
           if constexpr (kMax) {
             float m[V];
             LoadVec<T, V>(y + at, m);
@@ -222,11 +221,13 @@ __global__ void __launch_bounds__(kThreads)
               want[k] = Same(mine[k], m[k]);
               any = any || want[k];
             }
-            if (!any) continue;
+            if (!any) continue;  // dy read only where this position may take it
             FirstMaximal<T, V>(p, x, s.b, cv, lo, hi, s.i, m, want);
+            LoadVec<T, V>(dy + at, grad);
 #pragma unroll
             for (int k = 0; k < V; ++k) g[k] += want[k] ? grad[k] : 0.f;
           } else {
+            LoadVec<T, V>(dy + at, grad);
             const float inv = 1.f / Divisor(p, lo, hi);
 #pragma unroll
             for (int k = 0; k < V; ++k) g[k] += grad[k] * inv;

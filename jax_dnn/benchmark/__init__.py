@@ -23,6 +23,8 @@ FAMILIES = {
                   "dot_product_attention vs cuDNN and XLA, TFLOP/s"),
     "conv": ("jax_dnn.benchmark.conv",
              "convolutions (fwd, dgrad, wgrad), fused conv and matmul vs XLA/cuDNN, TFLOP/s"),
+    "pooling": ("jax_dnn.benchmark.pooling",
+                "max/avg/adaptive/global pooling vs Flax/XLA, GB/s"),
 }
 
 
