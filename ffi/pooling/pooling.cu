@@ -354,9 +354,12 @@ cudaError_t LaunchPoolFwd(const PoolParams& p, const DeviceProps& device, cudaSt
     constexpr int kVec = 16 / sizeof(T);
     if (global) {
       if (p.n == 0 || p.c == 0) return cudaSuccess;
+      // The block shape from the plan; the parts from the workspace the
+      // caller sized (1 where it has none, e.g. a symbolic batch in
+      // jax.export: then one block a column, unsplit).
       const PoolGlobalPlan plan = PoolGlobal(p.n, p.c, spatial, p.dtype, device);
       // The grid's y and z axes hold parts and N (at most 65535 each).
-      if (plan.parts == p.parts && p.n <= 65535 && p.parts <= 65535)
+      if (p.n <= 65535 && p.parts <= 65535)
         return vector == kVec ? LaunchGlobal<T, kVec>(p, plan, stream)
                               : LaunchGlobal<T, 1>(p, plan, stream);
     }

@@ -83,8 +83,8 @@ def _windows(params):
 def _outer(masks):
   """[OD, KD], [OH, KH], [OW, KW] -> [1, OD, KD, OH, KH, OW, KW, 1]."""
   d, h, w = masks
-  m = d[:, :, None, None, None, None] & h[None, None, :, :, None, None] & w[None, None, None,
-                                                                             None, :, :]
+  m = (d[:, :, None, None, None, None] & h[None, None, :, :, None, None]
+       & w[None, None, None, None, :, :])
   return m[None, ..., None]
 
 
@@ -110,8 +110,8 @@ def _scatter_back(contrib, windows, input_shape):
   """The transpose of _gather: contrib [N, OD, KD, OH, KH, OW, KW, C] (fp32)
   summed into x's positions [N, D, H, W, C] (input_shape: D, H, W);
   positions outside the input dropped. One axis at a time, a product with a
-  0/1 matrix [O, K, L]: exact sums of fp32 values at full precision, and no
-  scatter."""
+  0/1 matrix [O, K, L] in fp32 at full precision (no TF32 on GPUs): no
+  scatter, and the same sums on every platform."""
   for a, ((pos, inside, _), length) in enumerate(zip(windows, input_shape)):
     onto = (pos[:, :, None] == np.arange(length)) & inside[:, :, None]
     contrib = jnp.tensordot(contrib, onto.astype(np.float32), axes=((1 + a, 2 + a), (0, 1)),
@@ -242,8 +242,8 @@ def _ffi_params(avals, *, input, output, window, strides, pad_lo, adaptive,
 def _global_workspace(avals, **params):
   """Global average pooling's partial sums [N, parts, C] fp32 (the plan's
   split of the spatial axes); a 1-float placeholder where it runs no split,
-  and under a symbolic batch (jax.export), where the kernel then runs
-  unsplit (PoolGlobal's parts depend on N)."""
+  and under a symbolic batch (jax.export: the parts depend on N), where the
+  kernel then takes one block a (batch, channel strip)."""
   x = avals[0]
   placeholder = (ShapedArray((1,), jnp.float32),)
   if not plans.is_static(*x.shape):
