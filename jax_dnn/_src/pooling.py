@@ -423,7 +423,8 @@ def avg_pool(inputs: jax.Array, window_shape: Sequence[int], strides: Sequence[i
     window's positions inside the input).
   Returns the averages in inputs' dtype, summed in fp32. (flax's
   count_include_pad=False divides by an fp32 count and so returns fp32 for
-  bf16/fp16 inputs; this returns inputs' dtype.)
+  bf16/fp16 inputs, and NaN (0 / 0) for a window wholly in the padding;
+  this returns inputs' dtype, and 0 there.)
   """
   if not isinstance(count_include_pad, (bool, np.bool_)):
     raise TypeError(f"avg_pool: count_include_pad must be a bool, got {count_include_pad!r}")
