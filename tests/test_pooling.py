@@ -370,7 +370,7 @@ def test_cuda_lowering_calls_the_pool_kernels():
 # (C 64 bf16, C 2048) and scalar channels (C 3, 5); the global average
 # pooling's one-block-a-column path (N*C large: (16, 7^2, 2048)) and its
 # split over blocks (few columns, long spatial axes: (1, 96^2, 64), fp32 and
-# 16-bit); 64-bit offsets are exercised by the benchmark's sizes.
+# 16-bit); offsets past 2^31 elements: test_offsets_past_int32.
 GPU_VARIANTS = [
     ("max", (4, 28, 28, 64), (3, 3), (2, 2), "SAME"),
     ("avg", (4, 28, 28, 64), (2, 2), (2, 2), "VALID"),
@@ -403,3 +403,27 @@ def test_global_pool_is_deterministic(device):
   a, b = np.asarray(fn(x)), np.asarray(fn(x))
   np.testing.assert_array_equal(a, b)
   del device
+
+
+
+@pytest.mark.gpu
+def test_offsets_past_int32(gpu):
+  """x of 2^31 + 2^17 bf16 elements (4.3 GB): the last windows, forward and
+  backward, against NumPy on their slice (32-bit offsets would wrap)."""
+  del gpu
+  length, c = (1 << 21) + 128, 1024
+  x = jax.jit(lambda k: jax.random.normal(k, (1, length, c), jnp.bfloat16))(jax.random.key(3))
+  dy = jnp.full((1, length // 2, c), 0.5, jnp.bfloat16)
+
+  def tails(x, dy):
+    y, vjp = jax.vjp(lambda x: jax_dnn.max_pool(x, (2,), (2,)), x)
+    return y[0, -8:], vjp(dy)[0][0, -16:], jax_dnn.avg_pool(x, (2,), (2,))[0, -8:]
+
+  y, dx, avg = (np.asarray(a, np.float32) for a in jax.jit(tails)(x, dy))
+  xs = np.asarray(x[0, -16:], np.float32).reshape(8, 2, c)
+  np.testing.assert_array_equal(y, xs.max(axis=1))
+  first = xs[:, 0] >= xs[:, 1]  # a tie goes to the first
+  want_dx = np.stack([np.where(first, 0.5, 0.0), np.where(first, 0.0, 0.5)], axis=1)
+  np.testing.assert_array_equal(dx, want_dx.reshape(16, c))
+  # fp32 mean of two bf16 values rounded to bf16: half a bf16 ulp.
+  np.testing.assert_allclose(avg, xs.mean(axis=1), rtol=4e-3, atol=1e-6)
