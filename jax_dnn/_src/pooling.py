@@ -107,16 +107,18 @@ def _divisor(params, windows):
 
 
 def _scatter_back(contrib, windows, input_shape):
-  """The transpose of _gather: contrib [N, OD, KD, OH, KH, OW, KW, C] (fp32)
-  summed into x's positions [N, D, H, W, C] (input_shape: D, H, W);
-  positions outside the input dropped. One axis at a time, a product with a
-  0/1 matrix [O, K, L] in fp32 at full precision (no TF32 on GPUs): no
-  scatter, and the same sums on every platform."""
-  for a, ((pos, inside, _), length) in enumerate(zip(windows, input_shape)):
-    onto = (pos[:, :, None] == np.arange(length)) & inside[:, :, None]
-    contrib = jnp.tensordot(contrib, onto.astype(np.float32), axes=((1 + a, 2 + a), (0, 1)),
-                            precision=lax.Precision.HIGHEST)
-    contrib = jnp.moveaxis(contrib, -1, 1 + a)
+  """The transpose of _gather: contrib [N, OD, KD, OH, KH, OW, KW, C] (fp32,
+  zero outside the input) summed into x's positions [N, D, H, W, C]
+  (input_shape: D, H, W). One axis at a time, a scatter-add over that axis'
+  (output, offset) pairs: linear in the sizes (a 0/1 matrix [O, K, L] would
+  be quadratic in L, e.g. for global pooling)."""
+  for a, ((pos, _, _), length) in enumerate(zip(windows, input_shape)):
+    idx = np.clip(pos, 0, length - 1).reshape(-1)
+    front = jnp.moveaxis(contrib, (1 + a, 2 + a), (0, 1))
+    front = front.reshape((idx.size,) + front.shape[2:])
+    # zeros_like keeps contrib's type (its mesh axes inside shard_map).
+    total = jnp.zeros_like(front, shape=(length,) + front.shape[1:]).at[idx].add(front)
+    contrib = jnp.moveaxis(total, 0, 1 + a)
   return contrib
 
 
