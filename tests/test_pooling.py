@@ -149,6 +149,8 @@ def test_against_numpy(case, kind):
   np.testing.assert_allclose(vjp(dy)[0], want_dx, rtol=1e-5, atol=1e-5)
 
 
+CPU = jax.devices("cpu")[0]
+
 # Ties: values from {0, 1, 2} (most windows hold several maxima) and a
 # constant input; windows over padding with -inf inputs (a padded position
 # first in its window then wins the tie, and the gradient is dropped, as
@@ -177,15 +179,18 @@ def test_max_pool_ties_as_xla(device, case, fill):
   for dtype in DTYPES:
     xd = jnp.asarray(x, dtype)
     ours = jax.jit(lambda x: jax_dnn.max_pool(x, window, strides, padding))
-    theirs = jax.jit(lambda x: nn.max_pool(x, window, strides, padding))
+    # XLA's rule as XLA:CPU applies it (jax.grad of lax.reduce_window max),
+    # against ours on each device.
+    theirs = jax.jit(lambda x: nn.max_pool(x, window, strides, padding))  # x placed on CPU
     y, vjp = jax.vjp(ours, xd)
-    y2, vjp2 = jax.vjp(theirs, xd)
+    y2, vjp2 = jax.vjp(theirs, jax.device_put(xd, CPU))
     np.testing.assert_array_equal(np.asarray(y, np.float32), np.asarray(y2, np.float32))
     # Integer cotangents: sums exact in every dtype, so any misplaced
     # gradient shows.
     dy = jnp.asarray(rng.integers(1, 5, y.shape), dtype)
     np.testing.assert_array_equal(np.asarray(vjp(dy)[0], np.float32),
-                                  np.asarray(vjp2(dy)[0], np.float32), err_msg=str(dtype))
+                                  np.asarray(vjp2(jax.device_put(dy, CPU))[0], np.float32),
+                                  err_msg=str(dtype))
     want_y, want_dx = _ours_and_np("max", np.asarray(xd, np.float64), np.asarray(dy, np.float64),
                                    window, strides, padding)
     np.testing.assert_array_equal(np.asarray(y, np.float64), want_y)
