@@ -20,7 +20,8 @@ Numerics: max is exact in the input dtype, and a NaN in a window gives NaN
 (lax.max's rule); averages sum in fp32 and round once to the input dtype.
 
 Gradients. Max pooling's goes to each window's argmax as XLA's
-select_and_scatter_add (jax.grad of lax.reduce_window max) places it: the
+select_and_scatter_add (jax.grad of lax.reduce_window max; XLA:CPU,
+tests/test_pooling.py test_max_pool_ties_as_xla) places it: the
 window is scanned in row-major order with its padding taking part as -inf,
 and the first maximal position wins a tie; so where a window's maximum is
 -inf and a padded position precedes the first real -inf, that window's
