@@ -16,6 +16,8 @@ import numpy as np
 import pytest
 
 import jax_dnn
+from jax_dnn._src import extension
+from jax_dnn._src import plans
 from helpers import DTYPES, check_fwd_bwd, cuda_hlo, on_gpu, randn
 
 # --- the NumPy reference ------------------------------------------------------------
@@ -358,17 +360,28 @@ def test_bad_inputs(call, error, match):
 # --- the kernels' variants (CUDA lowering; GPU numerics above) ----------------------
 
 
-def test_cuda_lowering_calls_the_pool_kernels():
+def test_cuda_lowering_calls_the_pool_kernels(monkeypatch):
+  """The CUDA lowering's custom calls, their attributes and the global
+  pool's workspace (from the plan); on a build without the kernels the
+  lowering is asked to take them anyway (it only prints the program)."""
   if not jax_dnn.has_cuda_kernels():
-    pytest.skip("jax_dnn was built without its CUDA kernels")
+    monkeypatch.setattr(extension, "use_kernel", lambda target: True)
   x = randn(0, (2, 9, 9, 16), jnp.bfloat16)
   for fn, name in ((lambda x: jax_dnn.max_pool(x, (3, 3), (2, 2), "SAME"), "max_pool"),
                    (lambda x: jax_dnn.avg_pool(x, (2, 2), (2, 2)), "avg_pool"),
                    (lambda x: jax_dnn.adaptive_avg_pool(x, 1), "avg_pool"),
                    (lambda x: jax_dnn.adaptive_max_pool(x, 4), "max_pool")):
-    text = cuda_hlo(jax.grad(lambda x: jnp.sum(fn(x).astype(jnp.float32))), x)
+    text = cuda_hlo(lambda x: jax.vjp(fn, x)[1](fn(x)), x)
     assert f"custom_call @jax_dnn_{name}_fwd(" in text
     assert f"custom_call @jax_dnn_{name}_bwd(" in text
+  text = cuda_hlo(lambda x: jax_dnn.max_pool(x, (3, 3), (2, 2), "SAME"), x)
+  assert "out_h = 5 : i64" in text and "pad_h = 1 : i64" in text and "stride_w = 2 : i64" in text
+  # Global average pooling of few columns splits its positions over blocks:
+  # the workspace [N, parts, C] is a second result of the call.
+  parts = plans.pool_global_parts(1, 64, 96 * 96, 1, True, "bfloat16")
+  assert parts > 1
+  text = cuda_hlo(lambda x: jax_dnn.adaptive_avg_pool(x, 1), randn(0, (1, 96, 96, 64), jnp.bfloat16))
+  assert f"tensor<1x{parts}x64xf32>" in text
 
 
 # Shapes that reach each kernel variant on the GPU: 16-byte channel vectors
