@@ -380,7 +380,8 @@ def test_cuda_lowering_calls_the_pool_kernels(monkeypatch):
   # the workspace [N, parts, C] is a second result of the call.
   parts = plans.pool_global_parts(1, 64, 96 * 96, 1, True, "bfloat16")
   assert parts > 1
-  text = cuda_hlo(lambda x: jax_dnn.adaptive_avg_pool(x, 1), randn(0, (1, 96, 96, 64), jnp.bfloat16))
+  x = randn(0, (1, 96, 96, 64), jnp.bfloat16)
+  text = cuda_hlo(lambda x: jax_dnn.adaptive_avg_pool(x, 1), x)
   assert f"tensor<1x{parts}x64xf32>" in text
 
 
