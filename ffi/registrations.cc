@@ -32,6 +32,7 @@
 #include "ffi/conv/conv_plan.h"
 #include "ffi/group_norm/group_norm_plan.h"
 #include "ffi/layer_norm/layer_norm_plan.h"
+#include "ffi/pooling/pooling_plan.h"
 
 #ifdef JAX_DNN_WITH_CUDA
 #include "ffi/common/device_info.h"
@@ -55,6 +56,10 @@ XLA_FFI_DECLARE_HANDLER_SYMBOL(ConvDgrad);
 XLA_FFI_DECLARE_HANDLER_SYMBOL(ConvWgrad);
 XLA_FFI_DECLARE_HANDLER_SYMBOL(GroupNormFwd);
 XLA_FFI_DECLARE_HANDLER_SYMBOL(GroupNormBwd);
+XLA_FFI_DECLARE_HANDLER_SYMBOL(MaxPoolFwd);
+XLA_FFI_DECLARE_HANDLER_SYMBOL(MaxPoolBwd);
+XLA_FFI_DECLARE_HANDLER_SYMBOL(AvgPoolFwd);
+XLA_FFI_DECLARE_HANDLER_SYMBOL(AvgPoolBwd);
 }  // namespace jax_dnn
 #endif
 
@@ -96,6 +101,10 @@ nb::dict Registrations() {
   d["jax_dnn_conv_wgrad"] = Capsule(ConvWgrad);
   d["jax_dnn_group_norm_fwd"] = Capsule(GroupNormFwd);
   d["jax_dnn_group_norm_bwd"] = Capsule(GroupNormBwd);
+  d["jax_dnn_max_pool_fwd"] = Capsule(MaxPoolFwd);
+  d["jax_dnn_max_pool_bwd"] = Capsule(MaxPoolBwd);
+  d["jax_dnn_avg_pool_fwd"] = Capsule(AvgPoolFwd);
+  d["jax_dnn_avg_pool_bwd"] = Capsule(AvgPoolBwd);
 #endif
   return d;
 }
@@ -337,6 +346,14 @@ void DefinePlans(nb::module_& m) {
       },
       "problem"_a, "algorithm_ids"_a, "repeats"_a = 10);
 #endif
+  m.def(
+      "pool_global_parts",
+      [](int64_t n, int64_t c, int64_t spatial, int64_t outputs, bool adaptive,
+         const std::string& dtype, const DeviceProps& device) {
+        return jax_dnn::PoolGlobalParts(n, c, spatial, outputs, adaptive, KernelDType(dtype),
+                                        device);
+      },
+      "n"_a, "c"_a, "spatial"_a, "outputs"_a, "adaptive"_a, "dtype"_a, "device"_a);
 }
 
 }  // namespace

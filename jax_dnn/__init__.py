@@ -13,6 +13,7 @@ from jax_dnn._src.conv import (conv, conv_algorithms, conv_general_dilated, conv
                                matmul)
 from jax_dnn._src.group_norm import group_norm, instance_norm
 from jax_dnn._src.layer_norm import layer_norm, rms_norm
+from jax_dnn._src.pooling import adaptive_avg_pool, adaptive_max_pool, avg_pool, max_pool
 from jax_dnn._src.softmax import log_softmax, softmax
 
 __version__ = "0.1.0"
@@ -35,6 +36,9 @@ def __dir__():
   return sorted(list(globals()) + ["nn"])
 
 __all__ = [
+    "adaptive_avg_pool",
+    "adaptive_max_pool",
+    "avg_pool",
     "bias_act",
     "config",
     "conv",
@@ -50,6 +54,7 @@ __all__ = [
     "layer_norm",
     "log_softmax",
     "matmul",
+    "max_pool",
     "nn",
     "relu",
     "rms_norm",

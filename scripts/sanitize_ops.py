@@ -3,8 +3,9 @@ so that compute-sanitizer can check them: see scripts/gpu_check.sh.
 `python3 sanitize_ops.py ops` skips attention (the memory-bound ops only),
 `python3 sanitize_ops.py attention` runs attention only, `python3
 sanitize_ops.py conv` the convolutions only (also part of the default run),
-`python3 sanitize_ops.py group_norm` group and instance norm only (also part
-of the default and `ops` runs).
+`python3 sanitize_ops.py group_norm` group and instance norm only, `python3
+sanitize_ops.py pool` the pooling kernels only (both also part of the
+default and `ops` runs).
 
 The row ops come from the table of ops (tests/op_cases.py): each one with
 `rows` set runs over SHAPES; attention's layouts, and the kernels' paths
@@ -183,6 +184,31 @@ def group_norm(key):
   for act in ("relu", "gelu", "gelu_tanh", "silu", "sigmoid", "tanh"):
     fn = functools.partial(jax_dnn.group_norm, num_groups=8, activation=act)
     run(jax.jit(jax.vmap(fn)), x, p, p)
+def pool(key):
+  """The pooling kernels forward and backward in each dtype: 16-byte channel
+  vectors and scalar channels (C 5), 1D/2D/3D windows with padding and
+  overlap, windows past the input (all padding), adaptive bins (overlapping,
+  output larger than the input), global average pooling unsplit (N * C
+  large) and split over blocks (workspace partials), ties (a constant
+  input: every position scans its windows)."""
+  calls = [
+      ((4, 17, 19, 64), lambda x: jax_dnn.max_pool(x, (3, 3), (2, 2), "SAME")),
+      ((3, 9, 11, 5), lambda x: jax_dnn.max_pool(x, (3, 3), (1, 1), ((1, 2), (2, 1)))),
+      ((3, 9, 11, 5), lambda x: jax_dnn.avg_pool(x, (2, 3), (2, 1), ((3, 3), (0, 1)),
+                                                 count_include_pad=False)),
+      ((2, 5, 6, 7, 16), lambda x: jax_dnn.avg_pool(x, (2, 2, 2), (2, 2, 2), "SAME")),
+      ((2, 31, 24), lambda x: jax_dnn.max_pool(x, (4,), (3,), ((2, 5),))),
+      ((2, 7, 9, 64), lambda x: jax_dnn.adaptive_max_pool(x, (3, 13))),
+      ((2, 7, 9, 5), lambda x: jax_dnn.adaptive_avg_pool(x, (4, 4))),
+      ((16, 7, 7, 2048), lambda x: jax_dnn.adaptive_avg_pool(x, 1)),
+      ((1, 96, 96, 64), lambda x: jax_dnn.adaptive_avg_pool(x, 1)),
+      ((2, 33, 17, 3), lambda x: jax_dnn.adaptive_avg_pool(x, 1)),
+      ((2, 12, 12, 8), lambda x: jax_dnn.adaptive_max_pool(x, 1)),
+  ]
+  for dtype in (jnp.float32, jnp.bfloat16, jnp.float16):
+    for shape, fn in calls:
+      run(jax.jit(fn), jax.random.normal(key, shape, jnp.float32).astype(dtype))
+      run(jax.jit(fn), jnp.ones(shape, dtype))
 
 
 def main():
@@ -190,6 +216,10 @@ def main():
   if sys.argv[1:] == ["group_norm"]:
     group_norm(key)
     print("sanitize_ops: group norm kernels ran")
+    return
+  if sys.argv[1:] == ["pool"]:
+    pool(key)
+    print("sanitize_ops: pooling kernels ran")
     return
   if sys.argv[1:] == ["conv"]:
     conv(key)
@@ -203,6 +233,7 @@ def main():
   if not sys.argv[1:]:
     conv(key)
   group_norm(key)
+  pool(key)  # memory-bound: part of "ops" too
   row_ops = [case for case in CASES if case.rows]
   for dtype in (jnp.float32, jnp.bfloat16, jnp.float16):
     for shape in SHAPES:

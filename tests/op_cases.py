@@ -25,6 +25,7 @@ import dataclasses
 import functools
 from typing import Any
 
+from flax.linen import pooling as flax_pooling
 import jax
 import jax.numpy as jnp
 from jax.sharding import PartitionSpec as P
@@ -346,6 +347,50 @@ CASES += [
         tol=5e-5, rows=False, check_shape=(2, 5, 3), vmap_keeps_batch_split=False),
 ]
 
+# --- pooling ------------------------------------------------------------------------------
+
+
+def _adaptive_reference(x, output_size, reduce):
+  """PyTorch's adaptive bins over x [N, *spatial, C], one slice a bin: the
+  bins [floor(o * L / out), ceil((o + 1) * L / out)) of each axis."""
+  for axis, out in enumerate(output_size, start=1):
+    length = x.shape[axis]
+    bins = [jax.lax.slice_in_dim(x, o * length // out, -(-(o + 1) * length // out), axis=axis)
+            for o in range(out)]
+    x = jnp.concatenate([reduce(b, axis=axis, keepdims=True) for b in bins], axis=axis)
+  return x
+
+
+# Channels-last [N, H, W, C]: batch and channels split, the spatial axes whole
+# (windows cross any split of them). vmap folds its axis into N (as the
+# convolutions do).
+_POOL = Arg(split=("data", None, None, "model"), whole=(1, 2))
+_POOL_OPTS = dict(tol=1e-5, rows=False, vmap_keeps_batch_split=False)
+CASES += [
+    OpCase(
+        "max_pool",
+        lambda x: jax_dnn.max_pool(x, (3, 3), (2, 2), "SAME"),
+        lambda x: flax_pooling.max_pool(x, (3, 3), (2, 2), "SAME"),
+        (8, 6, 10, 4), (_POOL,), ("jax_dnn_max_pool_fwd", "jax_dnn_max_pool_bwd"), **_POOL_OPTS),
+    OpCase(
+        "avg_pool",
+        lambda x: jax_dnn.avg_pool(x, (2, 3), (2, 1), ((1, 0), (1, 1)), count_include_pad=False),
+        lambda x: flax_pooling.avg_pool(x, (2, 3), (2, 1), ((1, 0), (1, 1)),
+                                        count_include_pad=False),
+        (8, 6, 10, 4), (_POOL,), ("jax_dnn_avg_pool_fwd", "jax_dnn_avg_pool_bwd"), **_POOL_OPTS),
+    OpCase(
+        "adaptive_max_pool",
+        lambda x: jax_dnn.adaptive_max_pool(x, (3, 4)),
+        lambda x: _adaptive_reference(x, (3, 4), jnp.max),
+        (8, 6, 10, 4), (_POOL,), ("jax_dnn_max_pool_fwd", "jax_dnn_max_pool_bwd"), **_POOL_OPTS),
+    OpCase(
+        "adaptive_avg_pool",
+        lambda x: jax_dnn.adaptive_avg_pool(x, (3, 1)),
+        lambda x: _adaptive_reference(x, (3, 1), jnp.mean),
+        (8, 6, 10, 4), (_POOL,), ("jax_dnn_avg_pool_fwd", "jax_dnn_avg_pool_bwd"), **_POOL_OPTS),
+]
+
+
 # Public functions that are no ops (they run nothing): no case.
 NOT_OPS = frozenset({"conv_algorithms"})
 
@@ -363,3 +408,4 @@ def one_per_family(cases=CASES, where=lambda c: True) -> list[str]:
       seen.add(c.family)
       names.append(c.name)
   return names
+

@@ -164,3 +164,14 @@ def conv_plan(problem, deterministic: bool = False, device=None) -> Any:
   """The heuristic's algorithm for the problem (deterministic ones only when
   asked); supported=False and id=-1 when none takes it, with the reasons."""
   return _ext().conv_plan(problem, bool(deterministic), _device(device))
+
+
+# --- pooling (ffi/pooling/pooling_plan.h) -----------------------------------------
+
+
+def pool_global_parts(n: int, c: int, spatial: int, outputs: int, adaptive: bool,
+                      dtype: str, device=None) -> int:
+  """Blocks a (batch, channel-vector) column of global average pooling splits
+  its spatial positions over (1: no split, no workspace); outputs is the
+  product of the output's spatial sizes (the split needs 1, adaptive)."""
+  return _ext().pool_global_parts(n, c, spatial, outputs, adaptive, dtype, _device(device))

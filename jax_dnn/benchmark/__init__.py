@@ -25,6 +25,8 @@ FAMILIES = {
              "convolutions (fwd, dgrad, wgrad), fused conv and matmul vs XLA/cuDNN, TFLOP/s"),
     "group_norm": ("jax_dnn.benchmark.group_norm",
                    "group norm + SiLU and instance norm vs flax.nnx, GB/s"),
+    "pooling": ("jax_dnn.benchmark.pooling",
+                "max/avg/adaptive/global pooling vs Flax/XLA, GB/s"),
 }
 
 
