@@ -24,6 +24,7 @@
 
 #include "ffi/activation/activation_plan.h"
 #include "ffi/attention/attention_plan.h"
+#include "ffi/batch_norm/batch_norm_plan.h"
 #include "ffi/common/device_props.h"
 #include "ffi/common/dtype.h"
 #include "ffi/conv/conv_plan.h"
@@ -48,6 +49,10 @@ XLA_FFI_DECLARE_HANDLER_SYMBOL(AttentionBwd);
 XLA_FFI_DECLARE_HANDLER_SYMBOL(ConvFwd);
 XLA_FFI_DECLARE_HANDLER_SYMBOL(ConvDgrad);
 XLA_FFI_DECLARE_HANDLER_SYMBOL(ConvWgrad);
+XLA_FFI_DECLARE_HANDLER_SYMBOL(BatchNormStats);
+XLA_FFI_DECLARE_HANDLER_SYMBOL(BatchNormFwd);
+XLA_FFI_DECLARE_HANDLER_SYMBOL(BatchNormBwdStats);
+XLA_FFI_DECLARE_HANDLER_SYMBOL(BatchNormBwd);
 }  // namespace jax_dnn
 #endif
 
@@ -87,6 +92,10 @@ nb::dict Registrations() {
   d["jax_dnn_conv_fwd"] = Capsule(ConvFwd);
   d["jax_dnn_conv_dgrad"] = Capsule(ConvDgrad);
   d["jax_dnn_conv_wgrad"] = Capsule(ConvWgrad);
+  d["jax_dnn_batch_norm_stats"] = Capsule(BatchNormStats);
+  d["jax_dnn_batch_norm_fwd"] = Capsule(BatchNormFwd);
+  d["jax_dnn_batch_norm_bwd_stats"] = Capsule(BatchNormBwdStats);
+  d["jax_dnn_batch_norm_bwd"] = Capsule(BatchNormBwd);
 #endif
   return d;
 }
@@ -278,6 +287,13 @@ void DefinePlans(nb::module_& m) {
       [](int64_t rows, int64_t param_sets, int64_t width, const std::string& dtype,
          const DeviceProps& device) {
         return jax_dnn::BiasActBwdParts(rows, param_sets, width, KernelDType(dtype), device);
+      },
+      "rows"_a, "param_sets"_a, "width"_a, "dtype"_a, "device"_a);
+  m.def(
+      "batch_norm_parts",
+      [](int64_t rows, int64_t param_sets, int64_t width, const std::string& dtype,
+         const DeviceProps& device) {
+        return jax_dnn::BatchNormParts(rows, param_sets, width, KernelDType(dtype), device);
       },
       "rows"_a, "param_sets"_a, "width"_a, "dtype"_a, "device"_a);
 

@@ -157,6 +157,12 @@ def _stats_workspace(avals, **params):
   return (ShapedArray((g, parts, 2, c), jnp.float32),)
 
 
+def _supported(avals, **params):
+  """The kernels' grid takes at most 65535 parameter sets (gridDim.z)."""
+  del params
+  return _x_and_per_channel(avals)[1].shape[0] <= 65535
+
+
 def _residual_to_front(residual, dim, size):
   return move_to_front(residual, dim, size) if _present(residual) else residual
 
@@ -234,6 +240,7 @@ def _shape_present(shape) -> bool:
 
 batch_norm_stats_p = define_primitive(
     "batch_norm_stats",
+    supported=_supported,
     abstract_eval=_sums_abstract,
     batching_rule=_stats_batch,
     reference=_stats_reference,
@@ -243,6 +250,7 @@ batch_norm_stats_p = define_primitive(
 )
 batch_norm_fwd_p = define_primitive(
     "batch_norm_fwd",
+    supported=_supported,
     abstract_eval=_fwd_abstract,
     batching_rule=_fwd_batch,
     reference=_fwd_reference,
@@ -251,6 +259,7 @@ batch_norm_fwd_p = define_primitive(
 )
 batch_norm_bwd_stats_p = define_primitive(
     "batch_norm_bwd_stats",
+    supported=_supported,
     abstract_eval=_sums_abstract,
     batching_rule=_bwd_stats_batch,
     reference=_bwd_stats_reference,
@@ -260,6 +269,7 @@ batch_norm_bwd_stats_p = define_primitive(
 )
 batch_norm_bwd_p = define_primitive(
     "batch_norm_bwd",
+    supported=_supported,
     abstract_eval=_bwd_abstract,
     batching_rule=_bwd_batch,
     reference=_bwd_reference,

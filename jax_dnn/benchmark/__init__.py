@@ -23,6 +23,8 @@ FAMILIES = {
                   "dot_product_attention vs cuDNN and XLA, TFLOP/s"),
     "conv": ("jax_dnn.benchmark.conv",
              "convolutions (fwd, dgrad, wgrad), fused conv and matmul vs XLA/cuDNN, TFLOP/s"),
+    "batch_norm": ("jax_dnn.benchmark.batch_norm",
+                   "batch norm + ReLU (training) vs flax.nnx.BatchNorm + relu, GB/s"),
 }
 
 
