@@ -428,6 +428,22 @@ def test_cuda_lowering_calls_the_kernels():
     assert f"custom_call @jax_dnn_batch_norm_{target}(" in text, target
 
 
+@pytest.mark.parametrize("rows, param_sets, width, dtype, sms, parts", [
+    (128 * 56 * 56, 1, 256, "bfloat16", 132, 2112),  # one channel tile: 16 blocks an SM
+    (256 * 14 * 14, 1, 1024, "bfloat16", 132, 528),  # four tiles
+    (128 * 56 * 56, 1, 256, "bfloat16", 0, 4096),  # no device known: 256 SMs' worth
+    (40, 3, 13, "float32", 132, 1),  # 13 rows a set: at least 64 rows a part
+    (1 << 26, 1, 1 << 20, "float32", 10 ** 5, 32),  # the workspace's 256 MiB
+    (1 << 30, 1, 8, "bfloat16", 10 ** 5, 65535),  # gridDim.y
+])
+def test_plan_parts(rows, param_sets, width, dtype, sms, parts):
+  from jax_dnn._src import extension, plans  # pylint: disable=g-import-not-at-top
+  if extension.module() is None:
+    pytest.skip("jax_dnn's extension is not built: no plans")
+  assert plans.batch_norm_parts(rows, param_sets, width, dtype,
+                                plans.device_props(sm_count=sms)) == parts
+
+
 def test_bad_inputs():
   x = jnp.ones((4, 8), jnp.float32)
   bn = jax_dnn.batch_norm
@@ -486,3 +502,31 @@ def test_gpu_deterministic(gpu):
   a, b = fn(*args), fn(*args)
   for g, w in zip(jax.tree.leaves(a), jax.tree.leaves(b)):
     np.testing.assert_array_equal(np.asarray(g, np.float32), np.asarray(w, np.float32))
+
+
+@pytest.mark.gpu
+def test_gpu_statistics_on_two_gpus(gpu):
+  """The batch split over two GPUs with axis_name: y, the statistics and the
+  gradients equal one GPU's over the whole batch (the kernels on each)."""
+  del gpu
+  gpus = jax.devices("gpu")
+  if len(gpus) < 2:
+    pytest.skip(f"needs 2 CUDA devices (found {len(gpus)})")
+  mesh = Mesh(np.array(gpus[:2]), ("data",))
+  args = [a.astype(jnp.bfloat16) if a.ndim > 1 else a for a in _bn_args((16, 28, 28, 96))]
+  fn = jax.value_and_grad(_bn_loss(), argnums=(0, 1, 2, 3), has_aux=True)
+  want = jax.jit(fn)(*args)
+  fn_sm = jax.value_and_grad(_bn_loss("data"), argnums=(0, 1, 2, 3), has_aux=True)
+
+  def body(x, s, b, r):
+    (l, (y, m, v)), g = fn_sm(x, s, b, r)
+    return jax.lax.psum(l, "data"), y, m, v, g
+
+  batch, rep = P("data"), P()
+  got = jax.jit(jax.shard_map(body, mesh=mesh, in_specs=(batch, rep, rep, batch),
+                              out_specs=(rep, batch, rep, rep, (batch, rep, rep, batch))))(*args)
+  (wl, (wy, wm, wv)), wg = want
+  # bf16 y and dx: one rounding apart where the fp32 sums' order differs.
+  for g, w in zip(jax.tree.leaves(got), jax.tree.leaves((wl, wy, wm, wv, wg))):
+    np.testing.assert_allclose(np.asarray(g, np.float32), np.asarray(w, np.float32), rtol=2e-2,
+                               atol=2e-2)

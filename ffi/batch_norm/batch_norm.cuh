@@ -97,23 +97,27 @@ __global__ void __launch_bounds__(kBatchNormThreads, BatchNormMinBlocks<kMode>()
   const bool active = c0 < p.width;  // width % V == 0 where V > 1
   const bool has_res = kMode != BatchNormMode::kStats && p.residual != nullptr;
 
-  // Per-channel coefficients: the shift (stats), or rows of coefs.
+  // Per-channel coefficients: the shift (stats), or rows of coefs. Loaded
+  // once a thread, element by element (the per-channel arrays carry no
+  // alignment beyond a float's).
   float a[V], b[V], m[V], k1[V], k2[V], k3[V];
+  auto load = [&](float(&dst)[V], int k) {
+    const float* src = p.coefs + (g * p.coef_rows + k) * p.width + c0;
+#pragma unroll
+    for (int i = 0; i < V; ++i) dst[i] = active ? src[i] : 0.f;
+  };
 #pragma unroll
   for (int i = 0; i < V; ++i) a[i] = b[i] = m[i] = k1[i] = k2[i] = k3[i] = 0.f;
-  if (active) {
-    const float* cf = p.coefs + g * p.coef_rows * p.width + c0;
-    if constexpr (kMode == BatchNormMode::kStats) {
-      LoadVec<float, V>(cf, m);
-    } else {
-      LoadVec<float, V>(cf, a);
-      LoadVec<float, V>(cf + p.width, b);
-      if constexpr (kBwd) LoadVec<float, V>(cf + 2 * p.width, m);
-      if constexpr (kMode == BatchNormMode::kBwd) {
-        LoadVec<float, V>(cf + 3 * p.width, k1);
-        LoadVec<float, V>(cf + 4 * p.width, k2);
-        LoadVec<float, V>(cf + 5 * p.width, k3);
-      }
+  if constexpr (kMode == BatchNormMode::kStats) {
+    load(m, 0);
+  } else {
+    load(a, 0);
+    load(b, 1);
+    if constexpr (kBwd) load(m, 2);
+    if constexpr (kMode == BatchNormMode::kBwd) {
+      load(k1, 3);
+      load(k2, 4);
+      load(k3, 5);
     }
   }
   const T* x = static_cast<const T*>(p.x);

@@ -36,6 +36,7 @@ int64_t BatchNormParts(int64_t rows, int64_t param_sets, int64_t width, DType dt
   const int64_t set_rows = rows / param_sets;
   parts = std::min(parts, (set_rows + kBatchNormMinPartRows - 1) / kBatchNormMinPartRows);
   parts = std::min(parts, kBatchNormWorkspaceFloats / std::max<int64_t>(1, param_sets * 2 * width));
+  parts = std::min<int64_t>(parts, 65535);  // gridDim.y
   return std::max<int64_t>(parts, 1);
 }
 

@@ -35,7 +35,8 @@ BatchNormTile BatchNormTileFor(int64_t width, DType dtype, bool vectorized, int 
 // least kBatchNormMinPartRows rows each, so that a block's loads amortize
 // its per-channel setup and its partial sums stay a few percent of the bytes
 // read. The reductions' workspace is [param_sets, parts, 2, width] fp32
-// (summed by ffi/common/column_sum.cu in a fixed order); at most 256 MiB.
+// (summed by ffi/common/column_sum.cu in a fixed order); at most 256 MiB,
+// and at most 65535 parts (the grid's y dimension).
 int64_t BatchNormParts(int64_t rows, int64_t param_sets, int64_t width, DType dtype,
                        const DeviceProps& device);
 
