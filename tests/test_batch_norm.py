@@ -288,6 +288,17 @@ def test_layer_mask_runs_flax(device):
   _state_close(ours, theirs, 1e-6)
 
 
+def test_layer_float64_runs_flax(device):
+  """float64 (which the kernels do not take) gives Flax's result."""
+  del device
+  from helpers import x64  # pylint: disable=g-import-not-at-top
+  with x64():
+    x = jnp.asarray(np.random.default_rng(0).standard_normal((6, 5, 8)))
+    ours, theirs = _layers(8, dtype=jnp.float64)
+    np.testing.assert_allclose(ours(x), theirs(x), rtol=1e-12)
+    _state_close(ours, theirs, 1e-12)
+
+
 @pytest.mark.parametrize("axis", [-1, 1])
 def test_layer_residual_and_activation(device, axis):
   del device
@@ -344,6 +355,26 @@ def test_shard_map_axis_name_equals_one_device(fast):
   (wl, (wy, wm, wv)), wg = want
   for g, w in zip(jax.tree.leaves(got), jax.tree.leaves((wl, wy, wm, wv, wg))):
     np.testing.assert_allclose(g, w, rtol=2e-5, atol=2e-5)
+
+
+def test_shard_map_gradients_through_the_statistics():
+  """A loss of y summed over the devices plus one of the returned (shared)
+  statistics: dx equals one device's (JAX's types sum the statistics'
+  cotangents over the devices)."""
+  mesh = _mesh()
+  x = _bn_args()[0]
+
+  def loss(x, axis_name=None):
+    y, m, v = jax_dnn.batch_norm(x, axis_name=axis_name)
+    y_part = jnp.sum(jnp.sin(y))
+    if axis_name is not None:
+      y_part = jax.lax.psum(y_part, axis_name)
+    return y_part + jnp.sum(jnp.cos(m) * 3) + jnp.sum(v ** 2)
+
+  want = jax.jit(jax.grad(loss))(x)
+  got = jax.jit(jax.shard_map(jax.grad(functools.partial(loss, axis_name="data")), mesh=mesh,
+                              in_specs=P("data"), out_specs=P("data")))(x)
+  np.testing.assert_allclose(got, want, rtol=2e-5, atol=2e-5)
 
 
 def test_shard_map_without_axis_name_is_per_device():

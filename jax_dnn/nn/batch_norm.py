@@ -4,8 +4,9 @@ class (a subclass), so the same constructor arguments and defaults, parameter
 update and `__call__(x, use_running_average=None, *, mask=None)`.
 
 Features along the last axis (axis=-1, the default: channels-last NWC, NHWC,
-NDHWC) without a mask run jax_dnn's batch_norm / batch_norm_inference; any
-other axis, or a mask, runs Flax's own computation. As in Flax, x, the
+NDHWC) without a mask, in fp32/bf16/fp16, run jax_dnn's batch_norm /
+batch_norm_inference; any other axis, a mask or float64 runs Flax's own
+computation. As in Flax, x, the
 statistics and the parameters are promoted to a common dtype (`dtype` when
 given), the statistics are at least fp32, and `axis_name` /
 `axis_index_groups` take the statistics over a mesh axis. The variance:
@@ -19,12 +20,16 @@ ResNet's relu(bn(x) + shortcut).
 
 from __future__ import annotations
 
-import jax
 from flax import nnx
 from flax.nnx.module import first_from
+import jax
+import jax.numpy as jnp
 
-from jax_dnn._src.activation import _act, ACTIVATIONS
+from jax_dnn._src.activation import ACTIVATIONS, _act
 from jax_dnn._src.batch_norm import batch_norm, batch_norm_inference
+from jax_dnn._src.checks import SUPPORTED_DTYPES
+
+_KERNEL_DTYPES = [jnp.dtype(d) for d in SUPPORTED_DTYPES]
 
 
 class BatchNorm(nnx.BatchNorm):
@@ -47,18 +52,17 @@ class BatchNorm(nnx.BatchNorm):
     if activation is not None and activation not in ACTIVATIONS:
       raise ValueError(f"jax_dnn.nn.BatchNorm: activation must be None or one of "
                        f"{sorted(ACTIVATIONS)}, got {activation!r}")
-    axis = self.axis
-    last = isinstance(axis, int) and axis in (-1, x.ndim - 1)
-    if mask is not None or not last:
+    scale = self.scale[...] if self.scale is not None else None
+    bias = self.bias[...] if self.bias is not None else None
+    xp, mean, var, scale, bias = self.promote_dtype(
+        (x, self.mean[...], self.var[...], scale, bias), dtype=self.dtype)
+    last = isinstance(self.axis, int) and self.axis in (-1, x.ndim - 1)
+    if mask is not None or not last or jnp.dtype(xp.dtype) not in _KERNEL_DTYPES:
       y = super().__call__(x, use_running_average, mask=mask)
       if residual is not None:
         y = y + residual
       return y if activation is None else _act(y, ACTIVATIONS[activation]).astype(y.dtype)
-
-    scale = self.scale[...] if self.scale is not None else None
-    bias = self.bias[...] if self.bias is not None else None
-    x, mean, var, scale, bias = self.promote_dtype(
-        (x, self.mean[...], self.var[...], scale, bias), dtype=self.dtype)
+    x = xp
     if residual is not None:
       residual = residual.astype(x.dtype)
     if use_running_average:
