@@ -72,8 +72,11 @@ class BatchNorm(nnx.BatchNorm):
                               epsilon=self.epsilon, axis_name=self.axis_name,
                               axis_index_groups=self.axis_index_groups,
                               use_fast_variance=self.use_fast_variance)
-    stop_gradient = (jax.lax.stop_gradient if self.mean._can_update or self.var._can_update  # pylint: disable=protected-access
-                     else (lambda v: v))
+    # As Flax: the update is cut from the gradient for variables that are
+    # array refs (which can update in place); Flax releases without the
+    # attribute have none.
+    can_update = any(getattr(v, "_can_update", False) for v in (self.mean, self.var))
+    stop_gradient = jax.lax.stop_gradient if can_update else (lambda v: v)
     self.mean[...] = stop_gradient(self.momentum * self.mean[...] + (1 - self.momentum) * mean)
     self.var[...] = stop_gradient(self.momentum * self.var[...] + (1 - self.momentum) * var)
     return y
