@@ -360,6 +360,11 @@ def test_shard_map_axis_name_equals_one_device(fast):
   (wl, (wy, wm, wv)), wg = want
   for g, w in zip(jax.tree.leaves(got), jax.tree.leaves((wl, wy, wm, wv, wg))):
     np.testing.assert_allclose(g, w, rtol=2e-5, atol=2e-5)
+  # The forward's collectives: one all-reduce of the stacked per-channel
+  # sums (two passes: one more, of the centred sums).
+  fwd = jax.shard_map(lambda x: jax_dnn.batch_norm(x, axis_name="data", use_fast_variance=fast),
+                      mesh=mesh, in_specs=batch, out_specs=(batch, rep, rep))
+  assert jax.jit(fwd).lower(args[0]).as_text().count("all_reduce") == (1 if fast else 2)
 
 
 def test_shard_map_gradients_through_the_statistics():

@@ -302,8 +302,9 @@ def _count(x, cfg):
   rows = float(rows) if plans.is_static(rows) else jnp.asarray(rows).astype(jnp.float32)
   if cfg.axis_name is None:
     return rows
-  return rows * jax.lax.psum(jnp.float32(1.0), cfg.axis_name,
-                             axis_index_groups=cfg.axis_index_groups)
+  # A psum of a Python int is the axis (or group) size, known while tracing:
+  # no collective.
+  return rows * jax.lax.psum(1, cfg.axis_name, axis_index_groups=cfg.axis_index_groups)
 
 
 def _batch_stats(cfg, x):
