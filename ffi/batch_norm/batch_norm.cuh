@@ -89,7 +89,10 @@ __global__ void __launch_bounds__(kBatchNormThreads, BatchNormMinBlocks<kMode>()
   const int lanes = kBatchNormThreads / cols;
   const int64_t c0 = (static_cast<int64_t>(blockIdx.x) * cols + col) * V;
   const int64_t g = blockIdx.z;
-  const int64_t part = blockIdx.y;
+  // The elementwise modes take the row parts in reverse: the reduction that
+  // runs before each (stats before fwd, bwd_stats before bwd) read them in
+  // order, so the parts it read last are the ones still in L2.
+  const int64_t part = kReduce ? blockIdx.y : gridDim.y - 1 - blockIdx.y;
   const int64_t set_rows = p.rows / p.param_sets;
   const int64_t chunk = (set_rows + p.parts - 1) / p.parts;
   const int64_t first = g * set_rows + part * chunk;
