@@ -40,8 +40,10 @@ An absent residual is an empty [0] array (and so is dres then).
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import math
+from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -398,27 +400,23 @@ _infer.defvjp(_infer_fwd, _infer_bwd)
 # --- public API -------------------------------------------------------------------
 
 
+@dataclasses.dataclass(frozen=True)
 class _Config:
-  """The static options (hashable: a custom_vjp's nondiff argument)."""
+  """The static options (hashable: the custom VJPs' nondiff argument)."""
+  epsilon: float
+  activation: int
+  axis_name: Any = None
+  axis_index_groups: tuple[tuple[int, ...], ...] | None = None
+  fast_variance: bool = True
 
-  def __init__(self, epsilon, activation, axis_name=None, axis_index_groups=None,
-               fast_variance=True):
-    self.epsilon = epsilon
-    self.activation = activation
-    self.axis_name = axis_name
-    self.axis_index_groups = axis_index_groups
-    self.fast_variance = fast_variance
 
-  def _key(self):
-    groups = self.axis_index_groups
-    groups = None if groups is None else tuple(tuple(int(i) for i in g) for g in groups)
-    return (self.epsilon, self.activation, self.axis_name, groups, self.fast_variance)
-
-  def __hash__(self):
-    return hash(self._key())
-
-  def __eq__(self, other):
-    return isinstance(other, _Config) and self._key() == other._key()
+def _groups(op, axis_name, axis_index_groups):
+  """axis_index_groups as nested tuples (hashable)."""
+  if axis_index_groups is None:
+    return None
+  if axis_name is None:
+    raise ValueError(f"{op}: axis_index_groups needs an axis_name")
+  return tuple(tuple(int(i) for i in g) for g in axis_index_groups)
 
 
 def _check_x(op, x):
@@ -493,10 +491,8 @@ def batch_norm(x: jax.Array, scale: jax.Array | None = None, bias: jax.Array | N
   epsilon = checks.check_epsilon(op, epsilon)
   if not isinstance(use_fast_variance, bool):
     raise TypeError(f"{op}: use_fast_variance must be a bool, got {use_fast_variance!r}")
-  if axis_name is None and axis_index_groups is not None:
-    raise ValueError(f"{op}: axis_index_groups needs an axis_name")
-  cfg = _Config(epsilon, _activation(op, activation), axis_name, axis_index_groups,
-                use_fast_variance)
+  cfg = _Config(epsilon, _activation(op, activation), axis_name,
+                _groups(op, axis_name, axis_index_groups), use_fast_variance)
   args = (x, _param(op, x, scale, "scale", 1.0), _param(op, x, bias, "bias", 0.0),
           _residual(op, x, residual))
   return _train(cfg, *mesh_types.same_manual_axes(*args))
