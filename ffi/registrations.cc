@@ -27,6 +27,7 @@
 
 #include "ffi/activation/activation_plan.h"
 #include "ffi/attention/attention_plan.h"
+#include "ffi/batch_norm/batch_norm_plan.h"
 #include "ffi/common/device_props.h"
 #include "ffi/common/dtype.h"
 #include "ffi/conv/conv_plan.h"
@@ -60,6 +61,10 @@ XLA_FFI_DECLARE_HANDLER_SYMBOL(MaxPoolFwd);
 XLA_FFI_DECLARE_HANDLER_SYMBOL(MaxPoolBwd);
 XLA_FFI_DECLARE_HANDLER_SYMBOL(AvgPoolFwd);
 XLA_FFI_DECLARE_HANDLER_SYMBOL(AvgPoolBwd);
+XLA_FFI_DECLARE_HANDLER_SYMBOL(BatchNormStats);
+XLA_FFI_DECLARE_HANDLER_SYMBOL(BatchNormFwd);
+XLA_FFI_DECLARE_HANDLER_SYMBOL(BatchNormBwdStats);
+XLA_FFI_DECLARE_HANDLER_SYMBOL(BatchNormBwd);
 }  // namespace jax_dnn
 #endif
 
@@ -105,6 +110,10 @@ nb::dict Registrations() {
   d["jax_dnn_max_pool_bwd"] = Capsule(MaxPoolBwd);
   d["jax_dnn_avg_pool_fwd"] = Capsule(AvgPoolFwd);
   d["jax_dnn_avg_pool_bwd"] = Capsule(AvgPoolBwd);
+  d["jax_dnn_batch_norm_stats"] = Capsule(BatchNormStats);
+  d["jax_dnn_batch_norm_fwd"] = Capsule(BatchNormFwd);
+  d["jax_dnn_batch_norm_bwd_stats"] = Capsule(BatchNormBwdStats);
+  d["jax_dnn_batch_norm_bwd"] = Capsule(BatchNormBwd);
 #endif
   return d;
 }
@@ -296,6 +305,13 @@ void DefinePlans(nb::module_& m) {
       [](int64_t rows, int64_t param_sets, int64_t width, const std::string& dtype,
          const DeviceProps& device) {
         return jax_dnn::BiasActBwdParts(rows, param_sets, width, KernelDType(dtype), device);
+      },
+      "rows"_a, "param_sets"_a, "width"_a, "dtype"_a, "device"_a);
+  m.def(
+      "batch_norm_parts",
+      [](int64_t rows, int64_t param_sets, int64_t width, const std::string& dtype,
+         const DeviceProps& device) {
+        return jax_dnn::BatchNormParts(rows, param_sets, width, KernelDType(dtype), device);
       },
       "rows"_a, "param_sets"_a, "width"_a, "dtype"_a, "device"_a);
 

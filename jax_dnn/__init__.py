@@ -8,6 +8,7 @@ composes with jit, vmap, grad and checkpoint on any platform.
 from jax_dnn._src import extension as _extension
 from jax_dnn._src.activation import bias_act, gelu, relu, sigmoid, silu, tanh
 from jax_dnn._src.attention import dot_product_attention
+from jax_dnn._src.batch_norm import batch_norm, batch_norm_inference
 from jax_dnn._src.config import config
 from jax_dnn._src.conv import (conv, conv_algorithms, conv_general_dilated, conv_transpose,
                                matmul)
@@ -39,6 +40,8 @@ __all__ = [
     "adaptive_avg_pool",
     "adaptive_max_pool",
     "avg_pool",
+    "batch_norm",
+    "batch_norm_inference",
     "bias_act",
     "config",
     "conv",

@@ -4,8 +4,9 @@ so that compute-sanitizer can check them: see scripts/gpu_check.sh.
 `python3 sanitize_ops.py attention` runs attention only, `python3
 sanitize_ops.py conv` the convolutions only (also part of the default run),
 `python3 sanitize_ops.py group_norm` group and instance norm only, `python3
-sanitize_ops.py pool` the pooling kernels only (both also part of the
-default and `ops` runs).
+sanitize_ops.py pool` the pooling kernels only, `python3 sanitize_ops.py
+batch_norm` batch norm's kernels only (these three also part of the default
+and `ops` runs).
 
 The row ops come from the table of ops (tests/op_cases.py): each one with
 `rows` set runs over SHAPES; attention's layouts, and the kernels' paths
@@ -184,6 +185,8 @@ def group_norm(key):
   for act in ("relu", "gelu", "gelu_tanh", "silu", "sigmoid", "tanh"):
     fn = functools.partial(jax_dnn.group_norm, num_groups=8, activation=act)
     run(jax.jit(jax.vmap(fn)), x, p, p)
+
+
 def pool(key):
   """The pooling kernels forward and backward in each dtype: 16-byte channel
   vectors and scalar channels (C 5), 1D/2D/3D windows with padding and
@@ -211,6 +214,27 @@ def pool(key):
       run(jax.jit(fn), jnp.ones(shape, dtype))
 
 
+def batch_norm(key):
+  """Batch norm's four kernels beyond the table's sweep: each activation with
+  and without a residual, 16-byte and scalar channels (C not a multiple of
+  the vector), several channel tiles (C = 1030) and row parts, 1D/3D, batch
+  1, vmapped statistics (G > 1), the two-pass variance, inference mode."""
+  shapes = [(2, 9, 7, 64), (1, 5, 3, 1030), (3, 11, 13), (2, 3, 4, 5, 24), (64, 56, 56, 32),
+            (4000, 3)]
+  for dtype in (jnp.float32, jnp.bfloat16, jnp.float16):
+    for shape in shapes:
+      x = jax.random.normal(key, shape, jnp.float32).astype(dtype)
+      p = jnp.linspace(0.5, 1.5, shape[-1], dtype=jnp.float32)
+      for act in (None, "relu", "gelu", "gelu_tanh", "silu", "sigmoid", "tanh"):
+        fn = functools.partial(jax_dnn.batch_norm, activation=act)
+        run(jax.jit(lambda x, s, b, r, fn=fn: fn(x, s, b, residual=r)[0]), x, p, p, x)
+      run(jax.jit(lambda x, s: jax_dnn.batch_norm(x, s, use_fast_variance=False)[0]), x, p)
+      run(jax.jit(lambda x, m, v: jax_dnn.batch_norm_inference(x, m, v, activation="relu")), x,
+          p, p)
+      run(jax.jit(jax.vmap(lambda x, s: jax_dnn.batch_norm(x, s)[0])), jnp.stack([x, x * 2]),
+          jnp.stack([p, p]))
+
+
 def main():
   key = jax.random.key(0)
   if sys.argv[1:] == ["group_norm"]:
@@ -225,6 +249,10 @@ def main():
     conv(key)
     print("sanitize_ops: convolution kernels ran")
     return
+  if sys.argv[1:] == ["batch_norm"]:
+    batch_norm(key)
+    print("sanitize_ops: batch norm kernels ran")
+    return
   if sys.argv[1:] != ["ops"]:
     attention(key)
   if sys.argv[1:] == ["attention"]:
@@ -234,6 +262,7 @@ def main():
     conv(key)
   group_norm(key)
   pool(key)  # memory-bound: part of "ops" too
+  batch_norm(key)
   row_ops = [case for case in CASES if case.rows]
   for dtype in (jnp.float32, jnp.bfloat16, jnp.float16):
     for shape in SHAPES:

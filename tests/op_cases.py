@@ -391,6 +391,58 @@ CASES += [
 ]
 
 
+# --- batch norm ----------------------------------------------------------------------------
+
+_BN_TARGETS = ("jax_dnn_batch_norm_fwd", "jax_dnn_batch_norm_stats",
+               "jax_dnn_batch_norm_bwd_stats", "jax_dnn_batch_norm_bwd")
+
+
+def _batch_norm_ref(x, scale, bias, residual, epsilon=1e-5):
+  axes = tuple(range(x.ndim - 1))
+  mean = x.mean(axes)
+  var = jnp.square(x - mean).mean(axes)
+  return jax.nn.silu((x - mean) * jax.lax.rsqrt(var + epsilon) * scale + bias + residual)
+
+
+def _batch_norm_inference_ref(x, mean, var, scale, bias, epsilon=1e-5):
+  return jax.nn.gelu((x - mean) * jax.lax.rsqrt(var + epsilon) * scale + bias, approximate=True)
+
+
+CASES += [
+    # Training mode with a fused residual and SiLU, NHWC. Channels split,
+    # with the parameters. (The batch splits too, its per-channel sums added
+    # over the devices, under jit; but inside shard_map a device's block is
+    # its batch unless axis_name says otherwise, as in Flax: test_batch_norm
+    # splits the batch.)
+    OpCase(
+        "batch_norm",
+        lambda x, scale, bias, residual: jax_dnn.batch_norm(
+            x, scale, bias, residual=residual, activation="silu")[0],
+        _batch_norm_ref,
+        (8, 3, 2, 32),  # [N, H, W, C]
+        (Arg(scale=2.0, offset=1.0, split=(None, None, None, "model")),
+         Arg(lambda s: s[-1:], jnp.float32, scale=0.5, offset=1.0, split=("model",), batch=None),
+         Arg(lambda s: s[-1:], jnp.float32, scale=0.5, split=("model",), batch=None),
+         Arg(split=(None, None, None, "model"))),
+        _BN_TARGETS,
+        tol=5e-5),
+    # Inference mode (given statistics) with the tanh GELU: one elementwise
+    # pass; its backward the two reductions' kernels.
+    OpCase(
+        "batch_norm_inference",
+        lambda x, mean, var, scale, bias: jax_dnn.batch_norm_inference(
+            x, mean, var, scale, bias, activation="gelu_tanh"),
+        _batch_norm_inference_ref,
+        (8, 4, 32),
+        (Arg(scale=2.0, offset=1.0, split=("data", None, "model")),
+         Arg(lambda s: s[-1:], jnp.float32, offset=1.0, split=("model",), batch=None),
+         Arg(lambda s: s[-1:], jnp.float32, scale=0.3, offset=2.0, split=("model",), batch=None),
+         Arg(lambda s: s[-1:], jnp.float32, scale=0.5, offset=1.0, split=("model",), batch=None),
+         Arg(lambda s: s[-1:], jnp.float32, scale=0.5, split=("model",), batch=None)),
+        ("jax_dnn_batch_norm_fwd", "jax_dnn_batch_norm_bwd_stats", "jax_dnn_batch_norm_bwd"),
+        tol=5e-5),
+]
+
 # Public functions that are no ops (they run nothing): no case.
 NOT_OPS = frozenset({"conv_algorithms"})
 

@@ -130,6 +130,14 @@ def group_norm_plan(n: int, spatial: int, channels: int, groups: int, dtype: str
   return _ext().group_norm_plan(n, spatial, channels, groups, dtype, _device(device))
 
 
+# --- batch norm (ffi/batch_norm/batch_norm_plan.h) ---------------------------------
+
+
+def batch_norm_parts(rows: int, param_sets: int, width: int, dtype: str, device=None) -> int:
+  """Row parts of batch norm's reductions' workspace [param_sets, parts, 2, width]."""
+  return _ext().batch_norm_parts(rows, param_sets, width, dtype, _device(device))
+
+
 # --- convolution (ffi/conv/conv_plan.h: the algorithm registry) -------------------
 
 

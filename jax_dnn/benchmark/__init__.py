@@ -27,6 +27,8 @@ FAMILIES = {
                    "group norm + SiLU and instance norm vs flax.nnx, GB/s"),
     "pooling": ("jax_dnn.benchmark.pooling",
                 "max/avg/adaptive/global pooling vs Flax/XLA, GB/s"),
+    "batch_norm": ("jax_dnn.benchmark.batch_norm",
+                   "batch norm + ReLU (training) vs flax.nnx.BatchNorm + relu, GB/s"),
 }
 
 
