@@ -241,8 +241,11 @@ def test_layer_matches_flax(device, kwargs, shape):
     got, want = step(ours, x), step(theirs, x)
     assert got[1].dtype == want[1].dtype
     for g, w in zip(jax.tree.leaves(got), jax.tree.leaves(want)):
-      np.testing.assert_allclose(np.asarray(g, np.float32), np.asarray(w, np.float32),
-                                 rtol=tol, atol=tol)
+      w = np.asarray(w, np.float32)
+      # dscale and dbias sum 1440 products: at bf16 their error follows the
+      # largest sum, not each element's own size.
+      atol = tol * max(1.0, float(np.abs(w).max())) if jnp.bfloat16 in kwargs.values() else tol
+      np.testing.assert_allclose(np.asarray(g, np.float32), w, rtol=tol, atol=atol)
     _state_close(ours, theirs, tol)
   x = randn(30, shape, jnp.float32)
   got = nnx.jit(lambda m, x: m(x, use_running_average=True))(ours, x)

@@ -187,16 +187,25 @@ def test_groups_take_the_direct_kernels_when_deterministic():
   grouped = algorithms(problem(c=128, k=128, groups=32))
   assert not grouped[IGEMM_128].supported and "groups" in grouped[IGEMM_128].reason
   # Depthwise (groups == C): the depthwise kernel's own rules decide;
-  # grouped (2-16 channels a group): grouped_direct's. The heuristic's switch
-  # (kConvDirectByDefault) is off: XLA runs them unless deterministic.
+  # grouped (2-16 channels a group): grouped_direct's. The heuristic
+  # (DirectByDefault) leaves 3x3 windows to XLA unless deterministic.
   for p, name in ((problem(c=64, k=64, groups=64), DEPTHWISE),
                   (problem(c=128, k=128, groups=32), GROUPED)):
     a = algorithms(p)[name]
     assert a.supported and a.deterministic and a.workspace_bytes >= 0, a
     plan = ext.conv_plan(p, False, dev())
-    assert not plan.supported and "kConvDirectByDefault" in plan.reason, plan
+    assert not plan.supported and "DirectByDefault" in plan.reason, plan
     plan = ext.conv_plan(p, True, dev())
     assert plan.name == name and plan.workspace_bytes == a.workspace_bytes
+  # Depthwise 7x7 at stride 1 in 16-bit types runs the direct kernel by
+  # default (fprop, dgrad), not at stride 2, in fp32, or for wgrad.
+  big = dict(c=128, k=128, groups=128, window=(7, 7))
+  for op, dtype, stride, takes in (("fwd", "bfloat16", 1, True), ("dgrad", "float16", 1, True),
+                                   ("wgrad", "bfloat16", 1, False), ("fwd", "float32", 1, False),
+                                   ("fwd", "bfloat16", 2, False)):
+    p = problem(op=op, dtype=dtype, stride=stride, **big)
+    assert algorithms(p)[DEPTHWISE].supported, (op, dtype, stride)
+    assert (ext.conv_plan(p, False, dev()).name == DEPTHWISE) == takes, (op, dtype, stride)
   # Each takes only its own kind of groups.
   assert not algorithms(problem(c=64, k=64, groups=64))[GROUPED].supported
   assert not algorithms(problem(c=128, k=128, groups=32))[DEPTHWISE].supported

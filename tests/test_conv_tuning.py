@@ -437,14 +437,15 @@ def test_benchmark_mode_on_the_device(gpu, restore, monkeypatch, cache_dir):
   w = randn(62, (3, 3, 64, 64), jnp.bfloat16, scale=0.1)
   dy = randn(63, (8, 28, 28, 64), jnp.bfloat16)
   jax_dnn.config.update("benchmark", True)
-  vjp = lambda conv: jax.jit(lambda x, w, dy: jax.vjp(conv, x, w)[1](dy))
-  got = vjp(jax_dnn.conv)(x, w, dy)
+  # The forward's output is returned too: unused, jit would drop its kernel.
+  vjp = lambda conv: jax.jit(lambda x, w, dy: (lambda y, f: (y, *f(dy)))(*jax.vjp(conv, x, w)))
+  y, *got = vjp(jax_dnn.conv)(x, w, dy)
   jax_dnn.config.update("benchmark", False)
   naive = lambda x, w: lax.conv_general_dilated(
       x.astype(jnp.float32), w.astype(jnp.float32), (1, 1), "SAME",
       dimension_numbers=("NHWC", "HWIO", "NHWC"), precision=lax.Precision.HIGHEST)
-  want = vjp(naive)(x, w, dy.astype(jnp.float32))
-  for g, r, name in zip(got, want, ("dx", "dw")):
+  y_want, *want = vjp(naive)(x, w, dy.astype(jnp.float32))
+  for g, r, name in zip([y, *got], [y_want, *want], ("y", "dx", "dw")):
     r = np.asarray(r)
     # bf16 results of fp32 sums over 576 (dx) or 6272 (dw) products: within
     # a few bf16 roundings of the largest value.

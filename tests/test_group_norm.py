@@ -109,7 +109,20 @@ def test_instance_norm(device, dtype, shape):
   x = randn(5, shape, dtype, scale=2.0, offset=3.0)
   ours = lambda x, s, b: jax_dnn.instance_norm(x, s, b, epsilon=EPS)
   naive = lambda x, s, b: naive_group_norm(x, s, b, shape[-1])
-  check_fwd_bwd(device, ours, naive, (x, *_params(shape[-1], dtype)), dtype, what="instance_norm")
+  params = _params(shape[-1], dtype)
+  if len(shape) > 2 or dtype != jnp.float32:
+    check_fwd_bwd(device, ours, naive, (x, *params), dtype, what="instance_norm")
+    return
+  # No spatial axes: one element a group, so xhat = 0, y = bias and dx = 0
+  # exactly. fp32 references get dx = 0 with no rounding at all (the rule's
+  # bound is its floor); the kernels' per-group sums round by ~2^-24 of
+  # |dz * scale|, which dx's factor rstd = EPS^-1/2 (316) scales.
+  y = jax.jit(ours)(x, *params)
+  np.testing.assert_allclose(np.asarray(y), np.broadcast_to(params[1], shape), rtol=0, atol=1e-6)
+  dz = randn(6, shape, dtype)
+  dx = jax.jit(jax.grad(lambda x: jnp.vdot(ours(x, *params), dz)))(x)
+  bound = 8 * 2.0**-24 * EPS**-0.5 * float(jnp.max(jnp.abs(dz * params[0])))
+  assert float(jnp.max(jnp.abs(dx))) <= bound, (float(jnp.max(jnp.abs(dx))), bound)
 
 
 @pytest.mark.parametrize("offset", [100.0, 1e4])

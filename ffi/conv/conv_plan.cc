@@ -41,12 +41,22 @@ const char* DTypeName(DType t) {
   }
 }
 
-// Whether the heuristic takes the direct kernels (depthwise_direct,
-// grouped_direct) outside the deterministic mode. Off until they measure
-// faster than XLA (cuDNN) on the benchmark set's depthwise and grouped layers
-// (scripts/conv_direct_check.py: ConvNeXt 7x7, MobileNet 3x3, ResNeXt
-// 32x4d); switching it on, state that measurement here.
-constexpr bool kConvDirectByDefault = false;
+// Where the heuristic takes the direct kernels outside the deterministic
+// mode (DirectByDefault): depthwise fprop and dgrad of windows of 49 taps or
+// more (7x7), stride and dilation 1, 16-bit types, C a multiple of 8 and no
+// multiplier (the tiled kernel's vector path). There they ran 1.21-1.26x
+// XLA's (cuDNN's) speed on ConvNeXt's 7x7 layers (H200, bf16,
+// scripts/conv_direct_check.py). Elsewhere XLA runs depthwise and grouped
+// convolutions unless deterministic: 3x3 depthwise ran 0.66-0.73x,
+// grouped_direct 0.49-0.73x and the direct wgrads 0.26-0.66x.
+bool DirectByDefault(int id, const ConvProblem& p) {
+  const ConvShape& s = p.shape;
+  if (id != kConvDepthwiseDirect || p.op == ConvOp::kWgrad || p.dtype == DType::kF32) return false;
+  if (s.k != s.c || s.c % 8 != 0) return false;
+  for (int i = 0; i < 3; ++i)
+    if (s.stride[i] != 1 || s.dilation[i] != 1) return false;
+  return s.window[0] * s.window[1] * s.window[2] >= 49;
+}
 
 const char* AlgorithmName(int id) {
   switch (id) {
@@ -301,15 +311,16 @@ ConvAlgorithm ConvPlan(const ConvProblem& problem, bool deterministic, const Dev
   // Why the heuristic passed over a supported algorithm (wgrad's tile rule).
   std::string declined;
   // The direct kernels (depthwise_direct, grouped_direct) run by default
-  // only where kConvDirectByDefault says; otherwise in the deterministic
+  // only where DirectByDefault says; otherwise in the deterministic
   // mode, and XLA runs depthwise and grouped convolutions.
   for (int id : {kConvDepthwiseDirect, kConvGroupedDirect}) {
     if (const ConvAlgorithm* a = usable(id)) {
-      if (deterministic || kConvDirectByDefault) return *a;
-      declined = std::string("the direct kernels are not the default (kConvDirectByDefault): XLA "
-                             "runs ") +
+      if (deterministic || DirectByDefault(id, problem)) return *a;
+      declined = std::string("the direct kernels are not the default here (DirectByDefault: "
+                             "depthwise 7x7 and larger, stride 1, 16-bit, fprop and dgrad): XLA "
+                             "runs this ") +
                  (id == kConvDepthwiseDirect ? "depthwise" : "grouped") +
-                 " convolutions unless deterministic";
+                 " convolution unless deterministic";
     }
   }
   if (const ConvAlgorithm* a = usable(kConvGemm1x1)) return *a;
