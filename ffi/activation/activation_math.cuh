@@ -1,6 +1,6 @@
 // The activations and their derivatives as device functions, fp32:
 // Act<kAct>(x) and ActGrad<kAct>(x) for each Activation (activation.h), shared
-// by the kernels that fuse an activation (activation.cu, batch_norm).
+// by the kernels that fuse an activation (activation.cu, batch_norm, group_norm).
 #pragma once
 
 #include <cmath>

@@ -38,6 +38,7 @@
 #include <cmath>
 #include <type_traits>
 
+#include "ffi/activation/activation_math.cuh"
 #include "ffi/common/column_sum.h"
 #include "ffi/common/device.cuh"
 #include "ffi/group_norm/group_norm.h"
@@ -54,64 +55,27 @@ template <bool kTwo>
 constexpr int kUnroll = kTwo ? 2 : 4;
 constexpr int kFinalizeThreads = 256;
 
-// --- activations: the formulas of ffi/activation/activation.cu (enum
-// Activation's numbering), which keeps its device functions in its own
-// translation unit.
+// --- the fused activation: activation_math.cuh's formulas, by bias_act's id
+// (enum Activation's numbering); kGroupNormNoActivation: none.
 
 constexpr int kRelu = 0, kGelu = 1, kGeluTanh = 2, kSilu = 3, kSigmoid = 4, kTanh = 5;
-constexpr float kSqrtHalf = 0.70710678118654752f;
-constexpr float kInvSqrt2Pi = 0.39894228040143268f;
-constexpr float kTanhCoef = 0.79788456080286536f;  // sqrt(2 / pi)
-constexpr float kCubic = 0.044715f;
-constexpr float kLog2e = 1.4426950408889634f;
-
-__device__ __forceinline__ float GeluTanhExp(float x) {
-  constexpr float kZ1 = -2.f * kTanhCoef * kLog2e;
-  constexpr float kZ3 = kZ1 * kCubic;
-  return FastExp2(x * fmaf(kZ3, x * x, kZ1));
-}
-
-__device__ __forceinline__ float ExpNeg(float x) { return FastExp2(-kLog2e * x); }
-
-// sigmoid(z) = 1 / (1 + e), e = exp(-z), and s (1 - s) as e s (no
-// cancellation where s rounds near 1; e = inf gives 1 - s = 1 through fminf).
-struct SigmoidOfExp {
-  float s, ds;
-  __device__ __forceinline__ explicit SigmoidOfExp(float e)
-      : s(FastRcp(1.f + e)), ds(s * fminf(e * s, 1.f)) {}
-};
 
 template <int kAct>
-__device__ __forceinline__ float Act(float x) {
-  if constexpr (kAct == kRelu) return fmaxf(x, 0.f);
-  if constexpr (kAct == kGelu) return 0.5f * x * (1.f + erff(x * kSqrtHalf));
-  if constexpr (kAct == kGeluTanh) return x * SigmoidOfExp(GeluTanhExp(x)).s;
-  if constexpr (kAct == kSilu) return x * SigmoidOfExp(ExpNeg(x)).s;
-  if constexpr (kAct == kSigmoid) return SigmoidOfExp(ExpNeg(x)).s;
-  if constexpr (kAct == kTanh) return tanhf(x);
-  return x;  // kGroupNormNoActivation
+__device__ __forceinline__ float GnAct(float x) {
+  if constexpr (kAct == kGroupNormNoActivation) {
+    return x;
+  } else {
+    return Act<static_cast<Activation>(kAct)>(x);
+  }
 }
 
-// d act / dx; relu'(0) = 0 as jax.nn.relu.
 template <int kAct>
-__device__ __forceinline__ float ActGrad(float x) {
-  if constexpr (kAct == kRelu) return x > 0.f ? 1.f : 0.f;
-  if constexpr (kAct == kGelu)
-    return 0.5f * (1.f + erff(x * kSqrtHalf)) + x * kInvSqrt2Pi * expf(-0.5f * x * x);
-  if constexpr (kAct == kGeluTanh) {
-    const SigmoidOfExp g(GeluTanhExp(x));
-    return fmaf(2.f * kTanhCoef * (x * g.ds), fmaf(3.f * kCubic, fminf(x * x, 1e30f), 1.f), g.s);
+__device__ __forceinline__ float GnActGrad(float x) {
+  if constexpr (kAct == kGroupNormNoActivation) {
+    return 1.f;
+  } else {
+    return ActGrad<static_cast<Activation>(kAct)>(x);
   }
-  if constexpr (kAct == kSilu) {  // s (1 + x (1 - s))
-    const SigmoidOfExp g(ExpNeg(x));
-    return fmaf(x, g.ds, g.s);
-  }
-  if constexpr (kAct == kSigmoid) return SigmoidOfExp(ExpNeg(x)).ds;
-  if constexpr (kAct == kTanh) {
-    const float t = tanhf(x);
-    return 1.f - t * t;
-  }
-  return 1.f;
 }
 
 // A block's positions: [begin, end) of `rows` a block (blockIdx.x-th).
@@ -283,7 +247,7 @@ __global__ void __launch_bounds__(kGroupNormBlockThreads)
                   [&](int64_t r, const float (&v)[V], const float (&)[V]) {
                     float out[V];
 #pragma unroll
-                    for (int j = 0; j < V; ++j) out[j] = Act<kAct>(fmaf(v[j] - mean[j], mul[j], add[j]));
+                    for (int j = 0; j < V; ++j) out[j] = GnAct<kAct>(fmaf(v[j] - mean[j], mul[j], add[j]));
                     StoreVec<T, V>(ys + r * channels + c0, out);
                   });
   }
@@ -311,7 +275,7 @@ struct ChannelConsts {
   template <int kAct>
   __device__ __forceinline__ void Grads(int j, float x, float dy, float& xhat, float& dz) const {
     xhat = (x - mean[j]) * rstd[j];
-    dz = kAct == kGroupNormNoActivation ? dy : dy * ActGrad<kAct>(fmaf(xhat, scale[j], bias[j]));
+    dz = kAct == kGroupNormNoActivation ? dy : dy * GnActGrad<kAct>(fmaf(xhat, scale[j], bias[j]));
   }
 };
 
