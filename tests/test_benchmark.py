@@ -61,7 +61,8 @@ def test_help_lists_every_family(capsys):
     cli.parse_args(["--help"])
   assert e.value.code == 0
   text = capsys.readouterr().out
-  for name in ("activations", "softmax", "norms", "attention", "conv", "pooling"):
+  for name in ("activations", "softmax", "norms", "attention", "conv", "pooling", "batch_norm",
+               "group_norm"):
     assert f"  {name} " in text
   assert "--quick" in text and "--out" in text
 
@@ -70,7 +71,8 @@ def test_family_names():
   assert benchmark.select([]) == list(benchmark.FAMILIES)
   assert benchmark.select(["norms", "softmax", "norms"]) == ["norms", "softmax"]
   with pytest.raises(ValueError, match="unknown benchmark family 'rnn'; choose from "
-                                       "activations, softmax, norms, attention, conv, pooling"):
+                                       "activations, softmax, norms, attention, conv, pooling, "
+                                       "batch_norm, group_norm"):
     benchmark.select(["norms", "rnn"])
 
 

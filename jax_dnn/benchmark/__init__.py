@@ -23,12 +23,12 @@ FAMILIES = {
                   "dot_product_attention vs cuDNN and XLA, TFLOP/s"),
     "conv": ("jax_dnn.benchmark.conv",
              "convolutions (fwd, dgrad, wgrad), fused conv and matmul vs XLA/cuDNN, TFLOP/s"),
-    "group_norm": ("jax_dnn.benchmark.group_norm",
-                   "group norm + SiLU and instance norm vs flax.nnx, GB/s"),
     "pooling": ("jax_dnn.benchmark.pooling",
                 "max/avg/adaptive/global pooling vs Flax/XLA, GB/s"),
     "batch_norm": ("jax_dnn.benchmark.batch_norm",
                    "batch norm + ReLU (training) vs flax.nnx.BatchNorm + relu, GB/s"),
+    "group_norm": ("jax_dnn.benchmark.group_norm",
+                   "group norm + SiLU and instance norm vs flax.nnx, GB/s"),
 }
 
 
