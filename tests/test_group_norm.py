@@ -370,6 +370,8 @@ def kernels_registered(monkeypatch):
   """Lowers for CUDA as a build with the group norm kernels would (the
   extension's plans decide; no kernel runs)."""
   from jax_dnn._src import extension  # pylint: disable=g-import-not-at-top
+  if extension.module() is None:
+    pytest.skip("jax_dnn's extension is not built: no kernel plans to size the workspaces")
   real = extension.use_kernel
   monkeypatch.setattr(extension, "use_kernel",
                       lambda t: t.startswith("jax_dnn_group_norm") or real(t))
