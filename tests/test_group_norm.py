@@ -365,13 +365,18 @@ def test_deterministic(gpu):
 # --- the CUDA lowering's plan, on any machine ----------------------------------------
 
 
+def _needs_plans():
+  from jax_dnn._src import extension  # pylint: disable=g-import-not-at-top
+  if extension.module() is None:
+    pytest.skip("jax_dnn's extension is not built: no kernel plans")
+
+
 @pytest.fixture
 def kernels_registered(monkeypatch):
   """Lowers for CUDA as a build with the group norm kernels would (the
   extension's plans decide; no kernel runs)."""
   from jax_dnn._src import extension  # pylint: disable=g-import-not-at-top
-  if extension.module() is None:
-    pytest.skip("jax_dnn's extension is not built: no kernel plans to size the workspaces")
+  _needs_plans()
   real = extension.use_kernel
   monkeypatch.setattr(extension, "use_kernel",
                       lambda t: t.startswith("jax_dnn_group_norm") or real(t))
@@ -442,6 +447,7 @@ def test_export_with_a_symbolic_batch(kernels_registered):
 ])
 def test_plan(n, spatial, c, dtype, sms, want):
   from jax_dnn._src import plans  # pylint: disable=g-import-not-at-top
+  _needs_plans()
   plan = plans.group_norm_plan(n, spatial, c, 32 if c % 32 == 0 else 1, dtype,
                                plans.device_props(sm_count=sms))
   assert plan.supported, plan.reason
@@ -457,5 +463,6 @@ def test_plan(n, spatial, c, dtype, sms, want):
 ])
 def test_plan_declines(c, groups, dtype, why):
   from jax_dnn._src import plans  # pylint: disable=g-import-not-at-top
+  _needs_plans()
   plan = plans.group_norm_plan(2, 64, c, groups, dtype, plans.device_props(sm_count=132))
   assert not plan.supported and why in plan.reason
