@@ -47,6 +47,19 @@ def _activate(layer, y):
                                                                layer.activation))
 
 
+def _call(layer, flax_call, x, mask, kernel):
+  """kernel(x, scale, bias) on the promoted operands where the layer's
+  options (layer._takes_kernel) and the promoted dtype allow it; else Flax's
+  own computation, flax_call(x, mask=mask), then the activation."""
+  if layer._takes_kernel(x, mask):  # pylint: disable=protected-access
+    scale = layer.scale[...] if layer.scale is not None else None
+    bias = layer.bias[...] if layer.bias is not None else None
+    xp, scale, bias = layer.promote_dtype((x, scale, bias), dtype=layer.dtype)
+    if _kernel_dtype(xp):
+      return kernel(xp, scale, bias)
+  return _activate(layer, flax_call(x, mask=mask))
+
+
 class GroupNorm(nnx.GroupNorm):
   """Group normalization (see flax.nnx.GroupNorm), optionally with a fused activation."""
 
@@ -76,15 +89,10 @@ class GroupNorm(nnx.GroupNorm):
             or _axes(x.ndim, self.reduction_axes) == frozenset(range(1, x.ndim)))
 
   def __call__(self, x, *, mask=None):
-    if not self._takes_kernel(x, mask):
-      return _activate(self, super().__call__(x, mask=mask))
-    scale = self.scale[...] if self.scale is not None else None
-    bias = self.bias[...] if self.bias is not None else None
-    x, scale, bias = self.promote_dtype((x, scale, bias), dtype=self.dtype)
-    if not _kernel_dtype(x):
-      return _activate(self, super().__call__(x, mask=mask))
-    return group_norm_lib.group_norm(x, scale, bias, num_groups=self.num_groups,
-                                     epsilon=self.epsilon, activation=self.activation)
+    kernel = lambda x, scale, bias: group_norm_lib.group_norm(
+        x, scale, bias, num_groups=self.num_groups, epsilon=self.epsilon,
+        activation=self.activation)
+    return _call(self, super().__call__, x, mask, kernel)
 
 
 class InstanceNorm(nnx.InstanceNorm):
@@ -113,12 +121,6 @@ class InstanceNorm(nnx.InstanceNorm):
             and _axes(x.ndim, self.feature_axes) == frozenset({x.ndim - 1}))
 
   def __call__(self, x, *, mask=None):
-    if not self._takes_kernel(x, mask):
-      return _activate(self, super().__call__(x, mask=mask))
-    scale = self.scale[...] if self.scale is not None else None
-    bias = self.bias[...] if self.bias is not None else None
-    x, scale, bias = self.promote_dtype((x, scale, bias), dtype=self.dtype)
-    if not _kernel_dtype(x):
-      return _activate(self, super().__call__(x, mask=mask))
-    return group_norm_lib.instance_norm(x, scale, bias, epsilon=self.epsilon,
-                                        activation=self.activation)
+    kernel = lambda x, scale, bias: group_norm_lib.instance_norm(
+        x, scale, bias, epsilon=self.epsilon, activation=self.activation)
+    return _call(self, super().__call__, x, mask, kernel)
