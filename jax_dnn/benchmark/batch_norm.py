@@ -73,8 +73,15 @@ def cases(quick: bool) -> list[harness.Case]:
 
 
 def workload(case: harness.Case, settings: harness.Settings) -> harness.Workload:
-  """Random normal x (and residual) and dy, K sets of each
-  (harness.input_sets); scale 1 + 0.1 normal, bias 0.1 normal, shared."""
+  """Random x (and residual) and dy, K sets of each (harness.input_sets);
+  scale 1 + 0.1 normal and bias 0.05 normal, shared.
+
+  x is normal pushed 0.5 away from 0 (sign(n) * (0.5 + |n|), std 1.43), so
+  normalized x keeps 0.35 away from 0 and, with |bias| under 0.2 (4 sigma),
+  no y lies near ReLU's kink: Flax rounds y to bf16 before its ReLU and we do not, and
+  an element whose two y straddle 0 takes dy in one backward and 0 in the
+  other (errors of order 1 that say nothing about either). The residual case
+  is forward only."""
   residual = case.op == "batch_norm_add_relu"
   dtype = jnp.dtype(case.dtype)
   c = case.shape[-1]
@@ -85,11 +92,15 @@ def workload(case: harness.Case, settings: harness.Settings) -> harness.Workload
   def normal(key, i, shape):
     return jax.random.normal(jax.random.fold_in(key, i), shape, jnp.float32)
 
-  params = (1.0 + 0.1 * normal(kp, 0, (c,)), 0.1 * normal(kp, 1, (c,)))
+  def away_from_zero(key, i, shape):
+    n = normal(key, i, shape)
+    return jnp.sign(n) * (0.5 + jnp.abs(n))
+
+  params = (1.0 + 0.1 * normal(kp, 0, (c,)), 0.05 * normal(kp, 1, (c,)))
   args = []
   for i in range(sets):
     extra = (normal(kr, i, case.shape).astype(dtype),) if residual else ()
-    args.append((normal(kx, i, case.shape).astype(dtype), *params, *extra))
+    args.append((away_from_zero(kx, i, case.shape).astype(dtype), *params, *extra))
   return harness.Workload(
       fns={"ours": _ours(residual), "flax": _flax(residual)},
       args=args,
