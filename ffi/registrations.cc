@@ -34,6 +34,7 @@
 #include "ffi/group_norm/group_norm_plan.h"
 #include "ffi/layer_norm/layer_norm_plan.h"
 #include "ffi/pooling/pooling_plan.h"
+#include "ffi/rnn/rnn_plan.h"
 
 #ifdef JAX_DNN_WITH_CUDA
 #include "ffi/common/device_info.h"
@@ -65,6 +66,8 @@ XLA_FFI_DECLARE_HANDLER_SYMBOL(BatchNormStats);
 XLA_FFI_DECLARE_HANDLER_SYMBOL(BatchNormFwd);
 XLA_FFI_DECLARE_HANDLER_SYMBOL(BatchNormBwdStats);
 XLA_FFI_DECLARE_HANDLER_SYMBOL(BatchNormBwd);
+XLA_FFI_DECLARE_HANDLER_SYMBOL(RnnFwd);
+XLA_FFI_DECLARE_HANDLER_SYMBOL(RnnBwd);
 }  // namespace jax_dnn
 #endif
 
@@ -114,6 +117,8 @@ nb::dict Registrations() {
   d["jax_dnn_batch_norm_fwd"] = Capsule(BatchNormFwd);
   d["jax_dnn_batch_norm_bwd_stats"] = Capsule(BatchNormBwdStats);
   d["jax_dnn_batch_norm_bwd"] = Capsule(BatchNormBwd);
+  d["jax_dnn_rnn_fwd"] = Capsule(RnnFwd);
+  d["jax_dnn_rnn_bwd"] = Capsule(RnnBwd);
 #endif
   return d;
 }
@@ -331,6 +336,56 @@ void DefinePlans(nb::module_& m) {
         return jax_dnn::PlanGroupNorm(n, spatial, channels, groups, KernelDType(dtype), device);
       },
       "n"_a, "spatial"_a, "channels"_a, "groups"_a, "dtype"_a, "device"_a);
+
+  nb::class_<jax_dnn::RnnPlan>(m, "RnnPlan")
+      .def_ro("supported", &jax_dnn::RnnPlan::supported)
+      .def_ro("reason", &jax_dnn::RnnPlan::reason)
+      .def_ro("variant", &jax_dnn::RnnPlan::variant)
+      .def_ro("units", &jax_dnn::RnnPlan::units)
+      .def_ro("streamed", &jax_dnn::RnnPlan::streamed)
+      .def_ro("global_state", &jax_dnn::RnnPlan::global_state)
+      .def_ro("blocks", &jax_dnn::RnnPlan::blocks)
+      .def_ro("fwd_workspace_bytes", &jax_dnn::RnnPlan::fwd_workspace_bytes)
+      .def_ro("bwd_workspace_bytes", &jax_dnn::RnnPlan::bwd_workspace_bytes)
+      .def_ro("fwd_smem_bytes", &jax_dnn::RnnPlan::fwd_smem_bytes)
+      .def_ro("bwd_smem_bytes", &jax_dnn::RnnPlan::bwd_smem_bytes)
+      .def("__repr__", [](const jax_dnn::RnnPlan& p) {
+        return "RnnPlan(supported=" + std::string(p.supported ? "True" : "False") +
+               ", reason='" + p.reason + "', variant=" + std::to_string(p.variant) +
+               ", units=" + std::to_string(p.units) +
+               ", streamed=" + (p.streamed ? "True" : "False") +
+               ", global_state=" + (p.global_state ? "True" : "False") +
+               ", blocks=" + std::to_string(p.blocks) +
+               ", fwd_workspace_bytes=" + std::to_string(p.fwd_workspace_bytes) +
+               ", bwd_workspace_bytes=" + std::to_string(p.bwd_workspace_bytes) + ")";
+      });
+  m.def(
+      "rnn_plan",
+      [](const std::string& kind, const std::string& dtype, int64_t seq_len, int64_t batch,
+         int64_t hidden, const DeviceProps& device) {
+        jax_dnn::RnnKind k;
+        if (kind == "lstm") {
+          k = jax_dnn::RnnKind::kLstm;
+        } else if (kind == "gru") {
+          k = jax_dnn::RnnKind::kGru;
+        } else if (kind == "rnn_tanh") {
+          k = jax_dnn::RnnKind::kRnnTanh;
+        } else if (kind == "rnn_relu") {
+          k = jax_dnn::RnnKind::kRnnRelu;
+        } else {
+          throw nb::value_error(
+              ("rnn_plan: kind must be 'lstm', 'gru', 'rnn_tanh' or 'rnn_relu', not " + kind)
+                  .c_str());
+        }
+        auto t = DTypeNamed(dtype);
+        if (!t) {
+          jax_dnn::RnnPlan plan;
+          plan.reason = "the kernels take bfloat16, float16 or float32, not " + dtype;
+          return plan;
+        }
+        return jax_dnn::PlanRnn(k, *t, seq_len, batch, hidden, device);
+      },
+      "kind"_a, "dtype"_a, "seq_len"_a, "batch"_a, "hidden"_a, "device"_a);
 
   m.def("conv_algorithms", &jax_dnn::ConvAlgorithms, "problem"_a, "device"_a);
   m.def("conv_plan", &jax_dnn::ConvPlan, "problem"_a, "deterministic"_a, "device"_a);

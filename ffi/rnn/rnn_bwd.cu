@@ -36,7 +36,7 @@ using rnn::StepTime;
 
 template <typename T, int G, int U>
 __global__ void __launch_bounds__(kRnnThreads, 1)
-    RnnBwdKernel(const RnnBwdParams p, const RnnLayout l, const bool streamed) {
+    RnnBwdKernel(const RnnBwdParams p, const RnnLayout l, const RnnVariant v) {
   constexpr int kLdr = U + 4;
   constexpr int S = G == 1 ? 1 : 5;
   extern __shared__ __align__(16) unsigned char smem[];
@@ -46,12 +46,16 @@ __global__ void __launch_bounds__(kRnnThreads, 1)
   const int64_t unit0 = int64_t{blockIdx.x} * U;
   const int64_t ex_size = l.bp * l.ghp;
   T* ex = static_cast<T*>(p.workspace);  // [2, Bp, GHp]
-  T* w = streamed ? reinterpret_cast<T*>(static_cast<unsigned char*>(p.workspace) +
+  T* w = v.streamed ? reinterpret_cast<T*>(static_cast<unsigned char*>(p.workspace) +
                                          l.bwd_weights_offset) +
                         int64_t{blockIdx.x} * U * l.bwd_pitch
                   : reinterpret_cast<T*>(smem);  // [U, bwd_pitch]
   float* red = reinterpret_cast<float*>(smem + l.bwd_red_offset);
-  float* dh = reinterpret_cast<float*>(smem + l.bwd_state_offset);  // [Bp, U]
+  float* dh =  // [Bp, U]
+      v.global_state ? reinterpret_cast<float*>(static_cast<unsigned char*>(p.workspace) +
+                                                l.bwd_state_ws_offset) +
+                           int64_t{blockIdx.x} * 2 * l.bp * U
+                     : reinterpret_cast<float*>(smem + l.bwd_state_offset);
   float* aux = dh + l.bp * U;  // [Bp, U]: dc (LSTM), u * dh (GRU)
   const T* w_hh = static_cast<const T*>(p.w_hh);
   const T* dy = static_cast<const T*>(p.dy);
@@ -163,7 +167,8 @@ __global__ void __launch_bounds__(kRnnThreads, 1)
 
     // 2. dh_{t-1} = dgh_t W_hh[:, units] for the rows active at this step.
     for (int64_t m0 = 0; m0 < l.bp; m0 += kRnnChunkRows) {
-      const int mtiles = static_cast<int>((l.bp - m0 < kRnnChunkRows ? l.bp - m0 : kRnnChunkRows) / 16);
+      const int64_t chunk = l.bp - m0 < kRnnChunkRows ? l.bp - m0 : kRnnChunkRows;
+      const int mtiles = static_cast<int>(chunk / 16);
       ChunkMatmul<T, U / 8>(buf + m0 * l.ghp, l.ghp, mtiles, w, l.bwd_pitch,
                             l.ghp / Mma<T>::kK, red, kLdr);
       __syncthreads();
@@ -172,8 +177,8 @@ __global__ void __launch_bounds__(kRnnThreads, 1)
         const int rl = static_cast<int>(i / U), u = static_cast<int>(i % U);
         const int64_t b = m0 + rl;
         if (unit0 + u >= H || s >= RowLength(p.seq_lengths, b, T_)) continue;
-        const float v = RedSum(red, kLdr, mtiles, rl, u);
-        dh[b * U + u] = G == 3 ? v + aux[b * U + u] : v;
+        const float sum = RedSum(red, kLdr, mtiles, rl, u);
+        dh[b * U + u] = G == 3 ? sum + aux[b * U + u] : sum;
       }
       __syncthreads();  // red is rewritten by the next chunk; dh is read by step 1
     }
@@ -188,12 +193,12 @@ __global__ void __launch_bounds__(kRnnThreads, 1)
 }
 
 template <typename T, int G, int U>
-cudaError_t Launch(const RnnBwdParams& p, const RnnLayout& l, bool streamed, cudaStream_t stream) {
+cudaError_t Launch(const RnnBwdParams& p, const RnnLayout& l, RnnVariant v, cudaStream_t stream) {
   auto kernel = RnnBwdKernel<T, G, U>;
   cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                        static_cast<int>(l.bwd_smem_bytes));
   if (e != cudaSuccess) return e;
-  void* args[] = {const_cast<RnnBwdParams*>(&p), const_cast<RnnLayout*>(&l), &streamed};
+  void* args[] = {const_cast<RnnBwdParams*>(&p), const_cast<RnnLayout*>(&l), &v};
   return cudaLaunchCooperativeKernel(reinterpret_cast<void*>(kernel),
                                      dim3(static_cast<unsigned>(l.blocks)), dim3(kRnnThreads),
                                      args, static_cast<size_t>(l.bwd_smem_bytes), stream);
@@ -204,11 +209,11 @@ cudaError_t LaunchUnits(const RnnBwdParams& p, const RnnLayout& l, RnnVariant v,
                         cudaStream_t stream) {
   switch (v.units) {
     case 8:
-      return Launch<T, G, 8>(p, l, v.streamed, stream);
+      return Launch<T, G, 8>(p, l, v, stream);
     case 16:
-      return Launch<T, G, 16>(p, l, v.streamed, stream);
+      return Launch<T, G, 16>(p, l, v, stream);
     case 32:
-      return Launch<T, G, 32>(p, l, v.streamed, stream);
+      return Launch<T, G, 32>(p, l, v, stream);
     default:
       return cudaErrorInvalidValue;
   }

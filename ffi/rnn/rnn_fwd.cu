@@ -39,7 +39,7 @@ using rnn::StepTime;
 
 template <typename T, int G, int U>
 __global__ void __launch_bounds__(kRnnThreads, 1)
-    RnnFwdKernel(const RnnFwdParams p, const RnnLayout l, const bool streamed) {
+    RnnFwdKernel(const RnnFwdParams p, const RnnLayout l, const RnnVariant v) {
   constexpr int N = G * U;
   constexpr int kLdr = N + 4;
   constexpr int S = G == 1 ? 1 : 5;
@@ -50,13 +50,17 @@ __global__ void __launch_bounds__(kRnnThreads, 1)
   const int64_t unit0 = int64_t{blockIdx.x} * U;
   const int64_t ex_size = l.bp * l.hp;
   T* ex = static_cast<T*>(p.workspace);  // [2, Bp, Hp]
-  T* w = streamed ? reinterpret_cast<T*>(static_cast<unsigned char*>(p.workspace) +
+  T* w = v.streamed ? reinterpret_cast<T*>(static_cast<unsigned char*>(p.workspace) +
                                          l.fwd_weights_offset) +
                         int64_t{blockIdx.x} * N * l.fwd_pitch
                   : reinterpret_cast<T*>(smem);  // [N, fwd_pitch]
   float* red = reinterpret_cast<float*>(smem + l.fwd_red_offset);
   float* bias = reinterpret_cast<float*>(smem + l.fwd_bias_offset);    // [N]
-  float* state = reinterpret_cast<float*>(smem + l.fwd_state_offset);  // [Bp, U]
+  float* state =  // [Bp, U]
+      v.global_state ? reinterpret_cast<float*>(static_cast<unsigned char*>(p.workspace) +
+                                                l.fwd_state_ws_offset) +
+                           int64_t{blockIdx.x} * l.bp * U
+                     : reinterpret_cast<float*>(smem + l.fwd_state_offset);
   const T* gx = static_cast<const T*>(p.gx);
   const T* w_hh = static_cast<const T*>(p.w_hh);
   const T* b_hh = static_cast<const T*>(p.b_hh);
@@ -106,7 +110,8 @@ __global__ void __launch_bounds__(kRnnThreads, 1)
       }
     }
     for (int64_t m0 = 0; m0 < l.bp; m0 += kRnnChunkRows) {
-      const int mtiles = static_cast<int>((l.bp - m0 < kRnnChunkRows ? l.bp - m0 : kRnnChunkRows) / 16);
+      const int64_t chunk = l.bp - m0 < kRnnChunkRows ? l.bp - m0 : kRnnChunkRows;
+      const int mtiles = static_cast<int>(chunk / 16);
       ChunkMatmul<T, N / 8>(cur + m0 * l.hp, l.hp, mtiles, w, l.fwd_pitch, l.hp / Mma<T>::kK, red,
                             kLdr);
       __syncthreads();
@@ -180,12 +185,12 @@ __global__ void __launch_bounds__(kRnnThreads, 1)
 }
 
 template <typename T, int G, int U>
-cudaError_t Launch(const RnnFwdParams& p, const RnnLayout& l, bool streamed, cudaStream_t stream) {
+cudaError_t Launch(const RnnFwdParams& p, const RnnLayout& l, RnnVariant v, cudaStream_t stream) {
   auto kernel = RnnFwdKernel<T, G, U>;
   cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                        static_cast<int>(l.fwd_smem_bytes));
   if (e != cudaSuccess) return e;
-  void* args[] = {const_cast<RnnFwdParams*>(&p), const_cast<RnnLayout*>(&l), &streamed};
+  void* args[] = {const_cast<RnnFwdParams*>(&p), const_cast<RnnLayout*>(&l), &v};
   // Cooperative: all blocks co-resident (the plan keeps them <= SMs), else
   // cudaErrorCooperativeLaunchTooLarge rather than a hang.
   return cudaLaunchCooperativeKernel(reinterpret_cast<void*>(kernel),
@@ -198,11 +203,11 @@ cudaError_t LaunchUnits(const RnnFwdParams& p, const RnnLayout& l, RnnVariant v,
                         cudaStream_t stream) {
   switch (v.units) {
     case 8:
-      return Launch<T, G, 8>(p, l, v.streamed, stream);
+      return Launch<T, G, 8>(p, l, v, stream);
     case 16:
-      return Launch<T, G, 16>(p, l, v.streamed, stream);
+      return Launch<T, G, 16>(p, l, v, stream);
     case 32:
-      return Launch<T, G, 32>(p, l, v.streamed, stream);
+      return Launch<T, G, 32>(p, l, v, stream);
     default:
       return cudaErrorInvalidValue;
   }

@@ -7,7 +7,10 @@ namespace jax_dnn {
 namespace {
 
 constexpr RnnVariant kVariants[kRnnVariantCount] = {
-    {8, false}, {16, false}, {32, false}, {8, true}, {16, true}, {32, true}};
+    {8, false, false}, {16, false, false}, {32, false, false},
+    {8, false, true},  {16, false, true},  {32, false, true},
+    {8, true, false},  {16, true, false},  {32, true, false},
+    {8, true, true},   {16, true, true},   {32, true, true}};
 
 int64_t RoundUp(int64_t v, int64_t m) { return (v + m - 1) / m * m; }
 int64_t DTypeBytes(DType dtype) { return dtype == DType::kF32 ? 4 : 2; }
@@ -15,7 +18,7 @@ int64_t DTypeBytes(DType dtype) { return dtype == DType::kF32 ? 4 : 2; }
 }  // namespace
 
 RnnVariant RnnVariantById(int id) {
-  return id >= 0 && id < kRnnVariantCount ? kVariants[id] : RnnVariant{0, false};
+  return id >= 0 && id < kRnnVariantCount ? kVariants[id] : RnnVariant{0, false, false};
 }
 
 RnnLayout RnnLayoutFor(RnnKind kind, DType dtype, int64_t batch, int64_t hidden,
@@ -43,17 +46,23 @@ RnnLayout RnnLayoutFor(RnnKind kind, DType dtype, int64_t batch, int64_t hidden,
   l.fwd_bias_offset = l.fwd_red_offset + fwd_red;
   l.fwd_state_offset = l.fwd_bias_offset + RoundUp(n * 4, 16);
   // Forward: c (LSTM) or h (GRU) in fp32 a row and unit.
-  l.fwd_smem_bytes = l.fwd_state_offset + l.bp * u * 4;
+  const int64_t fwd_state = l.bp * u * 4;
+  l.fwd_smem_bytes = l.fwd_state_offset + (variant.global_state ? 0 : fwd_state);
   l.bwd_red_offset = variant.streamed ? 0 : RoundUp(bwd_w, 16);
   l.bwd_state_offset = l.bwd_red_offset + bwd_red;
   // Backward: dh and (LSTM) dc or (GRU) the direct part u * dh, fp32.
-  l.bwd_smem_bytes = l.bwd_state_offset + 2 * l.bp * u * 4;
+  const int64_t bwd_state = 2 * l.bp * u * 4;
+  l.bwd_smem_bytes = l.bwd_state_offset + (variant.global_state ? 0 : bwd_state);
   // Exchange buffers: two (double-buffered) of h [Bp, Hp] forward and of
   // the gate gradients [Bp, GHp] backward, in the input dtype.
   l.fwd_weights_offset = RoundUp(2 * l.bp * l.hp * bytes, 256);
   l.bwd_weights_offset = RoundUp(2 * l.bp * l.ghp * bytes, 256);
-  l.fwd_workspace_bytes = l.fwd_weights_offset + (variant.streamed ? l.blocks * fwd_w : 0);
-  l.bwd_workspace_bytes = l.bwd_weights_offset + (variant.streamed ? l.blocks * bwd_w : 0);
+  l.fwd_state_ws_offset =
+      l.fwd_weights_offset + RoundUp(variant.streamed ? l.blocks * fwd_w : 0, 256);
+  l.bwd_state_ws_offset =
+      l.bwd_weights_offset + RoundUp(variant.streamed ? l.blocks * bwd_w : 0, 256);
+  l.fwd_workspace_bytes = l.fwd_state_ws_offset + (variant.global_state ? l.blocks * fwd_state : 0);
+  l.bwd_workspace_bytes = l.bwd_state_ws_offset + (variant.global_state ? l.blocks * bwd_state : 0);
   return l;
 }
 
@@ -70,17 +79,16 @@ RnnPlan PlanRnn(RnnKind kind, DType dtype, int64_t seq_len, int64_t batch, int64
     return plan;
   }
   const int64_t sms = device.sm_count > 0 ? device.sm_count : kRnnDefaultSms;
-  bool any_fits_grid = false;
   for (int id = 0; id < kRnnVariantCount; ++id) {
     const RnnVariant v = kVariants[id];
     const RnnLayout l = RnnLayoutFor(kind, dtype, batch, hidden, v);
     if (l.blocks > sms) continue;
-    any_fits_grid = true;
     if (l.fwd_smem_bytes > kRnnMaxSmemBytes || l.bwd_smem_bytes > kRnnMaxSmemBytes) continue;
     plan.supported = true;
     plan.variant = id;
     plan.units = v.units;
     plan.streamed = v.streamed;
+    plan.global_state = v.global_state;
     plan.blocks = l.blocks;
     plan.fwd_workspace_bytes = l.fwd_workspace_bytes;
     plan.bwd_workspace_bytes = l.bwd_workspace_bytes;
@@ -88,13 +96,10 @@ RnnPlan PlanRnn(RnnKind kind, DType dtype, int64_t seq_len, int64_t batch, int64
     plan.bwd_smem_bytes = l.bwd_smem_bytes;
     return plan;
   }
-  if (!any_fits_grid) {
-    plan.reason = "hidden " + std::to_string(hidden) + " needs more than " +
-                  std::to_string(sms) + " blocks of 32 units (one a SM)";
-  } else {
-    plan.reason = "batch " + std::to_string(batch) +
-                  ": the per-row fp32 state does not fit shared memory";
-  }
+  // Streamed weights and state leave kRnnChunkRows x (N + 4) floats of
+  // shared memory (64 KiB at most), so only the grid can decline.
+  plan.reason = "hidden " + std::to_string(hidden) + " needs more than " + std::to_string(sms) +
+                " blocks of 32 units (one a SM)";
   return plan;
 }
 

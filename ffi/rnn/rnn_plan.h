@@ -40,13 +40,17 @@ constexpr int64_t kRnnMaxSmemBytes = 227 * 1024;
 // SMs assumed where no device is known (an H100 SXM's 132).
 constexpr int kRnnDefaultSms = 132;
 
-// A variant: the kernels' units a block and where the weights live.
+// A variant: the kernels' units a block, where the weights live and where
+// the per-row fp32 state (c / h forward, dh and dc backward) lives.
 struct RnnVariant {
-  int units;      // U: 8, 16 or 32 hidden units a block
-  bool streamed;  // weights read from a padded global copy each step
+  int units;          // U: 8, 16 or 32 hidden units a block
+  bool streamed;      // weights read from a padded global copy each step
+  bool global_state;  // per-row state in the workspace (large batches)
 };
-constexpr int kRnnVariantCount = 6;
-// variant id -> RnnVariant; ids 0-2 resident (U = 8, 16, 32), 3-5 streamed.
+constexpr int kRnnVariantCount = 12;
+// variant id -> RnnVariant, in the plan's order of preference: ids 0-2
+// resident weights and state (U = 8, 16, 32), 3-5 resident weights and the
+// state in the workspace, 6-8 streamed weights, 9-11 both in the workspace.
 RnnVariant RnnVariantById(int id);
 
 // Sizes derived from a problem and a variant, shared by the plan and the
@@ -61,8 +65,9 @@ struct RnnLayout {
   int64_t fwd_smem_bytes, bwd_smem_bytes;
   int64_t fwd_workspace_bytes, bwd_workspace_bytes;
   // Byte offsets in the workspaces: the exchange buffers at 0, then (streamed)
-  // the blocks' padded weight slices.
+  // the blocks' padded weight slices, then (global_state) the blocks' state.
   int64_t fwd_weights_offset, bwd_weights_offset;
+  int64_t fwd_state_ws_offset, bwd_state_ws_offset;
   // Byte offsets in shared memory (weights at 0 unless streamed).
   int64_t fwd_red_offset, fwd_bias_offset, fwd_state_offset;
   int64_t bwd_red_offset, bwd_state_offset;
@@ -76,6 +81,7 @@ struct RnnPlan {
   int variant = -1;    // RnnVariantById's id
   int units = 0;
   bool streamed = false;
+  bool global_state = false;
   int64_t blocks = 0;
   int64_t fwd_workspace_bytes = 0;
   int64_t bwd_workspace_bytes = 0;
@@ -91,9 +97,11 @@ struct RnnPlan {
 // The smallest U whose block count fits wins (more blocks: less matmul a
 // block a step, and the step's latency is what counts), resident weights
 // before streamed ones: H = 768 takes U = 8 (96 blocks); H = 2048 LSTM bf16
-// takes U = 16 streamed (its 16 x 64 weight rows need 260 KiB).
-// Unsupported: empty problems, H past 32 * SMs, batches whose per-row fp32
-// state does not fit shared memory next to the matmul's partial sums.
+// takes U = 16 streamed (its 16 x 64 weight rows need 260 KiB). Batches
+// whose per-row fp32 state (Bp x U floats forward, twice that backward)
+// does not fit next to the weights keep it in the workspace (read and
+// written by the block that owns it, so ordered by its __syncthreads).
+// Unsupported: empty problems, H past 32 * SMs.
 RnnPlan PlanRnn(RnnKind kind, DType dtype, int64_t seq_len, int64_t batch, int64_t hidden,
                 const DeviceProps& device);
 
