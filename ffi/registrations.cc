@@ -145,6 +145,15 @@ DType KernelDType(const std::string& name) {
   return *dtype;
 }
 
+jax_dnn::RnnKind RnnKindNamed(const std::string& kind) {
+  if (kind == "lstm") return jax_dnn::RnnKind::kLstm;
+  if (kind == "gru") return jax_dnn::RnnKind::kGru;
+  if (kind == "rnn_tanh") return jax_dnn::RnnKind::kRnnTanh;
+  if (kind == "rnn_relu") return jax_dnn::RnnKind::kRnnRelu;
+  throw nb::value_error(
+      ("rnn_plan: kind must be 'lstm', 'gru', 'rnn_tanh' or 'rnn_relu', not " + kind).c_str());
+}
+
 void DefinePlanTypes(nb::module_& m) {
   nb::class_<DeviceProps>(m, "DeviceProps")
       .def(
@@ -363,20 +372,7 @@ void DefinePlans(nb::module_& m) {
       "rnn_plan",
       [](const std::string& kind, const std::string& dtype, int64_t seq_len, int64_t batch,
          int64_t hidden, const DeviceProps& device) {
-        jax_dnn::RnnKind k;
-        if (kind == "lstm") {
-          k = jax_dnn::RnnKind::kLstm;
-        } else if (kind == "gru") {
-          k = jax_dnn::RnnKind::kGru;
-        } else if (kind == "rnn_tanh") {
-          k = jax_dnn::RnnKind::kRnnTanh;
-        } else if (kind == "rnn_relu") {
-          k = jax_dnn::RnnKind::kRnnRelu;
-        } else {
-          throw nb::value_error(
-              ("rnn_plan: kind must be 'lstm', 'gru', 'rnn_tanh' or 'rnn_relu', not " + kind)
-                  .c_str());
-        }
+        const jax_dnn::RnnKind k = RnnKindNamed(kind);
         auto t = DTypeNamed(dtype);
         if (!t) {
           jax_dnn::RnnPlan plan;
@@ -386,6 +382,19 @@ void DefinePlans(nb::module_& m) {
         return jax_dnn::PlanRnn(k, *t, seq_len, batch, hidden, device);
       },
       "kind"_a, "dtype"_a, "seq_len"_a, "batch"_a, "hidden"_a, "device"_a);
+  // (fwd, bwd) workspace bytes of any variant id: lets a check run each
+  // variant, not only the one the plan picks.
+  m.def(
+      "rnn_variant_workspace_bytes",
+      [](const std::string& kind, const std::string& dtype, int64_t batch, int64_t hidden,
+         int variant) {
+        const jax_dnn::RnnVariant v = jax_dnn::RnnVariantById(variant);
+        if (v.units == 0) throw nb::value_error("rnn_variant_workspace_bytes: no such variant");
+        const jax_dnn::RnnLayout l =
+            jax_dnn::RnnLayoutFor(RnnKindNamed(kind), KernelDType(dtype), batch, hidden, v);
+        return std::make_tuple(l.fwd_workspace_bytes, l.bwd_workspace_bytes);
+      },
+      "kind"_a, "dtype"_a, "batch"_a, "hidden"_a, "variant"_a);
 
   m.def("conv_algorithms", &jax_dnn::ConvAlgorithms, "problem"_a, "device"_a);
   m.def("conv_plan", &jax_dnn::ConvPlan, "problem"_a, "deterministic"_a, "device"_a);

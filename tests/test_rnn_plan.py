@@ -81,6 +81,22 @@ def test_plan_takes(kind, dtype, t, b, h, sms, want):
   # resident + state in the workspace, streamed, streamed + state).
   units, streamed, global_state, _ = want
   assert plan.variant == 6 * streamed + 3 * global_state + {8: 0, 16: 1, 32: 2}[units]
+  assert plans.rnn_variant_workspace_bytes(kind, dtype, b, h, plan.variant) == (
+      plan.fwd_workspace_bytes, plan.bwd_workspace_bytes)
+
+
+@pytest.mark.parametrize("variant", range(12))
+def test_variant_workspaces(variant):
+  """Every variant's workspaces follow the layout, whichever the plan picks."""
+  units = (8, 16, 32)[variant % 3]
+  streamed, global_state = variant >= 6, variant % 6 >= 3
+  got = plans.rnn_variant_workspace_bytes("gru", "float16", 37, 100, variant)
+  assert got == _workspaces("gru", "float16", 37, 100, units, streamed, global_state)
+
+
+def test_variant_out_of_range():
+  with pytest.raises(ValueError, match="no such variant"):
+    plans.rnn_variant_workspace_bytes("lstm", "bfloat16", 4, 64, 12)
 
 
 def test_workspace_grows_with_batch_not_steps():

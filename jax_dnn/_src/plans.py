@@ -198,3 +198,11 @@ def rnn_plan(kind: str, dtype: str, seq_len: int, batch: int, hidden: int,
   do not take gives supported=False with the reason; an unknown kind raises
   ValueError."""
   return _ext().rnn_plan(kind, dtype, int(seq_len), int(batch), int(hidden), _device(device))
+
+
+def rnn_variant_workspace_bytes(kind: str, dtype: str, batch: int, hidden: int,
+                                variant: int) -> tuple[int, int]:
+  """(fwd, bwd) workspace bytes of any variant id (not only the plan's
+  choice), for checks that run every variant."""
+  return tuple(_ext().rnn_variant_workspace_bytes(kind, dtype, int(batch), int(hidden),
+                                                  int(variant)))
