@@ -18,8 +18,8 @@ states; backward: dgx, dgh_n, dh0, dc0) lands in a buffer poisoned first
 against a pure-JAX reference of the recurrence written here:
   - ref32: fp32 throughout, matmuls at HIGHEST precision;
   - refD:  the same recurrence as a model in the input dtype D runs it
-    (h rounded to D before the matmul, fp32 accumulation; fp32 inputs at
-    DEFAULT precision, i.e. TF32 as the kernels use), outputs rounded to D.
+    (h rounded to D before the matmul, fp32 accumulation; fp32 inputs with
+    h and W rounded to TF32, as the kernels' mma does), outputs rounded to D.
   Backward references: jax.vjp of those forwards (the GRU's dgh_n as the
   gradient of a zero term added to hh's n slot).
   Rule (DESIGN.md): max |ours - ref32| <= 2 max |refD - ref32| + floor,
@@ -154,6 +154,15 @@ def reference(kind, reverse, gx, w, b, h0, c0, lens, e_n, matmul):
   return y, h, c, states
 
 
+def to_tf32(x):
+  """x rounded to TF32 (10 mantissa bits, to nearest, ties away: cvt.rna),
+  with an identity gradient."""
+  bits = lax.bitcast_convert_type(x, jnp.uint32)
+  r = lax.bitcast_convert_type((bits + jnp.uint32(0x1000)) & jnp.uint32(0xFFFFE000),
+                               jnp.float32)
+  return x + lax.stop_gradient(r - x)
+
+
 @functools.lru_cache(maxsize=None)
 def make_reference(kind, reverse, dtype, exact):
   """(forward, forward + vjp) of the reference: exact = ref32 (dtype None),
@@ -163,8 +172,9 @@ def make_reference(kind, reverse, dtype, exact):
   def matmul_for(w):
     if exact:
       return lambda h: jnp.dot(h, w.T, precision=HIGHEST)
-    if d == jnp.float32:
-      return lambda h: jnp.dot(h, w.T, precision=lax.Precision.DEFAULT)
+    if d == jnp.float32:  # TF32 operands, as the kernels' mma (and XLA's default)
+      wt = to_tf32(w)
+      return lambda h: jnp.dot(to_tf32(h), wt.T, precision=HIGHEST)
     wd = w.astype(d)
     return lambda h: jnp.dot(h.astype(d), wd.T, preferred_element_type=jnp.float32)
 
