@@ -46,10 +46,11 @@ __global__ void __launch_bounds__(kRnnThreads, 1)
   const int64_t unit0 = int64_t{blockIdx.x} * U;
   const int64_t ex_size = l.bp * l.ghp;
   T* ex = static_cast<T*>(p.workspace);  // [2, Bp, GHp]
-  T* w = v.streamed ? reinterpret_cast<T*>(static_cast<unsigned char*>(p.workspace) +
-                                         l.bwd_weights_offset) +
-                        int64_t{blockIdx.x} * U * l.bwd_pitch
-                  : reinterpret_cast<T*>(smem);  // [U, bwd_pitch]
+  T* w = v.streamed  // [U, bwd_pitch]
+             ? reinterpret_cast<T*>(static_cast<unsigned char*>(p.workspace) +
+                                    l.bwd_weights_offset) +
+                   int64_t{blockIdx.x} * U * l.bwd_pitch
+             : reinterpret_cast<T*>(smem);
   float* red = reinterpret_cast<float*>(smem + l.bwd_red_offset);
   float* dh =  // [Bp, U]
       v.global_state ? reinterpret_cast<float*>(static_cast<unsigned char*>(p.workspace) +

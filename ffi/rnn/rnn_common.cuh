@@ -132,10 +132,11 @@ __device__ __forceinline__ void ChunkMatmul(const T* a, int64_t lda, int mtiles,
 #pragma unroll
   for (int nt = 0; nt < NT; ++nt) acc[nt][0] = acc[nt][1] = acc[nt][2] = acc[nt][3] = 0.f;
   const T* arow = a + int64_t{mt} * 16 * lda;
-  // Unrolled so that several A loads (L2 round trips) are in flight; by 2
-  // only where 8+ column tiles keep 32+ accumulators live (255 registers
-  // and spills otherwise at N = 128).
-  constexpr int kUnroll = NT >= 8 ? 2 : 4;
+  // Unrolled so that several A loads (L2 round trips) are in flight: a
+  // warp's K slice is often 6 k-steps (H = 768 over 8 warps), so up to 8 at
+  // once; fewer where 8+ column tiles keep 32+ accumulators and B fragments
+  // live (255 registers and spills at N = 128 unrolled by 4).
+  constexpr int kUnroll = NT <= 4 ? 8 : NT < 8 ? 4 : 2;
 #pragma unroll kUnroll
   for (int64_t ks = k0; ks < k1; ++ks) {
     const int64_t k = ks * Mma<T>::kK;

@@ -17,7 +17,8 @@
 //      block writes buffer (s + 1) % 2 at step s only after every block
 //      passed the barrier that ended step s - 1, i.e. finished reading it.
 // Frozen rows (s >= len) copy their h to the next buffer and write zeros.
-// gx of the next step is prefetched into L2 at the start of each step.
+// gx of the next step is prefetched into L2 at the start of each step, and
+// a thread's first gx of a step is loaded before the step's matmul.
 //
 // Per step and block: Bp * Hp input-dtype elements of h read from L2 (24 KiB
 // at B = 16, H = 768 bf16), N * Hp * 2 B mma operands from shared memory.
@@ -37,6 +38,19 @@ using rnn::RowLength;
 using rnn::Sigmoid;
 using rnn::StepTime;
 
+// gx_t [G] of row b, unit `unit` at processing step s (zeros where the
+// row is frozen or the unit past H: the caller does not use them then).
+template <typename T, int G>
+__device__ __forceinline__ void GatherGx(const RnnFwdParams& p, int64_t b, int64_t unit,
+                                         int64_t s, float (&xg)[G]) {
+  const int64_t len = RowLength(p.seq_lengths, b, p.seq_len);
+  const bool live = s < len && unit < p.hidden;
+  const T* gxr = static_cast<const T*>(p.gx) +
+                 (StepTime(s, len, p.reverse) * p.batch + b) * G * p.hidden + unit;
+#pragma unroll
+  for (int g = 0; g < G; ++g) xg[g] = live ? ToFloat(gxr[g * p.hidden]) : 0.f;
+}
+
 template <typename T, int G, int U>
 __global__ void __launch_bounds__(kRnnThreads, 1)
     RnnFwdKernel(const RnnFwdParams p, const RnnLayout l, const RnnVariant v) {
@@ -50,10 +64,11 @@ __global__ void __launch_bounds__(kRnnThreads, 1)
   const int64_t unit0 = int64_t{blockIdx.x} * U;
   const int64_t ex_size = l.bp * l.hp;
   T* ex = static_cast<T*>(p.workspace);  // [2, Bp, Hp]
-  T* w = v.streamed ? reinterpret_cast<T*>(static_cast<unsigned char*>(p.workspace) +
-                                         l.fwd_weights_offset) +
-                        int64_t{blockIdx.x} * N * l.fwd_pitch
-                  : reinterpret_cast<T*>(smem);  // [N, fwd_pitch]
+  T* w = v.streamed  // [N, fwd_pitch]
+             ? reinterpret_cast<T*>(static_cast<unsigned char*>(p.workspace) +
+                                    l.fwd_weights_offset) +
+                   int64_t{blockIdx.x} * N * l.fwd_pitch
+             : reinterpret_cast<T*>(smem);
   float* red = reinterpret_cast<float*>(smem + l.fwd_red_offset);
   float* bias = reinterpret_cast<float*>(smem + l.fwd_bias_offset);    // [N]
   float* state =  // [Bp, U]
@@ -112,10 +127,15 @@ __global__ void __launch_bounds__(kRnnThreads, 1)
     for (int64_t m0 = 0; m0 < l.bp; m0 += kRnnChunkRows) {
       const int64_t chunk = l.bp - m0 < kRnnChunkRows ? l.bp - m0 : kRnnChunkRows;
       const int mtiles = static_cast<int>(chunk / 16);
+      const int64_t rows = B - m0 < kRnnChunkRows ? B - m0 : kRnnChunkRows;
+      // gx of the thread's first (row, unit) of the chunk, loaded before the
+      // matmul so that its latency hides behind it (one pair a thread at
+      // B * U <= 256, e.g. B = 16, U = 8); further pairs load in the loop.
+      float xg_first[G];
+      if (tid < rows * U) GatherGx<T, G>(p, m0 + tid / U, unit0 + tid % U, s, xg_first);
       ChunkMatmul<T, N / 8>(cur + m0 * l.hp, l.hp, mtiles, w, l.fwd_pitch, l.hp / Mma<T>::kK, red,
                             kLdr);
       __syncthreads();
-      const int64_t rows = B - m0 < kRnnChunkRows ? B - m0 : kRnnChunkRows;
       for (int64_t i = tid; i < rows * U; i += kRnnThreads) {
         const int rl = static_cast<int>(i / U), u = static_cast<int>(i % U);
         const int64_t b = m0 + rl, unit = unit0 + u;
@@ -130,13 +150,16 @@ __global__ void __launch_bounds__(kRnnThreads, 1)
           continue;
         }
         const int64_t t = StepTime(s, len, p.reverse);
-        const T* gxr = gx + (t * B + b) * GH + unit;
         float hh[G], xg[G];
+        if (i == tid) {
 #pragma unroll
-        for (int g = 0; g < G; ++g) {
-          hh[g] = RedSum(red, kLdr, mtiles, rl, g * U + u) + bias[g * U + u];
-          xg[g] = ToFloat(gxr[g * H]);
+          for (int g = 0; g < G; ++g) xg[g] = xg_first[g];
+        } else {
+          GatherGx<T, G>(p, b, unit, s, xg);
         }
+#pragma unroll
+        for (int g = 0; g < G; ++g)
+          hh[g] = RedSum(red, kLdr, mtiles, rl, g * U + u) + bias[g * U + u];
         float* st = p.states + (t * B + b) * S * H + unit;
         float& carry = state[b * U + u];
         float h;
