@@ -16,6 +16,9 @@
 //   3. grid barrier. The double buffer makes one barrier a step enough: a
 //      block writes buffer (s + 1) % 2 at step s only after every block
 //      passed the barrier that ended step s - 1, i.e. finished reading it.
+// The barrier is cooperative_groups' grid.sync(): the launch is cooperative
+// (all blocks co-resident, or the launch fails instead of hanging), and its
+// counter is the driver's, so the workspace holds no state to reset.
 // Frozen rows (s >= len) copy their h to the next buffer and write zeros.
 // gx of the next step is prefetched into L2 at the start of each step, and
 // a thread's first gx of a step is loaded before the step's matmul.

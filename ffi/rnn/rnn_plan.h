@@ -97,7 +97,7 @@ struct RnnPlan {
 // The smallest U whose block count fits wins (more blocks: less matmul a
 // block a step, and the step's latency is what counts), resident weights
 // before streamed ones: H = 768 takes U = 8 (96 blocks); H = 2048 LSTM bf16
-// takes U = 16 streamed (its 16 x 64 weight rows need 260 KiB). Batches
+// takes U = 16 streamed (its 64 weight rows of 2056 bf16 need 257 KiB). Batches
 // whose per-row fp32 state (Bp x U floats forward, twice that backward)
 // does not fit next to the weights keep it in the workspace (read and
 // written by the block that owns it, so ordered by its __syncthreads).
