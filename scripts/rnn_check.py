@@ -6,7 +6,9 @@ needs only the CUDA build of the extension (not the Python op).
 
 Run from the repository root after building the CUDA extension in place
 (bash build_ext.sh cuda, or pip install -e .). About a minute on an H200.
-Exit status 0 only when every check passes; the last line says PASS or FAIL.
+Exit status 0 only when every check passes; the last line says PASS or FAIL
+(a run past --timeout seconds, e.g. a kernel that never returns, is killed
+with a traceback and a nonzero status).
 
 (a) Correctness, ffi/rnn/rnn.h's contract: every kind (LSTM, GRU, tanh and
 relu RNN), bf16 / f16 / f32, reverse 0 / 1, ragged lengths (0, 1, T, above
@@ -37,6 +39,7 @@ Excludes the input projection (both sides get gx).
 from __future__ import annotations
 
 import argparse
+import faulthandler
 import functools
 import statistics
 import sys
@@ -394,7 +397,12 @@ def main() -> int:
   ap.add_argument("--skip-check", action="store_true")
   ap.add_argument("--skip-time", action="store_true")
   ap.add_argument("--quick", action="store_true", help="bf16 / forward-order cases only")
+  ap.add_argument("--timeout", type=float, default=300,
+                  help="seconds before the run is killed (a kernel that never returns)")
   args = ap.parse_args()
+  # A hung kernel blocks inside the runtime, where Python signals never run:
+  # faulthandler's watchdog thread prints the stack and exits instead.
+  faulthandler.dump_traceback_later(args.timeout, exit=True)
   targets = extension.registered_targets()
   missing = {"jax_dnn_rnn_fwd", "jax_dnn_rnn_bwd"} - set(targets)
   if missing or jax.default_backend() != "gpu":
