@@ -19,6 +19,8 @@
 // One barrier a step: the exchange buffer is double-buffered (as in the
 // forward), and step 1 touches only the block's own rows of shared memory.
 // Rows not active at a step (s >= len) publish zeros and keep dh / dc.
+// The next step's dy and states rows are prefetched into L2, and a thread's
+// first cell inputs of the next step load before this step's matmul.
 #include <cooperative_groups.h>
 
 #include "ffi/rnn/rnn.h"
@@ -33,6 +35,37 @@ using rnn::Mma;
 using rnn::RedSum;
 using rnn::RowLength;
 using rnn::StepTime;
+
+// What the cell's backward reads of row b, unit `unit` at processing step
+// s: dy_t, the states at t, and c_{t-1} (LSTM) or h_{t-1} (GRU).
+template <int G>
+struct BwdCellIn {
+  float dy;
+  float st[G == 1 ? 1 : 5];
+  float prev;
+};
+
+// Loads BwdCellIn where the row is active at s and the unit below H (the
+// caller skips the others before using it).
+template <typename T, int G>
+__device__ __forceinline__ void LoadBwdCellIn(const RnnBwdParams& p, int64_t b, int64_t unit,
+                                              int64_t s, BwdCellIn<G>& in) {
+  constexpr int S = G == 1 ? 1 : 5;
+  const int64_t B = p.batch, H = p.hidden;
+  const int64_t len = RowLength(p.seq_lengths, b, p.seq_len);
+  if (s < 0 || s >= len || unit >= H) return;
+  const int64_t t = StepTime(s, len, p.reverse);
+  in.dy = ToFloat(static_cast<const T*>(p.dy)[(t * B + b) * H + unit]);
+  const float* st = p.states + (t * B + b) * S * H + unit;
+#pragma unroll
+  for (int k = 0; k < S; ++k) in.st[k] = st[k * H];
+  if constexpr (G != 1) {
+    const bool first = p.reverse ? t == len - 1 : t == 0;
+    const int64_t tprev = p.reverse ? t + 1 : t - 1;
+    const T* init = static_cast<const T*>(G == 4 ? p.c0 : p.h0);
+    in.prev = first ? ToFloat(init[b * H + unit]) : p.states[((tprev * B + b) * S + 4) * H + unit];
+  }
+}
 
 template <typename T, int G, int U>
 __global__ void __launch_bounds__(kRnnThreads, 1)
@@ -60,8 +93,6 @@ __global__ void __launch_bounds__(kRnnThreads, 1)
   float* aux = dh + l.bp * U;  // [Bp, U]: dc (LSTM), u * dh (GRU)
   const T* w_hh = static_cast<const T*>(p.w_hh);
   const T* dy = static_cast<const T*>(p.dy);
-  const T* h0 = static_cast<const T*>(p.h0);
-  const T* c0 = static_cast<const T*>(p.c0);
   const bool relu = p.kind == RnnKind::kRnnRelu;
 
   // Weight columns (read along G H: the loads of a warp cover U adjacent
@@ -89,6 +120,14 @@ __global__ void __launch_bounds__(kRnnThreads, 1)
       ex[i / pad * l.ghp + GH + i % pad] = FromFloat<T>(0.f);
   }
   grid.sync();  // also orders the streamed variant's global weight copy
+
+  // The cell inputs of the thread's first (row, unit) of the next step,
+  // loaded before the matmul of the step before so that their latency hides
+  // behind it (one pair a thread at B * U <= 256); further pairs load in
+  // the cell loop.
+  const bool has_first = tid < B * U;
+  BwdCellIn<G> in_first;
+  if (has_first) LoadBwdCellIn<T, G>(p, tid / U, unit0 + tid % U, T_ - 1, in_first);
 
   for (int64_t sp = 0; sp < T_; ++sp) {
     const int64_t s = T_ - 1 - sp;
@@ -121,15 +160,17 @@ __global__ void __launch_bounds__(kRnnThreads, 1)
         continue;
       }
       const int64_t t = StepTime(s, len, p.reverse);
-      const bool first = p.reverse ? t == len - 1 : t == 0;
-      const int64_t tprev = p.reverse ? t + 1 : t - 1;
-      const float* st = p.states + (t * B + b) * S * H + unit;
-      const float d = dh[i] + ToFloat(dy[(t * B + b) * H + unit]);
+      BwdCellIn<G> in;
+      if (i == tid)
+        in = in_first;
+      else
+        LoadBwdCellIn<T, G>(p, b, unit, s, in);
+      const float* st = in.st;
+      const float d = dh[i] + in.dy;
       float dz[G], dgh[G];
       if constexpr (G == 4) {
-        const float ig = st[0], fg = st[H], gg = st[2 * H], og = st[3 * H], c = st[4 * H];
-        const float cprev = first ? ToFloat(c0[b * H + unit])
-                                  : p.states[((tprev * B + b) * S + 4) * H + unit];
+        const float ig = st[0], fg = st[1], gg = st[2], og = st[3], c = st[4];
+        const float cprev = in.prev;
         const float tc = tanhf(c);
         const float dc = aux[i] + d * og * (1.f - tc * tc);
         dz[0] = dc * gg * ig * (1.f - ig);
@@ -140,9 +181,8 @@ __global__ void __launch_bounds__(kRnnThreads, 1)
 #pragma unroll
         for (int g = 0; g < 4; ++g) dgh[g] = dz[g];
       } else if constexpr (G == 3) {
-        const float r = st[0], z = st[H], n = st[2 * H], hhn = st[3 * H];
-        const float hprev = first ? ToFloat(h0[b * H + unit])
-                                  : p.states[((tprev * B + b) * S + 4) * H + unit];
+        const float r = st[0], z = st[1], n = st[2], hhn = st[3];
+        const float hprev = in.prev;
         const float dn = d * (1.f - z) * (1.f - n * n);  // w.r.t. n's pre-activation
         dz[0] = dn * hhn * r * (1.f - r);
         dz[1] = d * (hprev - n) * z * (1.f - z);
@@ -165,6 +205,7 @@ __global__ void __launch_bounds__(kRnnThreads, 1)
       }
     }
     grid.sync();
+    if (has_first && s > 0) LoadBwdCellIn<T, G>(p, tid / U, unit0 + tid % U, s - 1, in_first);
 
     // 2. dh_{t-1} = dgh_t W_hh[:, units] for the rows active at this step.
     for (int64_t m0 = 0; m0 < l.bp; m0 += kRnnChunkRows) {
