@@ -2,7 +2,7 @@
 on a GPU, calling the FFI targets directly through jax.ffi.ffi_call, so it
 needs only the CUDA build of the extension (not the Python op).
 
-  python scripts/rnn_check.py [--skip-check] [--skip-time] [--quick]
+  python scripts/rnn_check.py [--skip-check] [--skip-time] [--quick] [--sweep]
 
 Run from the repository root after building the CUDA extension in place
 (bash build_ext.sh cuda, or pip install -e .). About a minute on an H200.
@@ -395,11 +395,43 @@ def time_shape(kind, t, bsz, h, dtype=jnp.bfloat16):
   return row, (ours_f, ours_b, scan_f, scan_fb)
 
 
+def sweep_variants(kind, t, bsz, h, dtype=jnp.bfloat16):
+  """ms of the forward and backward kernels for every variant id at one
+  shape (those that do not launch, e.g. past the SMs or the shared memory,
+  print their error), for tuning the plan's choice."""
+  d = jnp.dtype(dtype)
+  g = GATES[kind]
+  rng = np.random.default_rng(1)
+  gx = jnp.asarray(rng.standard_normal((t, bsz, g * h)), d)
+  w = jnp.asarray(rng.standard_normal((g * h, h)) / np.sqrt(h), d)
+  b = jnp.zeros((g * h,), d)
+  h0 = jnp.zeros((bsz, h), d)
+  c0 = jnp.zeros((bsz, h), d) if kind == "lstm" else jnp.zeros((0,), d)
+  lens = jnp.full((bsz,), t, jnp.int32)
+  dy = jnp.asarray(rng.standard_normal((t, bsz, h)), d)
+  chosen = plans.rnn_plan(kind, d.name, t, bsz, h).variant
+  for variant in range(12):
+    fwd_ws, bwd_ws = plans.rnn_variant_workspace_bytes(kind, d.name, bsz, h, variant)
+    try:
+      fwd = jax.jit(lambda *a: kernel_fwd(kind, 0, variant, fwd_ws, *a))
+      bwd = jax.jit(lambda *a: kernel_bwd(kind, 0, variant, bwd_ws, *a))
+      states = fwd(gx, w, b, h0, c0, lens)[3]
+      f_ms = median_ms(fwd, gx, w, b, h0, c0, lens, samples=7)
+      b_ms = median_ms(bwd, dy, h0, c0, w, h0, c0, lens, states, samples=7)
+      row = f"fwd {f_ms:7.3f} ms  bwd {b_ms:7.3f} ms"
+    except Exception as e:  # pylint: disable=broad-except
+      row = f"{type(e).__name__}: {str(e).splitlines()[0][:80]}"
+    mark = " <- plan" if variant == chosen else ""
+    print(f"  {kind} B{bsz} T{t} H{h} variant {variant:2d}: {row}{mark}", flush=True)
+
+
 def main() -> int:
   ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
   ap.add_argument("--skip-check", action="store_true")
   ap.add_argument("--skip-time", action="store_true")
   ap.add_argument("--quick", action="store_true", help="bf16 / forward-order cases only")
+  ap.add_argument("--sweep", action="store_true",
+                  help="also time every variant at the timing shapes (tuning the plan)")
   ap.add_argument("--timeout", type=float, default=300,
                   help="seconds before the run is killed (a kernel that never returns)")
   args = ap.parse_args()
@@ -437,6 +469,10 @@ def main() -> int:
       except Exception as e:
         ok, row = False, f"{shape}: {type(e).__name__}: {e}"
       print(row, flush=True)
+  if args.sweep:
+    print("\n(c) every variant, bf16")
+    for shape in (("lstm", 1024, 16, 768), ("lstm", 256, 64, 512), ("lstm", 128, 256, 1024)):
+      sweep_variants(*shape)
   print(f"total {time.perf_counter() - t0:.0f} s")
   print("PASS" if ok else "FAIL")
   return 0 if ok else 1
