@@ -432,7 +432,7 @@ def main() -> int:
   ap.add_argument("--quick", action="store_true", help="bf16 / forward-order cases only")
   ap.add_argument("--sweep", action="store_true",
                   help="also time every variant at the timing shapes (tuning the plan)")
-  ap.add_argument("--timeout", type=float, default=300,
+  ap.add_argument("--timeout", type=float, default=400,
                   help="seconds before the run is killed (a kernel that never returns)")
   args = ap.parse_args()
   # A hung kernel blocks inside the runtime, where Python signals never run:
