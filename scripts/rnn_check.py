@@ -14,8 +14,9 @@ with a traceback and a nonzero status).
 relu RNN), bf16 / f16 / f32, reverse 0 / 1, ragged lengths (0, 1, T, above
 T, negative), B = 1, odd B, a batch of more than one 128-row chunk, H not a
 multiple of 8 or 64, the streamed and state-in-workspace variants, and each
-of the 12 variants on one problem. Every output (forward: y, h_n, c_n,
-states; backward: dgx, dgh_n, dh0, dc0) lands in a buffer poisoned first
+of the 12 variants on one problem (run twice: bitwise equal). Every output
+(forward: y, h_n, c_n, states; backward: dgx, dgh_n, dh0, dc0) lands in a
+buffer poisoned first
 (NaN, 0xFF bytes for the workspace) and is checked element by element
 against a pure-JAX reference of the recurrence written here:
   - ref32: fp32 throughout, matmuls at HIGHEST precision;
@@ -206,9 +207,13 @@ def max_rel(got, want):
 
 
 def check_case(name, kind, dtype, t, bsz, h, lens, reverse, variant=None, seed=0):
+  """One problem through both kernels; returns (passed, a line to print).
+  Where a variant is named, the kernels also run a second time and must
+  give bitwise the same outputs (fixed reduction order: no atomics)."""
   d = jnp.dtype(dtype)
   g = GATES[kind]
   plan = plans.rnn_plan(kind, d.name, t, bsz, h)
+  variant_named = variant is not None
   if variant is None:
     if not plan.supported:
       return False, f"{name}: plan declines: {plan.reason}"
@@ -237,6 +242,18 @@ def check_case(name, kind, dtype, t, bsz, h, lens, reverse, variant=None, seed=0
       lambda *a: kernel_bwd(kind, reverse, variant, bwd_ws, *a), dy, dh_n, dc_n, w, h0, c0,
       lens, st)
 
+  problems, errs = [], []
+  if variant_named:
+    again_f, _ = poisoned(
+        lambda *a: kernel_fwd(kind, reverse, variant, fwd_ws, *a), gx, w, b, h0, c0, lens)
+    again_b, _ = poisoned(
+        lambda *a: kernel_bwd(kind, reverse, variant, bwd_ws, *a), dy, dh_n, dc_n, w, h0, c0,
+        lens, st)
+    for got, again in zip((y, hn, cn, st, dgx, dghn, dh0, dc0), (*again_f, *again_b)):
+      if np.asarray(got).tobytes() != np.asarray(again).tobytes():
+        problems.append("a second run differs bitwise")
+        break
+
   up = lambda v: v.astype(jnp.float32)
   c0_ref = up(c0) if kind == "lstm" else jnp.zeros((bsz, h), jnp.float32)
   dc_ref = up(dc_n) if kind == "lstm" else jnp.zeros((bsz, h), jnp.float32)
@@ -255,7 +272,6 @@ def check_case(name, kind, dtype, t, bsz, h, lens, reverse, variant=None, seed=0
   if kind == "gru":
     ours["dgh_n"] = dghn
 
-  problems, errs = [], []
   floor = FLOOR[d]
   for key, got in ours.items():
     got = np.asarray(got.astype(jnp.float32))
