@@ -16,9 +16,9 @@ T, negative), B = 1, odd B, a batch of more than one 128-row chunk, H not a
 multiple of 8 or 64, the streamed and state-in-workspace variants, and each
 of the 12 variants on one problem (run twice: bitwise equal). Every output
 (forward: y, h_n, c_n, states; backward: dgx, dgh_n, dh0, dc0) lands in a
-buffer poisoned first
-(NaN, 0xFF bytes for the workspace) and is checked element by element
-against a pure-JAX reference of the recurrence written here:
+buffer poisoned first (NaN, 0xFF bytes for the workspace) and is checked
+element by element against a pure-JAX reference of the recurrence written
+here:
   - ref32: fp32 throughout, matmuls at HIGHEST precision;
   - refD:  the same recurrence as a model in the input dtype D runs it
     (h rounded to D before the matmul, fp32 accumulation; fp32 inputs with
