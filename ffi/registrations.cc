@@ -12,6 +12,9 @@
 //     deterministic, device); in CUDA builds conv_benchmark(problem,
 //     algorithm_ids, repeats) (ffi/conv/conv_benchmark.h: the algorithms
 //     timed on the current device; absent in a CPU-only build).
+//   The recurrence's plan (ffi/rnn/rnn_plan.h): rnn_plan(kind, dtype,
+//     seq_len, batch, hidden, device) -> RnnPlan, and
+//     rnn_variant_workspace_bytes(kind, dtype, batch, hidden, variant).
 #include <nanobind/nanobind.h>
 #include <nanobind/stl/optional.h>
 #include <nanobind/stl/string.h>
