@@ -12,6 +12,9 @@
 //     deterministic, device); in CUDA builds conv_benchmark(problem,
 //     algorithm_ids, repeats) (ffi/conv/conv_benchmark.h: the algorithms
 //     timed on the current device; absent in a CPU-only build).
+//   The recurrence's plan (ffi/rnn/rnn_plan.h): rnn_plan(kind, dtype,
+//     seq_len, batch, hidden, device) -> RnnPlan, and
+//     rnn_variant_workspace_bytes(kind, dtype, batch, hidden, variant).
 #include <nanobind/nanobind.h>
 #include <nanobind/stl/optional.h>
 #include <nanobind/stl/string.h>
@@ -34,6 +37,7 @@
 #include "ffi/group_norm/group_norm_plan.h"
 #include "ffi/layer_norm/layer_norm_plan.h"
 #include "ffi/pooling/pooling_plan.h"
+#include "ffi/rnn/rnn_plan.h"
 
 #ifdef JAX_DNN_WITH_CUDA
 #include "ffi/common/device_info.h"
@@ -65,6 +69,8 @@ XLA_FFI_DECLARE_HANDLER_SYMBOL(BatchNormStats);
 XLA_FFI_DECLARE_HANDLER_SYMBOL(BatchNormFwd);
 XLA_FFI_DECLARE_HANDLER_SYMBOL(BatchNormBwdStats);
 XLA_FFI_DECLARE_HANDLER_SYMBOL(BatchNormBwd);
+XLA_FFI_DECLARE_HANDLER_SYMBOL(RnnFwd);
+XLA_FFI_DECLARE_HANDLER_SYMBOL(RnnBwd);
 }  // namespace jax_dnn
 #endif
 
@@ -114,6 +120,8 @@ nb::dict Registrations() {
   d["jax_dnn_batch_norm_fwd"] = Capsule(BatchNormFwd);
   d["jax_dnn_batch_norm_bwd_stats"] = Capsule(BatchNormBwdStats);
   d["jax_dnn_batch_norm_bwd"] = Capsule(BatchNormBwd);
+  d["jax_dnn_rnn_fwd"] = Capsule(RnnFwd);
+  d["jax_dnn_rnn_bwd"] = Capsule(RnnBwd);
 #endif
   return d;
 }
@@ -138,6 +146,15 @@ DType KernelDType(const std::string& name) {
   auto dtype = DTypeNamed(name);
   if (!dtype) throw nb::value_error(("jax_dnn plans: no kernel takes dtype " + name).c_str());
   return *dtype;
+}
+
+jax_dnn::RnnKind RnnKindNamed(const std::string& kind) {
+  if (kind == "lstm") return jax_dnn::RnnKind::kLstm;
+  if (kind == "gru") return jax_dnn::RnnKind::kGru;
+  if (kind == "rnn_tanh") return jax_dnn::RnnKind::kRnnTanh;
+  if (kind == "rnn_relu") return jax_dnn::RnnKind::kRnnRelu;
+  throw nb::value_error(
+      ("rnn_plan: kind must be 'lstm', 'gru', 'rnn_tanh' or 'rnn_relu', not " + kind).c_str());
 }
 
 void DefinePlanTypes(nb::module_& m) {
@@ -331,6 +348,56 @@ void DefinePlans(nb::module_& m) {
         return jax_dnn::PlanGroupNorm(n, spatial, channels, groups, KernelDType(dtype), device);
       },
       "n"_a, "spatial"_a, "channels"_a, "groups"_a, "dtype"_a, "device"_a);
+
+  nb::class_<jax_dnn::RnnPlan>(m, "RnnPlan")
+      .def_ro("supported", &jax_dnn::RnnPlan::supported)
+      .def_ro("reason", &jax_dnn::RnnPlan::reason)
+      .def_ro("variant", &jax_dnn::RnnPlan::variant)
+      .def_ro("units", &jax_dnn::RnnPlan::units)
+      .def_ro("streamed", &jax_dnn::RnnPlan::streamed)
+      .def_ro("global_state", &jax_dnn::RnnPlan::global_state)
+      .def_ro("blocks", &jax_dnn::RnnPlan::blocks)
+      .def_ro("fwd_workspace_bytes", &jax_dnn::RnnPlan::fwd_workspace_bytes)
+      .def_ro("bwd_workspace_bytes", &jax_dnn::RnnPlan::bwd_workspace_bytes)
+      .def_ro("fwd_smem_bytes", &jax_dnn::RnnPlan::fwd_smem_bytes)
+      .def_ro("bwd_smem_bytes", &jax_dnn::RnnPlan::bwd_smem_bytes)
+      .def("__repr__", [](const jax_dnn::RnnPlan& p) {
+        return "RnnPlan(supported=" + std::string(p.supported ? "True" : "False") +
+               ", reason='" + p.reason + "', variant=" + std::to_string(p.variant) +
+               ", units=" + std::to_string(p.units) +
+               ", streamed=" + (p.streamed ? "True" : "False") +
+               ", global_state=" + (p.global_state ? "True" : "False") +
+               ", blocks=" + std::to_string(p.blocks) +
+               ", fwd_workspace_bytes=" + std::to_string(p.fwd_workspace_bytes) +
+               ", bwd_workspace_bytes=" + std::to_string(p.bwd_workspace_bytes) + ")";
+      });
+  m.def(
+      "rnn_plan",
+      [](const std::string& kind, const std::string& dtype, int64_t seq_len, int64_t batch,
+         int64_t hidden, const DeviceProps& device) {
+        const jax_dnn::RnnKind k = RnnKindNamed(kind);
+        auto t = DTypeNamed(dtype);
+        if (!t) {
+          jax_dnn::RnnPlan plan;
+          plan.reason = "the kernels take bfloat16, float16 or float32, not " + dtype;
+          return plan;
+        }
+        return jax_dnn::PlanRnn(k, *t, seq_len, batch, hidden, device);
+      },
+      "kind"_a, "dtype"_a, "seq_len"_a, "batch"_a, "hidden"_a, "device"_a);
+  // (fwd, bwd) workspace bytes of any variant id: lets a check run each
+  // variant, not only the one the plan picks.
+  m.def(
+      "rnn_variant_workspace_bytes",
+      [](const std::string& kind, const std::string& dtype, int64_t batch, int64_t hidden,
+         int variant) {
+        const jax_dnn::RnnVariant v = jax_dnn::RnnVariantById(variant);
+        if (v.units == 0) throw nb::value_error("rnn_variant_workspace_bytes: no such variant");
+        const jax_dnn::RnnLayout l =
+            jax_dnn::RnnLayoutFor(RnnKindNamed(kind), KernelDType(dtype), batch, hidden, v);
+        return std::make_tuple(l.fwd_workspace_bytes, l.bwd_workspace_bytes);
+      },
+      "kind"_a, "dtype"_a, "batch"_a, "hidden"_a, "variant"_a);
 
   m.def("conv_algorithms", &jax_dnn::ConvAlgorithms, "problem"_a, "device"_a);
   m.def("conv_plan", &jax_dnn::ConvPlan, "problem"_a, "deterministic"_a, "device"_a);

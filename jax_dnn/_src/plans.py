@@ -183,3 +183,26 @@ def pool_global_parts(n: int, c: int, spatial: int, outputs: int, adaptive: bool
   its spatial positions over (1: no split, no workspace); outputs is the
   product of the output's spatial sizes (the split needs 1, adaptive)."""
   return _ext().pool_global_parts(n, c, spatial, outputs, adaptive, dtype, _device(device))
+
+
+# --- recurrence (ffi/rnn/rnn_plan.h) ------------------------------------------------
+
+
+def rnn_plan(kind: str, dtype: str, seq_len: int, batch: int, hidden: int,
+             device=None) -> Any:
+  """The persistent recurrence kernels' plan for one layer and direction:
+  kind "lstm" | "gru" | "rnn_tanh" | "rnn_relu", gx [seq_len, batch, G *
+  hidden] of dtype (RnnPlan: supported, reason, variant (the FFI targets'
+  `variant` attribute), units, streamed, global_state, blocks, fwd_workspace_bytes,
+  bwd_workspace_bytes, fwd_smem_bytes, bwd_smem_bytes). A dtype the kernels
+  do not take gives supported=False with the reason; an unknown kind raises
+  ValueError."""
+  return _ext().rnn_plan(kind, dtype, int(seq_len), int(batch), int(hidden), _device(device))
+
+
+def rnn_variant_workspace_bytes(kind: str, dtype: str, batch: int, hidden: int,
+                                variant: int) -> tuple[int, int]:
+  """(fwd, bwd) workspace bytes of any variant id (not only the plan's
+  choice), for checks that run every variant."""
+  return tuple(_ext().rnn_variant_workspace_bytes(kind, dtype, int(batch), int(hidden),
+                                                  int(variant)))

@@ -1,0 +1,283 @@
+// The recurrence's backward as one persistent kernel (rnn.h for the math and
+// layouts, rnn_plan.h for the sizes). Letters as there; U units a block,
+// Bp / GHp: B / G H padded to 16. Steps run in reverse processing order.
+//
+// Block j owns the hidden units [j U, (j + 1) U), as in the forward, and
+// holds the columns W_hh[:, j U + u] (G H x U, stored [U, GHp] with G H
+// contiguous: the mma B operand) in shared memory (streamed variant: a
+// padded copy in the workspace). Per row and unit it keeps dh (the
+// recurrent gradient reaching h_t) and, LSTM, dc, or, GRU, u * dh (the
+// direct path to h_{t-1}) in fp32 shared memory. A step s:
+//   1. cell: dh += dy_t; from the saved states (and c_{t-1} / h_{t-1}: the
+//      states of the previous time, or c0 / h0 at the sequence's first
+//      step) form the gate gradients of its units; write dgx (and the
+//      GRU's dgh_n) and publish dgh = the gradient w.r.t. hh, rounded to the
+//      input dtype as the matmul's operand, to the exchange buffer [Bp, GHp];
+//   2. grid barrier;
+//   3. dh_{t-1} = dgh_t W_hh[:, its units] (+ u dh for the GRU) with
+//      mma.sync over K = G H, for the rows active at this step.
+// One barrier a step: the exchange buffer is double-buffered (as in the
+// forward), and step 1 touches only the block's own rows of shared memory.
+// Rows not active at a step (s >= len) publish zeros and keep dh / dc.
+// The next step's dy and states rows are prefetched into L2, and a thread's
+// first cell inputs of the next step load before this step's matmul.
+#include <cooperative_groups.h>
+
+#include "ffi/rnn/rnn.h"
+#include "ffi/rnn/rnn_common.cuh"
+
+namespace jax_dnn {
+namespace {
+
+namespace cg = cooperative_groups;
+using rnn::ChunkMatmul;
+using rnn::Mma;
+using rnn::RedSum;
+using rnn::RowLength;
+using rnn::StepTime;
+
+// What the cell's backward reads of row b, unit `unit` at processing step
+// s: dy_t, the states at t, and c_{t-1} (LSTM) or h_{t-1} (GRU).
+template <int G>
+struct BwdCellIn {
+  float dy;
+  float st[G == 1 ? 1 : 5];
+  float prev;
+};
+
+// Loads BwdCellIn where the row is active at s and the unit below H (the
+// caller skips the others before using it).
+template <typename T, int G>
+__device__ __forceinline__ void LoadBwdCellIn(const RnnBwdParams& p, int64_t b, int64_t unit,
+                                              int64_t s, BwdCellIn<G>& in) {
+  constexpr int S = G == 1 ? 1 : 5;
+  const int64_t B = p.batch, H = p.hidden;
+  const int64_t len = RowLength(p.seq_lengths, b, p.seq_len);
+  if (s < 0 || s >= len || unit >= H) return;
+  const int64_t t = StepTime(s, len, p.reverse);
+  in.dy = ToFloat(static_cast<const T*>(p.dy)[(t * B + b) * H + unit]);
+  const float* st = p.states + (t * B + b) * S * H + unit;
+#pragma unroll
+  for (int k = 0; k < S; ++k) in.st[k] = st[k * H];
+  if constexpr (G != 1) {
+    const bool first = p.reverse ? t == len - 1 : t == 0;
+    const int64_t tprev = p.reverse ? t + 1 : t - 1;
+    const T* init = static_cast<const T*>(G == 4 ? p.c0 : p.h0);
+    in.prev = first ? ToFloat(init[b * H + unit]) : p.states[((tprev * B + b) * S + 4) * H + unit];
+  }
+}
+
+template <typename T, int G, int U>
+__global__ void __launch_bounds__(kRnnThreads, 1)
+    RnnBwdKernel(const RnnBwdParams p, const RnnLayout l, const RnnVariant v) {
+  constexpr int kLdr = U + 4;
+  constexpr int S = G == 1 ? 1 : 5;
+  extern __shared__ __align__(16) unsigned char smem[];
+  cg::grid_group grid = cg::this_grid();
+  const int tid = threadIdx.x;
+  const int64_t T_ = p.seq_len, B = p.batch, H = p.hidden, GH = G * H;
+  const int64_t unit0 = int64_t{blockIdx.x} * U;
+  const int64_t ex_size = l.bp * l.ghp;
+  T* ex = static_cast<T*>(p.workspace);  // [2, Bp, GHp]
+  T* w = v.streamed  // [U, bwd_pitch]
+             ? reinterpret_cast<T*>(static_cast<unsigned char*>(p.workspace) +
+                                    l.bwd_weights_offset) +
+                   int64_t{blockIdx.x} * U * l.bwd_pitch
+             : reinterpret_cast<T*>(smem);
+  float* red = reinterpret_cast<float*>(smem + l.bwd_red_offset);
+  float* dh =  // [Bp, U]
+      v.global_state ? reinterpret_cast<float*>(static_cast<unsigned char*>(p.workspace) +
+                                                l.bwd_state_ws_offset) +
+                           int64_t{blockIdx.x} * 2 * l.bp * U
+                     : reinterpret_cast<float*>(smem + l.bwd_state_offset);
+  float* aux = dh + l.bp * U;  // [Bp, U]: dc (LSTM), u * dh (GRU)
+  const T* w_hh = static_cast<const T*>(p.w_hh);
+  const T* dy = static_cast<const T*>(p.dy);
+  const bool relu = p.kind == RnnKind::kRnnRelu;
+
+  // Weight columns (read along G H: the loads of a warp cover U adjacent
+  // units of a row), initial dh / dc, zero padding of the exchange buffers
+  // (rows >= B by each block for its columns, columns [G H, GHp) by block 0).
+  for (int64_t i = tid; i < U * l.bwd_pitch; i += kRnnThreads) {
+    const int64_t n = i / U, u = i % U, unit = unit0 + u;
+    w[u * l.bwd_pitch + n] = unit < H && n < GH ? w_hh[n * H + unit] : FromFloat<T>(0.f);
+  }
+  for (int64_t i = tid; i < l.bp * U; i += kRnnThreads) {
+    const int64_t b = i / U, unit = unit0 + i % U;
+    const bool live = b < B && unit < H;
+    dh[i] = live ? ToFloat(static_cast<const T*>(p.dh_n)[b * H + unit]) : 0.f;
+    aux[i] = live && G == 4 ? ToFloat(static_cast<const T*>(p.dc_n)[b * H + unit]) : 0.f;
+    if (b >= B && unit < H) {
+      for (int g = 0; g < G; ++g) {
+        ex[b * l.ghp + g * H + unit] = FromFloat<T>(0.f);
+        ex[ex_size + b * l.ghp + g * H + unit] = FromFloat<T>(0.f);
+      }
+    }
+  }
+  if (blockIdx.x == 0) {
+    const int64_t pad = l.ghp - GH;
+    for (int64_t i = tid; i < 2 * l.bp * pad; i += kRnnThreads)
+      ex[i / pad * l.ghp + GH + i % pad] = FromFloat<T>(0.f);
+  }
+  grid.sync();  // also orders the streamed variant's global weight copy
+
+  // The cell inputs of the thread's first (row, unit) of the next step,
+  // loaded before the matmul of the step before so that their latency hides
+  // behind it (one pair a thread at B * U <= 256); further pairs load in
+  // the cell loop.
+  const bool has_first = tid < B * U;
+  BwdCellIn<G> in_first;
+  if (has_first) LoadBwdCellIn<T, G>(p, tid / U, unit0 + tid % U, T_ - 1, in_first);
+
+  for (int64_t sp = 0; sp < T_; ++sp) {
+    const int64_t s = T_ - 1 - sp;
+    T* buf = ex + (sp & 1) * ex_size;
+    if (s > 0) {  // the next step's dy and states rows into L2
+      for (int64_t i = tid; i < B * (S + 1); i += kRnnThreads) {
+        const int64_t b = i / (S + 1), k = i % (S + 1), len = RowLength(p.seq_lengths, b, T_);
+        if (s - 1 >= len) continue;
+        const int64_t t1 = StepTime(s - 1, len, p.reverse);
+        if (k == S)
+          rnn::PrefetchL2(dy + (t1 * B + b) * H + unit0);
+        else
+          rnn::PrefetchL2(p.states + ((t1 * B + b) * S + k) * H + unit0);
+      }
+    }
+
+    // 1. The cell's gradients for the block's units.
+    for (int64_t i = tid; i < B * U; i += kRnnThreads) {
+      const int64_t b = i / U, unit = unit0 + i % U;
+      if (unit >= H) continue;
+      const int64_t len = RowLength(p.seq_lengths, b, T_);
+      if (s >= len) {  // padded step: no gradient, nothing to pass back
+        float* dgx = p.dgx + (s * B + b) * GH + unit;
+#pragma unroll
+        for (int g = 0; g < G; ++g) {
+          dgx[g * H] = 0.f;
+          buf[b * l.ghp + g * H + unit] = FromFloat<T>(0.f);
+        }
+        if (G == 3) p.dgh_n[(s * B + b) * H + unit] = 0.f;
+        continue;
+      }
+      const int64_t t = StepTime(s, len, p.reverse);
+      BwdCellIn<G> in;
+      if (i == tid)
+        in = in_first;
+      else
+        LoadBwdCellIn<T, G>(p, b, unit, s, in);
+      const float* st = in.st;
+      const float d = dh[i] + in.dy;
+      float dz[G], dgh[G];
+      if constexpr (G == 4) {
+        const float ig = st[0], fg = st[1], gg = st[2], og = st[3], c = st[4];
+        const float cprev = in.prev;
+        const float tc = tanhf(c);
+        const float dc = aux[i] + d * og * (1.f - tc * tc);
+        dz[0] = dc * gg * ig * (1.f - ig);
+        dz[1] = dc * cprev * fg * (1.f - fg);
+        dz[2] = dc * ig * (1.f - gg * gg);
+        dz[3] = d * tc * og * (1.f - og);
+        aux[i] = dc * fg;
+#pragma unroll
+        for (int g = 0; g < 4; ++g) dgh[g] = dz[g];
+      } else if constexpr (G == 3) {
+        const float r = st[0], z = st[1], n = st[2], hhn = st[3];
+        const float hprev = in.prev;
+        const float dn = d * (1.f - z) * (1.f - n * n);  // w.r.t. n's pre-activation
+        dz[0] = dn * hhn * r * (1.f - r);
+        dz[1] = d * (hprev - n) * z * (1.f - z);
+        dz[2] = dn;
+        dgh[0] = dz[0];
+        dgh[1] = dz[1];
+        dgh[2] = dn * r;
+        p.dgh_n[(t * B + b) * H + unit] = dgh[2];
+        aux[i] = d * z;
+      } else {
+        const float h = st[0];
+        dz[0] = relu ? (h > 0.f ? d : 0.f) : d * (1.f - h * h);
+        dgh[0] = dz[0];
+      }
+      float* dgx = p.dgx + (t * B + b) * GH + unit;
+#pragma unroll
+      for (int g = 0; g < G; ++g) {
+        dgx[g * H] = dz[g];
+        buf[b * l.ghp + g * H + unit] = FromFloat<T>(dgh[g]);
+      }
+    }
+    grid.sync();
+    if (has_first && s > 0) LoadBwdCellIn<T, G>(p, tid / U, unit0 + tid % U, s - 1, in_first);
+
+    // 2. dh_{t-1} = dgh_t W_hh[:, units] for the rows active at this step.
+    for (int64_t m0 = 0; m0 < l.bp; m0 += kRnnChunkRows) {
+      const int64_t chunk = l.bp - m0 < kRnnChunkRows ? l.bp - m0 : kRnnChunkRows;
+      const int mtiles = static_cast<int>(chunk / 16);
+      ChunkMatmul<T, U / 8>(buf + m0 * l.ghp, l.ghp, mtiles, w, l.bwd_pitch,
+                            l.ghp / Mma<T>::kK, red, kLdr);
+      __syncthreads();
+      const int64_t rows = B - m0 < kRnnChunkRows ? B - m0 : kRnnChunkRows;
+      for (int64_t i = tid; i < rows * U; i += kRnnThreads) {
+        const int rl = static_cast<int>(i / U), u = static_cast<int>(i % U);
+        const int64_t b = m0 + rl;
+        if (unit0 + u >= H || s >= RowLength(p.seq_lengths, b, T_)) continue;
+        const float sum = RedSum(red, kLdr, mtiles, rl, u);
+        dh[b * U + u] = G == 3 ? sum + aux[b * U + u] : sum;
+      }
+      __syncthreads();  // red is rewritten by the next chunk; dh is read by step 1
+    }
+  }
+
+  for (int64_t i = tid; i < B * U; i += kRnnThreads) {
+    const int64_t b = i / U, unit = unit0 + i % U;
+    if (unit >= H) continue;
+    p.dh0[b * H + unit] = dh[i];
+    if (G == 4) p.dc0[b * H + unit] = aux[i];
+  }
+}
+
+template <typename T, int G, int U>
+cudaError_t Launch(const RnnBwdParams& p, const RnnLayout& l, RnnVariant v, cudaStream_t stream) {
+  auto kernel = RnnBwdKernel<T, G, U>;
+  cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                       static_cast<int>(l.bwd_smem_bytes));
+  if (e != cudaSuccess) return e;
+  void* args[] = {const_cast<RnnBwdParams*>(&p), const_cast<RnnLayout*>(&l), &v};
+  return cudaLaunchCooperativeKernel(reinterpret_cast<void*>(kernel),
+                                     dim3(static_cast<unsigned>(l.blocks)), dim3(kRnnThreads),
+                                     args, static_cast<size_t>(l.bwd_smem_bytes), stream);
+}
+
+template <typename T, int G>
+cudaError_t LaunchUnits(const RnnBwdParams& p, const RnnLayout& l, RnnVariant v,
+                        cudaStream_t stream) {
+  switch (v.units) {
+    case 8:
+      return Launch<T, G, 8>(p, l, v, stream);
+    case 16:
+      return Launch<T, G, 16>(p, l, v, stream);
+    case 32:
+      return Launch<T, G, 32>(p, l, v, stream);
+    default:
+      return cudaErrorInvalidValue;
+  }
+}
+
+}  // namespace
+
+cudaError_t LaunchRnnBwd(const RnnBwdParams& p, cudaStream_t stream) {
+  const RnnVariant v = RnnVariantById(p.variant);
+  if (v.units == 0) return cudaErrorInvalidValue;
+  const RnnLayout l = RnnLayoutFor(p.kind, p.dtype, p.batch, p.hidden, v);
+  return DispatchDType(p.dtype, [&](auto tag) {
+    using T = typename decltype(tag)::type;
+    switch (RnnGates(p.kind)) {
+      case 4:
+        return LaunchUnits<T, 4>(p, l, v, stream);
+      case 3:
+        return LaunchUnits<T, 3>(p, l, v, stream);
+      default:
+        return LaunchUnits<T, 1>(p, l, v, stream);
+    }
+  });
+}
+
+}  // namespace jax_dnn

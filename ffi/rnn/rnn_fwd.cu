@@ -1,0 +1,261 @@
+// The recurrence's forward as one persistent kernel (rnn.h for the math and
+// layouts, rnn_plan.h for the sizes). Letters as there; U units a block,
+// N = G * U its gate rows, Bp / Hp: B / H padded to 16.
+//
+// Block j owns hidden units [j U, (j + 1) U) and all G gates of them, so the
+// cell math is local. Its weight rows W_hh[g H + j U + u, :] (N x H) stay in
+// shared memory for the whole sequence (streamed variant: a padded copy in
+// the workspace, read through L2 each step). A step:
+//   1. read h_{t-1} [Bp, Hp] (input dtype) from the exchange buffer written
+//      the step before (double-buffered, L2-resident) as mma A fragments and
+//      form hh = h_{t-1} W_slice^T with mma.sync (fp32 accumulation),
+//      batch rows as M (chunks of kRnnChunkRows), split over the 8 warps;
+//   2. add b_hh and gx_t and apply the cell in fp32 (c or the GRU's h kept
+//      in shared memory across steps); write y, the states and this
+//      block's slice of h_t to the other exchange buffer;
+//   3. grid barrier. The double buffer makes one barrier a step enough: a
+//      block writes buffer (s + 1) % 2 at step s only after every block
+//      passed the barrier that ended step s - 1, i.e. finished reading it.
+// The barrier is cooperative_groups' grid.sync(): the launch is cooperative
+// (all blocks co-resident, or the launch fails instead of hanging), and its
+// counter is the driver's, so the workspace holds no state to reset.
+// Frozen rows (s >= len) copy their h to the next buffer and write zeros.
+// gx of the next step is prefetched into L2 at the start of each step, and
+// a thread's first gx of a step is loaded before the step's matmul.
+//
+// Per step and block: Bp * Hp input-dtype elements of h read from L2 (24 KiB
+// at B = 16, H = 768 bf16), N * Hp * 2 B mma operands from shared memory.
+#include <cooperative_groups.h>
+
+#include "ffi/rnn/rnn.h"
+#include "ffi/rnn/rnn_common.cuh"
+
+namespace jax_dnn {
+namespace {
+
+namespace cg = cooperative_groups;
+using rnn::ChunkMatmul;
+using rnn::Mma;
+using rnn::RedSum;
+using rnn::RowLength;
+using rnn::Sigmoid;
+using rnn::StepTime;
+
+// gx_t [G] of row b, unit `unit` at processing step s (zeros where the
+// row is frozen or the unit past H: the caller does not use them then).
+template <typename T, int G>
+__device__ __forceinline__ void GatherGx(const RnnFwdParams& p, int64_t b, int64_t unit,
+                                         int64_t s, float (&xg)[G]) {
+  const int64_t len = RowLength(p.seq_lengths, b, p.seq_len);
+  const bool live = s < len && unit < p.hidden;
+  const T* gxr = static_cast<const T*>(p.gx) +
+                 (StepTime(s, len, p.reverse) * p.batch + b) * G * p.hidden + unit;
+#pragma unroll
+  for (int g = 0; g < G; ++g) xg[g] = live ? ToFloat(gxr[g * p.hidden]) : 0.f;
+}
+
+template <typename T, int G, int U>
+__global__ void __launch_bounds__(kRnnThreads, 1)
+    RnnFwdKernel(const RnnFwdParams p, const RnnLayout l, const RnnVariant v) {
+  constexpr int N = G * U;
+  constexpr int kLdr = N + 4;
+  constexpr int S = G == 1 ? 1 : 5;
+  extern __shared__ __align__(16) unsigned char smem[];
+  cg::grid_group grid = cg::this_grid();
+  const int tid = threadIdx.x;
+  const int64_t T_ = p.seq_len, B = p.batch, H = p.hidden, GH = G * H;
+  const int64_t unit0 = int64_t{blockIdx.x} * U;
+  const int64_t ex_size = l.bp * l.hp;
+  T* ex = static_cast<T*>(p.workspace);  // [2, Bp, Hp]
+  T* w = v.streamed  // [N, fwd_pitch]
+             ? reinterpret_cast<T*>(static_cast<unsigned char*>(p.workspace) +
+                                    l.fwd_weights_offset) +
+                   int64_t{blockIdx.x} * N * l.fwd_pitch
+             : reinterpret_cast<T*>(smem);
+  float* red = reinterpret_cast<float*>(smem + l.fwd_red_offset);
+  float* bias = reinterpret_cast<float*>(smem + l.fwd_bias_offset);    // [N]
+  float* state =  // [Bp, U]
+      v.global_state ? reinterpret_cast<float*>(static_cast<unsigned char*>(p.workspace) +
+                                                l.fwd_state_ws_offset) +
+                           int64_t{blockIdx.x} * l.bp * U
+                     : reinterpret_cast<float*>(smem + l.fwd_state_offset);
+  const T* gx = static_cast<const T*>(p.gx);
+  const T* w_hh = static_cast<const T*>(p.w_hh);
+  const T* b_hh = static_cast<const T*>(p.b_hh);
+  const T* h0 = static_cast<const T*>(p.h0);
+  const T* c0 = static_cast<const T*>(p.c0);
+  T* y = static_cast<T*>(p.y);
+  const bool relu = p.kind == RnnKind::kRnnRelu;
+
+  // Weight slice, bias, initial state, exchange buffer 0 (h0) and the zero
+  // padding of both buffers (rows >= B by each block for its units, columns
+  // [H, Hp) by block 0; nothing writes them later).
+  for (int64_t i = tid; i < N * l.fwd_pitch; i += kRnnThreads) {
+    const int64_t r = i / l.fwd_pitch, k = i % l.fwd_pitch;
+    const int64_t unit = unit0 + r % U;
+    w[i] = unit < H && k < H ? w_hh[(r / U * H + unit) * H + k] : FromFloat<T>(0.f);
+  }
+  for (int n = tid; n < N; n += kRnnThreads) {
+    const int64_t unit = unit0 + n % U;
+    bias[n] = unit < H ? ToFloat(b_hh[n / U * H + unit]) : 0.f;
+  }
+  for (int64_t i = tid; i < l.bp * U; i += kRnnThreads) {
+    const int64_t b = i / U, unit = unit0 + i % U;
+    if (unit >= H) continue;
+    const bool row = b < B;
+    ex[b * l.hp + unit] = row ? h0[b * H + unit] : FromFloat<T>(0.f);
+    if (!row) ex[ex_size + b * l.hp + unit] = FromFloat<T>(0.f);
+    float s0 = 0.f;
+    if (row && G == 4) s0 = ToFloat(c0[b * H + unit]);
+    if (row && G == 3) s0 = ToFloat(h0[b * H + unit]);
+    state[i] = s0;
+  }
+  if (blockIdx.x == 0) {
+    const int64_t pad = l.hp - H;
+    for (int64_t i = tid; i < 2 * l.bp * pad; i += kRnnThreads)
+      ex[i / pad * l.hp + H + i % pad] = FromFloat<T>(0.f);
+  }
+  grid.sync();  // also orders the streamed variant's global weight copy
+
+  for (int64_t s = 0; s < T_; ++s) {
+    const T* cur = ex + (s & 1) * ex_size;
+    T* nxt = ex + ((s + 1) & 1) * ex_size;
+    if (s + 1 < T_) {
+      for (int64_t i = tid; i < B * G; i += kRnnThreads) {
+        const int64_t b = i / G, len = RowLength(p.seq_lengths, b, T_);
+        if (s + 1 < len)
+          rnn::PrefetchL2(gx + (StepTime(s + 1, len, p.reverse) * B + b) * GH + i % G * H + unit0);
+      }
+    }
+    for (int64_t m0 = 0; m0 < l.bp; m0 += kRnnChunkRows) {
+      const int64_t chunk = l.bp - m0 < kRnnChunkRows ? l.bp - m0 : kRnnChunkRows;
+      const int mtiles = static_cast<int>(chunk / 16);
+      const int64_t rows = B - m0 < kRnnChunkRows ? B - m0 : kRnnChunkRows;
+      // gx of the thread's first (row, unit) of the chunk, loaded before the
+      // matmul so that its latency hides behind it (one pair a thread at
+      // B * U <= 256, e.g. B = 16, U = 8); further pairs load in the loop.
+      float xg_first[G];
+      if (tid < rows * U) GatherGx<T, G>(p, m0 + tid / U, unit0 + tid % U, s, xg_first);
+      ChunkMatmul<T, N / 8>(cur + m0 * l.hp, l.hp, mtiles, w, l.fwd_pitch, l.hp / Mma<T>::kK, red,
+                            kLdr);
+      __syncthreads();
+      for (int64_t i = tid; i < rows * U; i += kRnnThreads) {
+        const int rl = static_cast<int>(i / U), u = static_cast<int>(i % U);
+        const int64_t b = m0 + rl, unit = unit0 + u;
+        if (unit >= H) continue;
+        const int64_t len = RowLength(p.seq_lengths, b, T_);
+        if (s >= len) {  // frozen: zeros at t = s, h carried to the next buffer
+          y[(s * B + b) * H + unit] = FromFloat<T>(0.f);
+          float* st = p.states + (s * B + b) * S * H + unit;
+#pragma unroll
+          for (int k = 0; k < S; ++k) st[k * H] = 0.f;
+          nxt[b * l.hp + unit] = __ldcg(cur + b * l.hp + unit);
+          continue;
+        }
+        const int64_t t = StepTime(s, len, p.reverse);
+        float hh[G], xg[G];
+        if (i == tid) {
+#pragma unroll
+          for (int g = 0; g < G; ++g) xg[g] = xg_first[g];
+        } else {
+          GatherGx<T, G>(p, b, unit, s, xg);
+        }
+#pragma unroll
+        for (int g = 0; g < G; ++g)
+          hh[g] = RedSum(red, kLdr, mtiles, rl, g * U + u) + bias[g * U + u];
+        float* st = p.states + (t * B + b) * S * H + unit;
+        float& carry = state[b * U + u];
+        float h;
+        if constexpr (G == 4) {
+          const float ig = Sigmoid(xg[0] + hh[0]), fg = Sigmoid(xg[1] + hh[1]);
+          const float gg = tanhf(xg[2] + hh[2]), og = Sigmoid(xg[3] + hh[3]);
+          const float c = fg * carry + ig * gg;
+          carry = c;
+          h = og * tanhf(c);
+          st[0] = ig;
+          st[H] = fg;
+          st[2 * H] = gg;
+          st[3 * H] = og;
+          st[4 * H] = c;
+        } else if constexpr (G == 3) {
+          const float r = Sigmoid(xg[0] + hh[0]), z = Sigmoid(xg[1] + hh[1]);
+          const float n = tanhf(xg[2] + r * hh[2]);
+          h = (1.f - z) * n + z * carry;
+          carry = h;
+          st[0] = r;
+          st[H] = z;
+          st[2 * H] = n;
+          st[3 * H] = hh[2];
+          st[4 * H] = h;
+        } else {
+          const float a = xg[0] + hh[0];
+          h = relu ? fmaxf(a, 0.f) : tanhf(a);
+          st[0] = h;
+        }
+        const T hv = FromFloat<T>(h);
+        y[(t * B + b) * H + unit] = hv;
+        nxt[b * l.hp + unit] = hv;
+      }
+      __syncthreads();  // red is rewritten by the next chunk
+    }
+    grid.sync();
+  }
+
+  const T* last = ex + (T_ & 1) * ex_size;
+  for (int64_t i = tid; i < B * U; i += kRnnThreads) {
+    const int64_t b = i / U, unit = unit0 + i % U;
+    if (unit >= H) continue;
+    static_cast<T*>(p.h_n)[b * H + unit] = __ldcg(last + b * l.hp + unit);
+    if (G == 4) static_cast<T*>(p.c_n)[b * H + unit] = FromFloat<T>(state[i]);
+  }
+}
+
+template <typename T, int G, int U>
+cudaError_t Launch(const RnnFwdParams& p, const RnnLayout& l, RnnVariant v, cudaStream_t stream) {
+  auto kernel = RnnFwdKernel<T, G, U>;
+  cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                       static_cast<int>(l.fwd_smem_bytes));
+  if (e != cudaSuccess) return e;
+  void* args[] = {const_cast<RnnFwdParams*>(&p), const_cast<RnnLayout*>(&l), &v};
+  // Cooperative: all blocks co-resident (the plan keeps them <= SMs), else
+  // cudaErrorCooperativeLaunchTooLarge rather than a hang.
+  return cudaLaunchCooperativeKernel(reinterpret_cast<void*>(kernel),
+                                     dim3(static_cast<unsigned>(l.blocks)), dim3(kRnnThreads),
+                                     args, static_cast<size_t>(l.fwd_smem_bytes), stream);
+}
+
+template <typename T, int G>
+cudaError_t LaunchUnits(const RnnFwdParams& p, const RnnLayout& l, RnnVariant v,
+                        cudaStream_t stream) {
+  switch (v.units) {
+    case 8:
+      return Launch<T, G, 8>(p, l, v, stream);
+    case 16:
+      return Launch<T, G, 16>(p, l, v, stream);
+    case 32:
+      return Launch<T, G, 32>(p, l, v, stream);
+    default:
+      return cudaErrorInvalidValue;
+  }
+}
+
+}  // namespace
+
+cudaError_t LaunchRnnFwd(const RnnFwdParams& p, cudaStream_t stream) {
+  const RnnVariant v = RnnVariantById(p.variant);
+  if (v.units == 0) return cudaErrorInvalidValue;
+  const RnnLayout l = RnnLayoutFor(p.kind, p.dtype, p.batch, p.hidden, v);
+  return DispatchDType(p.dtype, [&](auto tag) {
+    using T = typename decltype(tag)::type;
+    switch (RnnGates(p.kind)) {
+      case 4:
+        return LaunchUnits<T, 4>(p, l, v, stream);
+      case 3:
+        return LaunchUnits<T, 3>(p, l, v, stream);
+      default:
+        return LaunchUnits<T, 1>(p, l, v, stream);
+    }
+  });
+}
+
+}  // namespace jax_dnn

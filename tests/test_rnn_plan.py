@@ -1,0 +1,149 @@
+"""The recurrence kernels' plan (ffi/rnn/rnn_plan.h) through
+jax_dnn._src.plans.rnn_plan, as the CUDA lowering asks it: which variant a
+problem takes (units a block, streamed weights, state in the workspace), the
+reasons it declines, and the workspace sizes, checked against the rules the
+plan's C++ comments state. CPU: the plans are built in every build."""
+
+import pytest
+
+from jax_dnn._src import extension
+from jax_dnn._src import plans
+
+if extension.module() is None or not hasattr(extension.module(), "rnn_plan"):
+  pytest.skip("jax_dnn's extension is not built (or predates rnn_plan): no plans",
+              allow_module_level=True)
+
+GATES = {"lstm": 4, "gru": 3, "rnn_tanh": 1, "rnn_relu": 1}
+BYTES = {"bfloat16": 2, "float16": 2, "float32": 4}
+MAX_SMEM = 227 * 1024
+
+
+def _plan(kind, dtype, t, b, h, sms=132):
+  return plans.rnn_plan(kind, dtype, t, b, h, plans.device_props(sm_count=sms))
+
+
+def _up(v, m):
+  return -(-v // m) * m
+
+
+def _workspaces(kind, dtype, b, h, units, streamed, global_state):
+  """rnn_plan.h's layout: two exchange buffers (h [Bp, Hp] forward, the gate
+  gradients [Bp, GHp] backward, input dtype) rounded to 256 bytes; then, when
+  streamed, each block's padded weight slice (forward N x (Hp + 16 bytes),
+  backward U x (GHp + 16 bytes)) rounded to 256; then, with the state in the
+  workspace, Bp x U floats a block forward and twice that backward."""
+  g, e = GATES[kind], BYTES[dtype]
+  bp, hp, ghp, blocks = _up(b, 16), _up(h, 16), _up(g * h, 16), -(-h // units)
+  fwd = _up(2 * bp * hp * e, 256)
+  bwd = _up(2 * bp * ghp * e, 256)
+  if streamed:
+    fwd += _up(blocks * g * units * (hp + 16 // e) * e, 256)
+    bwd += _up(blocks * units * (ghp + 16 // e) * e, 256)
+  if global_state:
+    fwd += blocks * bp * units * 4
+    bwd += blocks * 2 * bp * units * 4
+  return fwd, bwd
+
+
+@pytest.mark.parametrize("kind, dtype, t, b, h, sms, want", [
+    # (units, streamed, global_state, blocks): the smallest U whose
+    # ceil(H / U) blocks fit one a SM, weights and state in shared memory first.
+    ("lstm", "bfloat16", 1024, 16, 768, 132, (8, False, False, 96)),
+    ("lstm", "bfloat16", 256, 64, 512, 132, (8, False, False, 64)),
+    ("lstm", "bfloat16", 128, 256, 1024, 132, (8, False, False, 128)),
+    ("lstm", "float32", 128, 256, 1024, 132, (8, False, False, 128)),  # 133 KiB of fp32 rows
+    ("gru", "bfloat16", 1024, 16, 768, 132, (8, False, False, 96)),
+    ("rnn_tanh", "float16", 1000, 8, 64, 132, (8, False, False, 8)),
+    ("rnn_relu", "bfloat16", 131072, 2, 128, 132, (8, False, False, 16)),
+    ("lstm", "bfloat16", 10, 3, 33, 132, (8, False, False, 5)),  # H not a multiple of 8
+    ("lstm", "bfloat16", 10, 1, 1, 132, (8, False, False, 1)),
+    # Past 132 blocks of 8: 16 units a block.
+    ("lstm", "bfloat16", 10, 16, 1100, 132, (16, False, False, 69)),
+    ("gru", "bfloat16", 10, 16, 1100, 100, (16, False, False, 69)),
+    ("lstm", "bfloat16", 10, 16, 1100, 0, (16, False, False, 69)),  # no device: 132 SMs
+    ("lstm", "bfloat16", 10, 16, 1100, 160, (8, False, False, 138)),
+    # H = 2048 LSTM bf16: 64 rows of 2056 elements (257 KiB) do not fit: streamed.
+    ("lstm", "bfloat16", 10, 16, 2048, 132, (16, True, False, 128)),
+    ("lstm", "float32", 10, 16, 2048, 132, (16, True, False, 128)),
+    ("rnn_tanh", "bfloat16", 10, 16, 2048, 132, (16, False, False, 128)),
+    # Large batches: the per-row state moves to the workspace, weights stay.
+    ("lstm", "bfloat16", 10, 5000, 512, 132, (8, False, True, 64)),
+    ("gru", "float32", 10, 100000, 256, 132, (8, False, True, 32)),
+])
+def test_plan_takes(kind, dtype, t, b, h, sms, want):
+  plan = _plan(kind, dtype, t, b, h, sms)
+  assert plan.supported and plan.reason == "", plan.reason
+  assert (plan.units, plan.streamed, plan.global_state, plan.blocks) == want
+  assert plan.fwd_smem_bytes <= MAX_SMEM and plan.bwd_smem_bytes <= MAX_SMEM
+  assert (plan.fwd_workspace_bytes, plan.bwd_workspace_bytes) == _workspaces(
+      kind, dtype, b, h, *want[:3])
+  # The variant id: rnn_plan.h's table (U = 8, 16, 32 within each of resident,
+  # resident + state in the workspace, streamed, streamed + state).
+  units, streamed, global_state, _ = want
+  assert plan.variant == 6 * streamed + 3 * global_state + {8: 0, 16: 1, 32: 2}[units]
+  assert plans.rnn_variant_workspace_bytes(kind, dtype, b, h, plan.variant) == (
+      plan.fwd_workspace_bytes, plan.bwd_workspace_bytes)
+
+
+@pytest.mark.parametrize("variant", range(12))
+def test_variant_workspaces(variant):
+  """Every variant's workspaces follow the layout, whichever the plan picks."""
+  units = (8, 16, 32)[variant % 3]
+  streamed, global_state = variant >= 6, variant % 6 >= 3
+  got = plans.rnn_variant_workspace_bytes("gru", "float16", 37, 100, variant)
+  assert got == _workspaces("gru", "float16", 37, 100, units, streamed, global_state)
+
+
+def test_variant_out_of_range():
+  with pytest.raises(ValueError, match="no such variant"):
+    plans.rnn_variant_workspace_bytes("lstm", "bfloat16", 4, 64, 12)
+
+
+def test_workspace_grows_with_batch_not_steps():
+  """The workspaces hold per-step buffers only: T does not enter."""
+  a, b = _plan("lstm", "bfloat16", 10, 16, 768), _plan("lstm", "bfloat16", 300000, 16, 768)
+  assert (a.fwd_workspace_bytes, a.bwd_workspace_bytes) == (b.fwd_workspace_bytes,
+                                                            b.bwd_workspace_bytes)
+  c = _plan("lstm", "bfloat16", 10, 17, 768)
+  assert c.fwd_workspace_bytes == 2 * a.fwd_workspace_bytes  # 17 rows pad to 32
+
+
+@pytest.mark.parametrize("kind, dtype, t, b, h, sms, why", [
+    ("lstm", "bfloat16", 0, 4, 64, 132, "empty"),
+    ("lstm", "bfloat16", 4, 0, 64, 132, "empty"),
+    ("gru", "bfloat16", 4, 4, 0, 132, "empty"),
+    ("lstm", "float64", 4, 4, 64, 132, "float64"),
+    ("lstm", "int8", 4, 4, 64, 132, "int8"),
+    ("lstm", "bfloat16", 4, 4, 4225, 132, "more than 132 blocks of 32 units"),
+    ("rnn_tanh", "bfloat16", 4, 4, 1025, 32, "more than 32 blocks of 32 units"),
+    ("lstm", "bfloat16", 2**31, 4, 64, 132, "below 2^31"),
+])
+def test_plan_declines(kind, dtype, t, b, h, sms, why):
+  plan = _plan(kind, dtype, t, b, h, sms)
+  assert not plan.supported and why in plan.reason, plan.reason
+  assert plan.variant == -1
+
+
+def test_plan_bounds():
+  """32 units a block at 132 SMs reach H = 4224; one more unit declines."""
+  assert _plan("rnn_tanh", "bfloat16", 4, 4, 4224).supported
+  assert not _plan("rnn_tanh", "bfloat16", 4, 4, 4225).supported
+
+
+def test_unknown_kind_raises():
+  with pytest.raises(ValueError, match="kind must be 'lstm', 'gru', 'rnn_tanh' or 'rnn_relu'"):
+    _plan("mgu", "bfloat16", 4, 4, 64)
+
+
+def test_current_device_default():
+  """Without a device argument the plan takes the current device's SMs (132
+  assumed where none is known, as in a CPU-only build)."""
+  plan = plans.rnn_plan("lstm", "bfloat16", 16, 16, 1100)
+  assert plan.supported
+  if plans.current_device().sm_count == 0:
+    assert plan.units == 16
+
+
+@pytest.mark.skipif(not extension.has_cuda_kernels(), reason="no CUDA kernels in this build")
+def test_targets_registered():
+  assert {"jax_dnn_rnn_fwd", "jax_dnn_rnn_bwd"} <= set(extension.registered_targets())
