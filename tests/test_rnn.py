@@ -553,6 +553,21 @@ def test_cuda_lowering_of_gru_under_vmap(fake_kernels):
   assert ("gru", "float32", 5, 6, 4, None) in fake_kernels
 
 
+def test_cuda_lowering_of_exact_fp32_runs_the_reference(fake_kernels):
+  """fp32 at HIGHEST (the precision argument or JAX's default) asks for exact
+  products, which the kernels' TF32 does not give; bf16 is unaffected."""
+  del fake_kernels
+  x, h_0, _, w = _problem("rnn_tanh", 2, 5, 3, 4)
+  lens = jnp.asarray([5, 1], jnp.int32)
+  fn = lambda x, precision=None: jax_dnn.rnn(x, h_0, w, lens, 3, 4, 1, 0.0, False,
+                                            precision)[0]
+  assert "@jax_dnn_rnn_fwd" in cuda_hlo(fn, x)
+  assert "jax_dnn_rnn" not in cuda_hlo(functools.partial(fn, precision="highest"), x)
+  with jax.default_matmul_precision("highest"):
+    assert "jax_dnn_rnn" not in cuda_hlo(fn, x)
+    assert "@jax_dnn_rnn_fwd" in cuda_hlo(fn, x.astype(jnp.bfloat16))
+
+
 def test_cuda_lowering_without_plans_runs_the_reference(monkeypatch):
   real = extension.use_kernel
   monkeypatch.setattr(extension, "use_kernel", lambda t: t.startswith("jax_dnn_rnn") or real(t))

@@ -74,6 +74,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from jax_dnn._src import checks
+from jax_dnn._src import conv
 from jax_dnn._src import mesh_types
 from jax_dnn._src import plans
 from jax_dnn._src import sharding
@@ -91,6 +92,10 @@ _F32 = jnp.float32
 
 def _empty(dtype):
   return jnp.zeros((0,), dtype)
+
+
+def _dot_precision(exact):
+  return lax.Precision.HIGHEST if exact else None
 
 
 # --- references (pure JAX; what non-CUDA platforms run) ----------------------
@@ -134,7 +139,7 @@ def _step(kind, gxt, hh, h_prev, c_prev):
   return h, c_prev, (h,)
 
 
-def _fwd_reference(gx, w_hh, b_hh, h0, c0, seq_lengths, *, kind, reverse):
+def _fwd_reference(gx, w_hh, b_hh, h0, c0, seq_lengths, *, kind, reverse, exact=False):
   steps, batch, _ = gx.shape
   dtype = gx.dtype
   lens = _clamp(seq_lengths, steps)
@@ -146,7 +151,8 @@ def _fwd_reference(gx, w_hh, b_hh, h0, c0, seq_lengths, *, kind, reverse):
   def body(carry, xs):
     h_prev, c_prev = carry
     gxt, k = xs
-    hh = jnp.dot(h_prev.astype(dtype), w_hh.T, preferred_element_type=_F32) + bias
+    hh = jnp.dot(h_prev.astype(dtype), w_hh.T, precision=_dot_precision(exact),
+                 preferred_element_type=_F32) + bias
     h, c, slots = _step(kind, gxt.astype(_F32), hh, h_prev, c_prev)
     valid = (k < lens)[:, None]
     y = jnp.where(valid, h, 0.0).astype(dtype)
@@ -159,11 +165,13 @@ def _fwd_reference(gx, w_hh, b_hh, h0, c0, seq_lengths, *, kind, reverse):
   return order(y), h.astype(dtype), c_n, order(states)
 
 
-def _bwd_reference(dy, dh_n, dc_n, w_hh, h0, c0, seq_lengths, states, *, kind, reverse):
+def _bwd_reference(dy, dh_n, dc_n, w_hh, h0, c0, seq_lengths, states, *, kind, reverse,
+                   exact=False):
   steps, batch, hidden = dy.shape
   lens = _clamp(seq_lengths, steps)
   order = _in_step_order(reverse, lens)
   w = w_hh.astype(_F32)
+  matmul = functools.partial(jnp.dot, precision=_dot_precision(exact))
   st = order(states)
   # The state before each step: the previous step's, the initial one first.
   if kind == LSTM:
@@ -185,7 +193,7 @@ def _bwd_reference(dy, dh_n, dc_n, w_hh, h0, c0, seq_lengths, states, *, kind, r
       dc_t = dc + dh_t * o * (1.0 - tc * tc)
       dgx = jnp.concatenate([dc_t * g * i * (1.0 - i), dc_t * p * f * (1.0 - f),
                              dc_t * i * (1.0 - g * g), dh_t * tc * o * (1.0 - o)], axis=-1)
-      dh_prev = dgx @ w
+      dh_prev = matmul(dgx, w)
       dc_prev = dc_t * f
     elif kind == GRU:
       r, u, n, hn = (s[:, j] for j in range(4))
@@ -194,11 +202,11 @@ def _bwd_reference(dy, dh_n, dc_n, w_hh, h0, c0, seq_lengths, states, *, kind, r
       du = dh_t * (p - n) * u * (1.0 - u)
       dgh_n = dn * r
       dgx = jnp.concatenate([dr, du, dn], axis=-1)
-      dh_prev = dh_t * u + jnp.concatenate([dr, du, dgh_n], axis=-1) @ w
+      dh_prev = dh_t * u + matmul(jnp.concatenate([dr, du, dgh_n], axis=-1), w)
     else:
       h = s[:, 0]
       dgx = dh_t * ((1.0 - h * h) if kind == RNN_TANH else (h > 0).astype(_F32))
-      dh_prev = dgx @ w
+      dh_prev = matmul(dgx, w)
     valid = (k < lens)[:, None]
     return ((jnp.where(valid, dh_prev, dh), jnp.where(valid, dc_prev, dc)),
             (jnp.where(valid, dgx, 0.0), jnp.where(valid, dgh_n, 0.0)))
@@ -219,8 +227,8 @@ def _state_shape(shape, kind):
   return tuple(shape) if kind == LSTM else (0,)
 
 
-def _fwd_abstract(gx, w_hh, b_hh, h0, c0, seq_lengths, *, kind, reverse):
-  del b_hh, c0, seq_lengths, reverse
+def _fwd_abstract(gx, w_hh, b_hh, h0, c0, seq_lengths, *, kind, reverse, exact):
+  del b_hh, c0, seq_lengths, reverse, exact
   steps, batch, _ = gx.shape
   hidden = w_hh.shape[1]
   return (ShapedArray((steps, batch, hidden), gx.dtype), ShapedArray(h0.shape, gx.dtype),
@@ -228,8 +236,8 @@ def _fwd_abstract(gx, w_hh, b_hh, h0, c0, seq_lengths, *, kind, reverse):
           ShapedArray((steps, batch, SLOTS[kind], hidden), _F32))
 
 
-def _bwd_abstract(dy, dh_n, dc_n, w_hh, h0, c0, seq_lengths, states, *, kind, reverse):
-  del dh_n, dc_n, c0, seq_lengths, states, reverse
+def _bwd_abstract(dy, dh_n, dc_n, w_hh, h0, c0, seq_lengths, states, *, kind, reverse, exact):
+  del dh_n, dc_n, c0, seq_lengths, states, reverse, exact
   steps, batch, hidden = dy.shape
   dgh_n = (steps, batch, hidden) if kind == GRU else (0,)
   return (ShapedArray((steps, batch, w_hh.shape[0]), _F32), ShapedArray(dgh_n, _F32),
@@ -252,19 +260,25 @@ def _plan(avals, kind):
     return None
 
 
-def _supported(avals, *, kind, reverse):
+def _supported(avals, *, kind, reverse, exact):
+  """The kernels' plan takes the call; fp32 at HIGHEST precision (exact
+  fp32 products, which the kernels' TF32 tensor cores do not give) runs the
+  reference."""
   del reverse
+  if exact:
+    return False
   plan = _plan(avals, kind)
   return plan is not None and bool(plan.supported)
 
 
-def _ffi_params(avals, *, kind, reverse):
+def _ffi_params(avals, *, kind, reverse, exact):
+  del exact
   return {"kind": kind, "reverse": int(reverse), "variant": int(_plan(avals, kind).variant)}
 
 
-def _workspace(avals, *, kind, reverse, backward=False):
+def _workspace(avals, *, kind, reverse, exact, backward=False):
   """The kernel's workspace, u8[bytes] ([0] when none): the plan's size."""
-  del reverse
+  del reverse, exact
   plan = _plan(avals, kind)
   size = plan.bwd_workspace_bytes if backward else plan.fwd_workspace_bytes
   return (ShapedArray((int(size),), jnp.uint8),)
@@ -284,28 +298,30 @@ def _fold_rows(x, dim, size):
   return merge_leading(move_to_front(x, dim, size))
 
 
-def _fwd_batch(args, dims, *, kind, reverse):
+def _fwd_batch(args, dims, **params):
+  kind = params["kind"]
   size = batch_size(args, dims)
   if dims[1] is not NOT_MAPPED or dims[2] is not NOT_MAPPED:
     # Recurrent weights of their own for each vmapped instance: no kernel
     # takes them; XLA's batched scan does.
-    fn = functools.partial(_fwd_reference, kind=kind, reverse=reverse)
+    fn = functools.partial(_fwd_reference, **params)
     return list(jax.vmap(fn, in_axes=tuple(dims))(*args)), [0, 0, 0, 0]
   gx, w_hh, b_hh, h0, c0, seq_lengths = args
   lstm = kind == LSTM
   c0 = _fold_rows(c0, dims[4], size) if lstm else _empty(gx.dtype)
   y, h_n, c_n, states = rnn_fwd_p.bind(
       _fold_seq(gx, dims[0], size), w_hh, b_hh, _fold_rows(h0, dims[3], size), c0,
-      _fold_rows(seq_lengths, dims[5], size), kind=kind, reverse=reverse)
+      _fold_rows(seq_lengths, dims[5], size), **params)
   c_n = split_leading(c_n, size) if lstm else c_n
   return ([_split_seq(y, size), split_leading(h_n, size), c_n, _split_seq(states, size)],
           [1, 0, 0 if lstm else NOT_MAPPED, 1])
 
 
-def _bwd_batch(args, dims, *, kind, reverse):
+def _bwd_batch(args, dims, **params):
+  kind = params["kind"]
   size = batch_size(args, dims)
   if dims[3] is not NOT_MAPPED:
-    fn = functools.partial(_bwd_reference, kind=kind, reverse=reverse)
+    fn = functools.partial(_bwd_reference, **params)
     return list(jax.vmap(fn, in_axes=tuple(dims))(*args)), [0, 0, 0, 0]
   dy, dh_n, dc_n, w_hh, h0, c0, seq_lengths, states = args
   lstm, gru = kind == LSTM, kind == GRU
@@ -316,7 +332,7 @@ def _bwd_batch(args, dims, *, kind, reverse):
   dgx, dgh_n, dh0, dc0 = rnn_bwd_p.bind(
       _fold_seq(dy, dims[0], size), _fold_rows(dh_n, dims[1], size), dc_n, w_hh,
       _fold_rows(h0, dims[4], size), c0, _fold_rows(seq_lengths, dims[6], size),
-      _fold_seq(states, dims[7], size), kind=kind, reverse=reverse)
+      _fold_seq(states, dims[7], size), **params)
   return ([_split_seq(dgx, size), _split_seq(dgh_n, size) if gru else dgh_n,
            split_leading(dh0, size), split_leading(dc0, size) if lstm else dc0],
           [1, 1 if gru else NOT_MAPPED, 0, 0 if lstm else NOT_MAPPED])
@@ -327,10 +343,10 @@ _BWD_ROLES = (("seq", "rows", "rows", "whole", "rows", "rows", "batch", "seq"),
               ("seq", "seq", "rows", "rows"))
 
 
-def _sharding(operands, results, *, kind, reverse, backward=False):
+def _sharding(operands, results, *, kind, reverse, exact, backward=False):
   """The batch splits (sequences are independent); time, the features and
   the recurrent weights stay whole. Empty [0] operands are their own."""
-  del kind, reverse
+  del kind, reverse, exact
   b = sharding.RuleBuilder()
   time, batch = b.own(operands[0][0]), b.factor("b", operands[0][1])
 
@@ -392,33 +408,33 @@ def _previous_h(y, h0, lens, reverse):
   return jnp.where(first[..., None], h0[None], shifted)
 
 
-@functools.partial(jax.custom_vjp, nondiff_argnums=(6, 7))
-def _recurrence(gx, w_hh, b_hh, h0, c0, seq_lengths, kind, reverse):
+@functools.partial(jax.custom_vjp, nondiff_argnums=(6, 7, 8))
+def _recurrence(gx, w_hh, b_hh, h0, c0, seq_lengths, kind, reverse, exact):
   y, h_n, c_n, _ = rnn_fwd_p.bind(gx, w_hh, b_hh, h0, c0, seq_lengths, kind=kind,
-                                  reverse=reverse)
+                                  reverse=reverse, exact=exact)
   return y, h_n, c_n
 
 
-def _recurrence_fwd(gx, w_hh, b_hh, h0, c0, seq_lengths, kind, reverse):
+def _recurrence_fwd(gx, w_hh, b_hh, h0, c0, seq_lengths, kind, reverse, exact):
   y, h_n, c_n, states = rnn_fwd_p.bind(gx, w_hh, b_hh, h0, c0, seq_lengths, kind=kind,
-                                       reverse=reverse)
+                                       reverse=reverse, exact=exact)
   return (y, h_n, c_n), (gx, w_hh, b_hh, h0, c0, seq_lengths, states, y)
 
 
-def _recurrence_bwd(kind, reverse, res, cts):
+def _recurrence_bwd(kind, reverse, exact, res, cts):
   gx, w_hh, b_hh, h0, c0, seq_lengths, states, y = res
   dy, dh_n, dc_n = cts
   dtype = y.dtype
   dgx, dgh_n, dh0, dc0 = rnn_bwd_p.bind(dy.astype(dtype), dh_n.astype(dtype),
                                         dc_n.astype(dtype), w_hh, h0, c0, seq_lengths, states,
-                                        kind=kind, reverse=reverse)
+                                        kind=kind, reverse=reverse, exact=exact)
   hidden = w_hh.shape[1]
   dgh = jnp.concatenate([dgx[..., :2 * hidden], dgh_n], axis=-1) if kind == GRU else dgx
   lens = _clamp(seq_lengths, y.shape[0])
   # The weight gradient as one GEMM over all steps, operands in the dtype
   # (tensor cores for bf16/fp16), fp32 accumulation.
   dw_hh = jnp.einsum("tbg,tbh->gh", dgh.astype(dtype), _previous_h(y, h0, lens, reverse),
-                     preferred_element_type=_F32)
+                     precision=_dot_precision(exact), preferred_element_type=_F32)
   db_hh = jnp.sum(dgh, axis=(0, 1))
   cts = (dgx.astype(dtype), dw_hh.astype(w_hh.dtype), db_hh.astype(b_hh.dtype),
          dh0.astype(h0.dtype), dc0.astype(c0.dtype))
@@ -429,18 +445,23 @@ def _recurrence_bwd(kind, reverse, res, cts):
 _recurrence.defvjp(_recurrence_fwd, _recurrence_bwd)
 
 
-def recurrence(gx, w_hh, b_hh, h0, c0, seq_lengths, *, kind: int, reverse: bool):
+def recurrence(gx, w_hh, b_hh, h0, c0, seq_lengths, *, kind: int, reverse: bool,
+               precision: Any = None):
   """One layer and direction of the recurrence (module docstring), in gx's dtype.
 
   gx [T, B, G*H] (the input projection, b_ih included), w_hh [G*H, H],
   b_hh [G*H], h0 [B, H], c0 [B, H] (LSTM; an empty [0] array otherwise), all
   of one float dtype; seq_lengths [B] int32 (clamped to [0, T]).
+  precision: lax's, or None for jax.default_matmul_precision: fp32 at HIGHEST
+  runs the reference (exact fp32 products) rather than the TF32 kernels.
   Returns y [T, B, H], h_n [B, H], c_n [B, H] (LSTM; else [0]).
   """
   if gx.shape[0] == 0:
     return jnp.zeros((0,) + h0.shape, gx.dtype), h0, c0
+  exact = jnp.dtype(gx.dtype) == jnp.float32 and conv._precision(precision, gx.dtype) in (  # pylint: disable=protected-access
+      "highest", None)
   args = mesh_types.same_manual_axes(gx, w_hh, b_hh, h0, c0, seq_lengths)
-  return _recurrence(*args, kind, bool(reverse))
+  return _recurrence(*args, kind, bool(reverse), exact)
 
 
 # --- the flat weight layout -------------------------------------------------------------
@@ -702,7 +723,7 @@ def _stack(op, kind, x, h_0, c_0, weights, seq_lengths, input_size, hidden_size,
       c0 = c_0[p].astype(dtype) if kind == LSTM else _empty(dtype)
       y, h, c = recurrence(gx[..., d * rows:(d + 1) * rows], w_hh[p].astype(dtype),
                            b_hh[p].astype(dtype), h_0[p].astype(dtype), c0, lens, kind=kind,
-                           reverse=bool(d))
+                           reverse=bool(d), precision=precision)
       outs.append(y)
       h_n.append(h)
       c_n.append(c)
