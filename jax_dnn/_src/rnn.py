@@ -433,8 +433,12 @@ def _recurrence_bwd(kind, reverse, exact, res, cts):
   lens = _clamp(seq_lengths, y.shape[0])
   # The weight gradient as one GEMM over all steps, operands in the dtype
   # (tensor cores for bf16/fp16), fp32 accumulation.
+  # Under explicit mesh axes the batch it sums over may be split: the sum
+  # is typed as W_hh.
+  spec = sharding.explicit_spec(w_hh)
   dw_hh = jnp.einsum("tbg,tbh->gh", dgh.astype(dtype), _previous_h(y, h0, lens, reverse),
-                     precision=_dot_precision(exact), preferred_element_type=_F32)
+                     precision=_dot_precision(exact), preferred_element_type=_F32,
+                     **({} if spec is None else {"out_sharding": jax.sharding.PartitionSpec(*spec)}))
   db_hh = jnp.sum(dgh, axis=(0, 1))
   cts = (dgx.astype(dtype), dw_hh.astype(w_hh.dtype), db_hh.astype(b_hh.dtype),
          dh0.astype(h0.dtype), dc0.astype(c0.dtype))
