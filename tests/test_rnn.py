@@ -688,6 +688,19 @@ def test_nn_rnn_options_batch_one_time_major_and_default_carry():
                              rtol=1e-5, atol=1e-6)
 
 
+def test_nn_rnn_dtypes_follow_flax():
+  """A bfloat16 cell (dtype=) over fp32 carries: Flax's result dtypes (the
+  carry's fp32 through the state update), values within bf16 rounding."""
+  cell = nnx.LSTMCell(3, 4, dtype=jnp.bfloat16, rngs=nnx.Rngs(0))
+  x = randn(4, (2, 5, 3), jnp.float32)
+  carry = _carry(cell, 2, 5)
+  (c1, y1), (c2, y2) = (cls(cell, return_carry=True)(x, initial_carry=carry)
+                        for cls in (jnn.RNN, nnx.RNN))
+  assert y1.dtype == y2.dtype and [a.dtype for a in c1] == [a.dtype for a in c2]
+  # bf16 products and gates (Flax) against fp32 gates (ours): a few bf16 ulps.
+  np.testing.assert_allclose(y1, y2, rtol=0, atol=2e-2)
+
+
 def test_nn_rnn_under_nnx_jit_and_vmap():
   cell = nnx.LSTMCell(3, 4, rngs=nnx.Rngs(0))
   ours, theirs = jnn.RNN(cell), nnx.RNN(cell)
