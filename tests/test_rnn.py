@@ -112,7 +112,7 @@ def _ours(mode, *args):
 def _problem(mode, batch=3, steps=5, inputs=3, hidden=4, layers=1, bidirectional=False,
              dtype=jnp.float32, key=0):
   dirs = 2 if bidirectional else 1
-  count = rnn_lib._num_params(GATES[mode], inputs, hidden, layers, bidirectional)  # pylint: disable=protected-access
+  count = rnn_lib.num_params(GATES[mode], inputs, hidden, layers, bidirectional)
   x = randn(key, (batch, steps, inputs), dtype)
   h_0 = randn(key + 1, (dirs * layers, batch, hidden), dtype, scale=0.5)
   c_0 = randn(key + 2, (dirs * layers, batch, hidden), dtype, scale=0.5)
@@ -420,7 +420,7 @@ def test_dropout_between_layers():
   np.testing.assert_array_equal(dropped[1][0], base[1][0])
   assert not np.allclose(dropped[1][1], base[1][1])
   # One layer: no dropout anywhere.
-  w1 = w[:rnn_lib._num_params(4, 3, 4, 1, False)]  # pylint: disable=protected-access
+  w1 = w[:rnn_lib.num_params(4, 3, 4, 1, False)]
   one = run(0.5, key, 1, jnp.zeros_like(w1) + 0.1, h_0[:1], c_0[:1])
   np.testing.assert_array_equal(one[0], run(0.0, None, 1, jnp.zeros_like(w1) + 0.1, h_0[:1],
                                             c_0[:1])[0])

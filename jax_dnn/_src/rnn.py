@@ -78,7 +78,8 @@ from jax_dnn._src import conv
 from jax_dnn._src import mesh_types
 from jax_dnn._src import plans
 from jax_dnn._src import sharding
-from jax_dnn._src.batching import NOT_MAPPED, batch_size, merge_leading, move_to_front, split_leading
+from jax_dnn._src.batching import (NOT_MAPPED, batch_size, merge_leading, move_to_front,
+                                   split_leading)
 from jax_dnn._src.primitive import ShapedArray, define_primitive
 
 # The kernels' `kind` attribute.
@@ -90,7 +91,7 @@ SLOTS = {LSTM: 5, GRU: 5, RNN_TANH: 1, RNN_RELU: 1}
 _F32 = jnp.float32
 
 
-def _empty(dtype):
+def empty(dtype):
   return jnp.zeros((0,), dtype)
 
 
@@ -105,7 +106,7 @@ def _clamp(seq_lengths, steps):
   return jnp.clip(seq_lengths.astype(jnp.int32), 0, steps)
 
 
-def _flip(a, lens):
+def flip_within_lengths(a, lens):
   """a [T, B, ...] with each row's first len_b steps reversed. A padded step
   t >= len_b maps to T + len_b - 1 - t, again a padded step."""
   steps = a.shape[0]
@@ -116,7 +117,7 @@ def _flip(a, lens):
 
 def _in_step_order(reverse, lens):
   """Maps [T, B, ...] between time order and the order a row's steps run in."""
-  return (lambda a: _flip(a, lens)) if reverse else (lambda a: a)
+  return (lambda a: flip_within_lengths(a, lens)) if reverse else (lambda a: a)
 
 
 def _step(kind, gxt, hh, h_prev, c_prev):
@@ -161,7 +162,7 @@ def _fwd_reference(gx, w_hh, b_hh, h0, c0, seq_lengths, *, kind, reverse, exact=
 
   (h, c), (y, states) = lax.scan(body, (h0.astype(_F32), c_init),
                                  (order(gx), jnp.arange(steps, dtype=jnp.int32)))
-  c_n = c.astype(dtype) if lstm else _empty(dtype)
+  c_n = c.astype(dtype) if lstm else empty(dtype)
   return order(y), h.astype(dtype), c_n, order(states)
 
 
@@ -215,8 +216,8 @@ def _bwd_reference(dy, dh_n, dc_n, w_hh, h0, c0, seq_lengths, states, *, kind, r
   (dh0, dc0), (dgx, dgh_n) = lax.scan(
       body, (dh_n.astype(_F32), dc_init),
       (order(dy), st, prev, jnp.arange(steps, dtype=jnp.int32)), reverse=True)
-  dgh_n = order(dgh_n) if kind == GRU else _empty(_F32)
-  return order(dgx), dgh_n, dh0, dc0 if kind == LSTM else _empty(_F32)
+  dgh_n = order(dgh_n) if kind == GRU else empty(_F32)
+  return order(dgx), dgh_n, dh0, dc0 if kind == LSTM else empty(_F32)
 
 
 # --- primitives ---------------------------------------------------------------
@@ -308,7 +309,7 @@ def _fwd_batch(args, dims, **params):
     return list(jax.vmap(fn, in_axes=tuple(dims))(*args)), [0, 0, 0, 0]
   gx, w_hh, b_hh, h0, c0, seq_lengths = args
   lstm = kind == LSTM
-  c0 = _fold_rows(c0, dims[4], size) if lstm else _empty(gx.dtype)
+  c0 = _fold_rows(c0, dims[4], size) if lstm else empty(gx.dtype)
   y, h_n, c_n, states = rnn_fwd_p.bind(
       _fold_seq(gx, dims[0], size), w_hh, b_hh, _fold_rows(h0, dims[3], size), c0,
       _fold_rows(seq_lengths, dims[5], size), **params)
@@ -328,7 +329,7 @@ def _bwd_batch(args, dims, **params):
   if lstm:
     dc_n, c0 = _fold_rows(dc_n, dims[2], size), _fold_rows(c0, dims[5], size)
   else:
-    dc_n, c0 = _empty(dy.dtype), _empty(dy.dtype)
+    dc_n, c0 = empty(dy.dtype), empty(dy.dtype)
   dgx, dgh_n, dh0, dc0 = rnn_bwd_p.bind(
       _fold_seq(dy, dims[0], size), _fold_rows(dh_n, dims[1], size), dc_n, w_hh,
       _fold_rows(h0, dims[4], size), c0, _fold_rows(seq_lengths, dims[6], size),
@@ -436,9 +437,9 @@ def _recurrence_bwd(kind, reverse, exact, res, cts):
   # Under explicit mesh axes the batch it sums over may be split: the sum
   # is typed as W_hh.
   spec = sharding.explicit_spec(w_hh)
+  typed = {} if spec is None else {"out_sharding": jax.sharding.PartitionSpec(*spec)}
   dw_hh = jnp.einsum("tbg,tbh->gh", dgh.astype(dtype), _previous_h(y, h0, lens, reverse),
-                     precision=_dot_precision(exact), preferred_element_type=_F32,
-                     **({} if spec is None else {"out_sharding": jax.sharding.PartitionSpec(*spec)}))
+                     precision=_dot_precision(exact), preferred_element_type=_F32, **typed)
   db_hh = jnp.sum(dgh, axis=(0, 1))
   cts = (dgx.astype(dtype), dw_hh.astype(w_hh.dtype), db_hh.astype(b_hh.dtype),
          dh0.astype(h0.dtype), dc0.astype(c0.dtype))
@@ -462,8 +463,8 @@ def recurrence(gx, w_hh, b_hh, h0, c0, seq_lengths, *, kind: int, reverse: bool,
   """
   if gx.shape[0] == 0:
     return jnp.zeros((0,) + h0.shape, gx.dtype), h0, c0
-  exact = jnp.dtype(gx.dtype) == jnp.float32 and conv._precision(precision, gx.dtype) in (  # pylint: disable=protected-access
-      "highest", None)
+  asked = conv._precision(precision, gx.dtype)  # pylint: disable=protected-access
+  exact = jnp.dtype(gx.dtype) == jnp.float32 and asked in ("highest", None)
   args = mesh_types.same_manual_axes(gx, w_hh, b_hh, h0, c0, seq_lengths)
   return _recurrence(*args, kind, bool(reverse), exact)
 
@@ -484,7 +485,7 @@ def _param_shapes(gates, input_size, hidden_size, num_layers, bidirectional):
   return mats + biases
 
 
-def _num_params(gates, input_size, hidden_size, num_layers, bidirectional) -> int:
+def num_params(gates, input_size, hidden_size, num_layers, bidirectional) -> int:
   return sum(math.prod(s) for s in _param_shapes(gates, input_size, hidden_size, num_layers,
                                                  bidirectional))
 
@@ -503,46 +504,46 @@ def _unpack(gates, weights, input_size, hidden_size, num_layers, bidirectional):
           {p: biases[2 * p] for p in range(pseudo)}, {p: biases[2 * p + 1] for p in range(pseudo)})
 
 
-def _init(gates, rng, input_size, hidden_size, num_layers, bidirectional):
+def init_weights(gates, rng, input_size, hidden_size, num_layers, bidirectional):
   k = np.sqrt(1.0 / hidden_size)
-  count = _num_params(gates, input_size, hidden_size, num_layers, bidirectional)
+  count = num_params(gates, input_size, hidden_size, num_layers, bidirectional)
   return jax.random.uniform(rng, (count,), jnp.float32, minval=-k, maxval=k)
 
 
 def get_num_params_in_lstm(input_size: int, hidden_size: int, num_layers: int,
                            bidirectional: bool) -> int:
   """The flat LSTM weight vector's length (as jax.experimental.rnn's)."""
-  return _num_params(4, input_size, hidden_size, num_layers, bidirectional)
+  return num_params(4, input_size, hidden_size, num_layers, bidirectional)
 
 
 def get_num_params_in_gru(input_size: int, hidden_size: int, num_layers: int,
                           bidirectional: bool) -> int:
   """The flat GRU weight vector's length."""
-  return _num_params(3, input_size, hidden_size, num_layers, bidirectional)
+  return num_params(3, input_size, hidden_size, num_layers, bidirectional)
 
 
 def get_num_params_in_rnn(input_size: int, hidden_size: int, num_layers: int,
                           bidirectional: bool) -> int:
   """The flat Elman RNN weight vector's length."""
-  return _num_params(1, input_size, hidden_size, num_layers, bidirectional)
+  return num_params(1, input_size, hidden_size, num_layers, bidirectional)
 
 
 def init_lstm_weight(rng, input_size: int, hidden_size: int, num_layers: int,
                      bidirectional: bool) -> jax.Array:
   """Flat fp32 LSTM weights from U(-k, k), k = sqrt(1 / hidden_size) (PyTorch's)."""
-  return _init(4, rng, input_size, hidden_size, num_layers, bidirectional)
+  return init_weights(4, rng, input_size, hidden_size, num_layers, bidirectional)
 
 
 def init_gru_weight(rng, input_size: int, hidden_size: int, num_layers: int,
                     bidirectional: bool) -> jax.Array:
   """Flat fp32 GRU weights from U(-k, k), k = sqrt(1 / hidden_size)."""
-  return _init(3, rng, input_size, hidden_size, num_layers, bidirectional)
+  return init_weights(3, rng, input_size, hidden_size, num_layers, bidirectional)
 
 
 def init_rnn_weight(rng, input_size: int, hidden_size: int, num_layers: int,
                     bidirectional: bool) -> jax.Array:
   """Flat fp32 Elman RNN weights from U(-k, k), k = sqrt(1 / hidden_size)."""
-  return _init(1, rng, input_size, hidden_size, num_layers, bidirectional)
+  return init_weights(1, rng, input_size, hidden_size, num_layers, bidirectional)
 
 
 def unpack_lstm_weights(weights, input_size: int, hidden_size: int, num_layers: int,
@@ -620,7 +621,7 @@ def rnn_weights_to_torch(weights, mode: str, input_size: int, hidden_size: int,
   if gates is None:
     raise ValueError(f"rnn_weights_to_torch: mode must be 'lstm', 'gru' or 'rnn'; got {mode!r}")
   weights = np.asarray(weights)
-  expected = _num_params(gates, input_size, hidden_size, num_layers, bidirectional)
+  expected = num_params(gates, input_size, hidden_size, num_layers, bidirectional)
   if weights.shape != (expected,):
     raise ValueError(f"rnn_weights_to_torch: weights must have shape ({expected},) for this "
                      f"{mode}; got {weights.shape}")
@@ -640,13 +641,13 @@ def rnn_weights_to_torch(weights, mode: str, input_size: int, hidden_size: int,
 # --- public API ---------------------------------------------------------------------
 
 
-def _positive_int(op, name, v, minimum=1) -> int:
+def check_positive_int(op, name, v, minimum=1) -> int:
   if isinstance(v, bool) or not isinstance(v, numbers.Integral) or v < minimum:
     raise ValueError(f"{op}: {name} must be an int >= {minimum}; got {v!r}")
   return int(v)
 
 
-def _dropout_rate(op, dropout) -> float:
+def check_dropout(op, dropout) -> float:
   if not isinstance(dropout, numbers.Real) or not 0 <= dropout < 1:
     raise ValueError(f"{op}: dropout must be a probability in [0, 1); got {dropout!r}")
   return float(dropout)
@@ -676,13 +677,13 @@ def _check_lengths(op, seq_lengths, batch, steps):
                      f"[{seq_lengths.min()}, {seq_lengths.max()}]")
 
 
-def _stack(op, kind, x, h_0, c_0, weights, seq_lengths, input_size, hidden_size, num_layers,
-           bidirectional, precision, between_layers):
+def run_layers(op, kind, x, h_0, c_0, weights, seq_lengths, input_size, hidden_size,
+               num_layers, bidirectional, precision, between_layers):
   """The multi-layer, multi-direction network (module docstring's path).
   between_layers(layer, inputs) gives layer `layer`'s inputs (dropout)."""
-  input_size = _positive_int(op, "input_size", input_size)
-  hidden_size = _positive_int(op, "hidden_size", hidden_size)
-  num_layers = _positive_int(op, "num_layers", num_layers)
+  input_size = check_positive_int(op, "input_size", input_size)
+  hidden_size = check_positive_int(op, "hidden_size", hidden_size)
+  num_layers = check_positive_int(op, "num_layers", num_layers)
   if not isinstance(bidirectional, (bool, np.bool_)):
     raise TypeError(f"{op}: bidirectional must be a bool; got {bidirectional!r}")
   checks.check_float(op, "x", x)
@@ -696,7 +697,7 @@ def _stack(op, kind, x, h_0, c_0, weights, seq_lengths, input_size, hidden_size,
   if kind == LSTM:
     _check_state(op, "c_0", c_0, state_shape)
   checks.check_array(op, "weights", weights)
-  count = _num_params(GATES[kind], input_size, hidden_size, num_layers, bidirectional)
+  count = num_params(GATES[kind], input_size, hidden_size, num_layers, bidirectional)
   if tuple(weights.shape) != (count,):
     raise ValueError(f"{op}: weights must be the flat vector of shape ({count},) for "
                      f"input_size={input_size}, hidden_size={hidden_size}, "
@@ -724,7 +725,7 @@ def _stack(op, kind, x, h_0, c_0, weights, seq_lengths, input_size, hidden_size,
                      preferred_element_type=_F32) + bias).astype(dtype)
     outs = []
     for d, p in enumerate(ps):
-      c0 = c_0[p].astype(dtype) if kind == LSTM else _empty(dtype)
+      c0 = c_0[p].astype(dtype) if kind == LSTM else empty(dtype)
       y, h, c = recurrence(gx[..., d * rows:(d + 1) * rows], w_hh[p].astype(dtype),
                            b_hh[p].astype(dtype), h_0[p].astype(dtype), c0, lens, kind=kind,
                            reverse=bool(d), precision=precision)
@@ -740,7 +741,7 @@ def _stack(op, kind, x, h_0, c_0, weights, seq_lengths, input_size, hidden_size,
 
 
 def _dropout_between_layers(op, dropout, dropout_rng):
-  rate = _dropout_rate(op, dropout)
+  rate = check_dropout(op, dropout)
   if rate == 0.0:
     return lambda layer, inputs: inputs
   if dropout_rng is None:
@@ -780,8 +781,8 @@ def lstm(x: jax.Array, h_0: jax.Array, c_0: jax.Array, weights: jax.Array,
   [D * num_layers, B, hidden_size] in h_0's and c_0's dtypes.
   """
   between = _dropout_between_layers("lstm", dropout, dropout_rng)
-  return _stack("lstm", LSTM, x, h_0, c_0, weights, seq_lengths, input_size, hidden_size,
-                num_layers, bidirectional, precision, between)
+  return run_layers("lstm", LSTM, x, h_0, c_0, weights, seq_lengths, input_size, hidden_size,
+                    num_layers, bidirectional, precision, between)
 
 
 def gru(x: jax.Array, h_0: jax.Array, weights: jax.Array, seq_lengths: jax.Array,
@@ -795,8 +796,8 @@ def gru(x: jax.Array, h_0: jax.Array, weights: jax.Array, seq_lengths: jax.Array
   Returns y [B, T, D * hidden_size] and h_n [D * num_layers, B, hidden_size].
   """
   between = _dropout_between_layers("gru", dropout, dropout_rng)
-  return _stack("gru", GRU, x, h_0, None, weights, seq_lengths, input_size, hidden_size,
-                num_layers, bidirectional, precision, between)
+  return run_layers("gru", GRU, x, h_0, None, weights, seq_lengths, input_size, hidden_size,
+                    num_layers, bidirectional, precision, between)
 
 
 def rnn(x: jax.Array, h_0: jax.Array, weights: jax.Array, seq_lengths: jax.Array,
@@ -811,5 +812,5 @@ def rnn(x: jax.Array, h_0: jax.Array, weights: jax.Array, seq_lengths: jax.Array
   if nonlinearity not in kinds:
     raise ValueError(f"rnn: nonlinearity must be 'tanh' or 'relu'; got {nonlinearity!r}")
   between = _dropout_between_layers("rnn", dropout, dropout_rng)
-  return _stack("rnn", kinds[nonlinearity], x, h_0, None, weights, seq_lengths, input_size,
-                hidden_size, num_layers, bidirectional, precision, between)
+  return run_layers("rnn", kinds[nonlinearity], x, h_0, None, weights, seq_lengths,
+                    input_size, hidden_size, num_layers, bidirectional, precision, between)

@@ -129,11 +129,11 @@ def _kernel_call(module, inputs, *, initial_carry, seq_lengths, return_carry, ti
   b_hh = b_h.astype(dtype) if b_h is not None else jnp.zeros((rows,), dtype)
   flat = lambda a: a.reshape(batch, hidden).astype(dtype)
   c0, h0 = (flat(initial_carry[0]), flat(initial_carry[1])) if lstm else (
-      rnn_lib._empty(dtype), flat(initial_carry))  # pylint: disable=protected-access
+      rnn_lib.empty(dtype), flat(initial_carry))
   y, h_n, c_n = rnn_lib.recurrence(gx.astype(dtype), k_h.T.astype(dtype), b_hh, h0, c0, lens,
                                    kind=kind, reverse=bool(reverse))
   if reverse and not keep_order:  # Flax's outputs then run in each sequence's step order
-    y = rnn_lib._flip(y, jnp.clip(lens, 0, steps))  # pylint: disable=protected-access
+    y = rnn_lib.flip_within_lengths(y, jnp.clip(lens, 0, steps))
   y = jnp.moveaxis(y.reshape((steps,) + batch_dims + (hidden,)), 0, time_axis).astype(out_dtype)
   if not return_carry:
     return y
@@ -203,14 +203,14 @@ class _Stack(nnx.Module):
     gates = rnn_lib.GATES[self._KIND]
     for arg, v in (("input_size", input_size), ("hidden_size", hidden_size),
                    ("num_layers", num_layers)):
-      rnn_lib._positive_int(name, arg, v)  # pylint: disable=protected-access
-    self.dropout = rnn_lib._dropout_rate(name, dropout)  # pylint: disable=protected-access
+      rnn_lib.check_positive_int(name, arg, v)
+    self.dropout = rnn_lib.check_dropout(name, dropout)
     self.input_size, self.hidden_size, self.num_layers = input_size, hidden_size, num_layers
     self.bidirectional, self.time_major = bool(bidirectional), time_major
     self.dtype, self.param_dtype = dtype, param_dtype
     # PyTorch's initialization: U(-k, k), k = 1 / sqrt(hidden_size).
-    w = rnn_lib._init(gates, rngs.params(), input_size, hidden_size, num_layers,  # pylint: disable=protected-access
-                      bidirectional)
+    w = rnn_lib.init_weights(gates, rngs.params(), input_size, hidden_size, num_layers,
+                             bidirectional)
     self.weights = nnx.Param(w.astype(param_dtype))
     self.drop = nnx.Dropout(self.dropout, rngs=rngs) if self.dropout > 0 else None
 
@@ -238,7 +238,7 @@ class _Stack(nnx.Module):
         return inputs
       return self.drop(inputs, deterministic=deterministic, rngs=rngs)
 
-    out = rnn_lib._stack(name, self._KIND, x, h_0, c_0, weights, lens, self.input_size,  # pylint: disable=protected-access
+    out = rnn_lib.run_layers(name, self._KIND, x, h_0, c_0, weights, lens, self.input_size,
                          self.hidden_size, self.num_layers, self.bidirectional, None,
                          between_layers)
     y = jnp.swapaxes(out[0], 0, 1) if self.time_major else out[0]
