@@ -15,6 +15,11 @@ from jax_dnn._src.conv import (conv, conv_algorithms, conv_general_dilated, conv
 from jax_dnn._src.group_norm import group_norm, instance_norm
 from jax_dnn._src.layer_norm import layer_norm, rms_norm
 from jax_dnn._src.pooling import adaptive_avg_pool, adaptive_max_pool, avg_pool, max_pool
+from jax_dnn._src.rnn import (get_num_params_in_gru, get_num_params_in_lstm,
+                              get_num_params_in_rnn, gru, init_gru_weight, init_lstm_weight,
+                              init_rnn_weight, lstm, pack_rnn_weights, rnn,
+                              rnn_weights_from_torch, rnn_weights_to_torch, unpack_gru_weights,
+                              unpack_lstm_weights, unpack_rnn_weights)
 from jax_dnn._src.softmax import log_softmax, softmax
 
 __version__ = "0.1.0"
@@ -51,18 +56,33 @@ __all__ = [
     "dot_product_attention",
     "export_disabled_checks",
     "gelu",
+    "get_num_params_in_gru",
+    "get_num_params_in_lstm",
+    "get_num_params_in_rnn",
     "group_norm",
+    "gru",
     "has_cuda_kernels",
+    "init_gru_weight",
+    "init_lstm_weight",
+    "init_rnn_weight",
     "instance_norm",
     "layer_norm",
     "log_softmax",
+    "lstm",
     "matmul",
     "max_pool",
     "nn",
+    "pack_rnn_weights",
     "relu",
     "rms_norm",
+    "rnn",
+    "rnn_weights_from_torch",
+    "rnn_weights_to_torch",
     "sigmoid",
     "silu",
     "softmax",
     "tanh",
+    "unpack_gru_weights",
+    "unpack_lstm_weights",
+    "unpack_rnn_weights",
 ]

@@ -443,8 +443,91 @@ CASES += [
         tol=5e-5),
 ]
 
-# Public functions that are no ops (they run nothing): no case.
-NOT_OPS = frozenset({"conv_algorithms"})
+# --- recurrent networks --------------------------------------------------------------------
+
+_RNN_HIDDEN = 4
+_RNN_GATES = {"lstm": 4, "gru": 3, "rnn": 1}
+
+
+def _rnn_weights_shape(mode):
+  """The flat weight vector of one unidirectional layer over x [B, T, I]."""
+  g, h = _RNN_GATES[mode], _RNN_HIDDEN
+  return lambda s: (g * h * (s[-1] + h + 2),)
+
+
+def _full_lengths(x):
+  return jnp.full((x.shape[0],), x.shape[1], jnp.int32)
+
+
+def _recurrent_ref(mode, x, h_0, c_0, w):
+  """One layer over every step of x [B, T, I] (PyTorch's equations)."""
+  g, h, i = _RNN_GATES[mode], _RNN_HIDDEN, x.shape[-1]
+  sizes = (g * h * i, g * h * h, g * h, g * h)
+  w_ih, w_hh, b_ih, b_hh = jnp.split(w, np.cumsum(sizes)[:-1])
+  w_ih, w_hh = w_ih.reshape(g * h, i), w_hh.reshape(g * h, h)
+
+  def step(carry, xt):
+    hs, cs = carry
+    zi, zh = xt @ w_ih.T + b_ih, hs @ w_hh.T + b_hh
+    if mode == "lstm":
+      i_, f, gg, o = jnp.split(zi + zh, 4, axis=-1)
+      cs = jax.nn.sigmoid(f) * cs + jax.nn.sigmoid(i_) * jnp.tanh(gg)
+      hs = jax.nn.sigmoid(o) * jnp.tanh(cs)
+    elif mode == "gru":
+      r = jax.nn.sigmoid(zi[:, :h] + zh[:, :h])
+      u = jax.nn.sigmoid(zi[:, h:2 * h] + zh[:, h:2 * h])
+      hs = (1 - u) * jnp.tanh(zi[:, 2 * h:] + r * zh[:, 2 * h:]) + u * hs
+    else:
+      hs = jnp.tanh(zi + zh)
+    return (hs, cs), hs
+
+  c_init = c_0[0] if mode == "lstm" else h_0[0]
+  return jnp.swapaxes(jax.lax.scan(step, (h_0[0], c_init), jnp.swapaxes(x, 0, 1))[1], 0, 1)
+
+
+# x [B, T, I]; h_0, c_0 [1, B, H]; the flat weights. The batch splits (with
+# the states); time and features stay whole; the weights are replicated
+# (their gradients summed over the batch by XLA's GEMMs). The output is y
+# alone.
+_RNN_X = Arg(split=("data",), whole=(1, 2))
+_RNN_STATE = Arg(lambda s: (1, s[0], _RNN_HIDDEN), scale=0.5, split=(None, "data"), batch=1)
+_RNN_OPTS = dict(tol=5e-5, rows=False, check_shape=(2, 3, 2))
+_RNN_TARGETS = ("jax_dnn_rnn_fwd", "jax_dnn_rnn_bwd")
+CASES += [
+    OpCase(
+        "lstm",
+        lambda x, h_0, c_0, w: jax_dnn.lstm(x, h_0, c_0, w, _full_lengths(x), x.shape[-1],
+                                            _RNN_HIDDEN, 1, 0.0, False)[0],
+        functools.partial(_recurrent_ref, "lstm"),
+        (8, 4, 6),
+        (_RNN_X, _RNN_STATE, _RNN_STATE,
+         Arg(_rnn_weights_shape("lstm"), scale=0.3, batch=None)),
+        _RNN_TARGETS, **_RNN_OPTS),
+    OpCase(
+        "gru",
+        lambda x, h_0, w: jax_dnn.gru(x, h_0, w, _full_lengths(x), x.shape[-1], _RNN_HIDDEN, 1,
+                                      0.0, False)[0],
+        lambda x, h_0, w: _recurrent_ref("gru", x, h_0, None, w),
+        (8, 4, 6),
+        (_RNN_X, _RNN_STATE, Arg(_rnn_weights_shape("gru"), scale=0.3, batch=None)),
+        _RNN_TARGETS, **_RNN_OPTS),
+    OpCase(
+        "rnn",
+        lambda x, h_0, w: jax_dnn.rnn(x, h_0, w, _full_lengths(x), x.shape[-1], _RNN_HIDDEN, 1,
+                                      0.0, False)[0],
+        lambda x, h_0, w: _recurrent_ref("rnn", x, h_0, None, w),
+        (8, 4, 6),
+        (_RNN_X, _RNN_STATE, Arg(_rnn_weights_shape("rnn"), scale=0.3, batch=None)),
+        _RNN_TARGETS, **_RNN_OPTS),
+]
+
+# Public functions that are no ops (they run nothing): no case. The
+# recurrent weight-layout helpers reshape, initialize and convert weights.
+NOT_OPS = frozenset({"conv_algorithms", "get_num_params_in_gru", "get_num_params_in_lstm",
+                     "get_num_params_in_rnn", "init_gru_weight", "init_lstm_weight",
+                     "init_rnn_weight", "pack_rnn_weights", "rnn_weights_from_torch",
+                     "rnn_weights_to_torch", "unpack_gru_weights", "unpack_lstm_weights",
+                     "unpack_rnn_weights"})
 
 BY_NAME = {c.name: c for c in CASES}
 NAMES = list(BY_NAME)

@@ -1,0 +1,823 @@
+"""lstm, gru, rnn and the recurrent layers: against jax.experimental.rnn's
+reference, an independent per-step reference written here, and Flax's RNN /
+Bidirectional; transforms, the CUDA lowering, bad inputs; GPU cases on the
+kernels (marker gpu) under DESIGN.md's tolerance rule."""
+
+from __future__ import annotations
+
+import functools
+
+from flax import nnx
+import jax
+from jax.experimental import rnn as jax_rnn
+import jax.numpy as jnp
+from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
+from jax.test_util import check_grads
+import numpy as np
+import pytest
+
+from helpers import DTYPES, assert_rule, check_fwd_bwd, cuda_hlo, f64
+import jax_dnn
+from jax_dnn import nn as jnn
+from jax_dnn._src import extension
+from jax_dnn._src import plans
+from jax_dnn._src import rnn as rnn_lib
+
+GATES = {"lstm": 4, "gru": 3, "rnn_tanh": 1, "rnn_relu": 1}
+KINDS = {"lstm": rnn_lib.LSTM, "gru": rnn_lib.GRU, "rnn_tanh": rnn_lib.RNN_TANH,
+         "rnn_relu": rnn_lib.RNN_RELU}
+
+
+def randn(key, shape, dtype, scale=1.0):
+  """Random normal data rounded to dtype, from NumPy (no compilation for each
+  new shape, as jax.random would need)."""
+  x = scale * np.random.default_rng(key).standard_normal(shape, np.float32)
+  return jnp.asarray(x.astype(jnp.dtype(dtype)))
+
+
+# --- an independent reference: PyTorch's equations, one step at a time -------------
+
+
+def _naive(mode, x, h_0, c_0, weights, lens, input_size, hidden_size, num_layers,
+           bidirectional):
+  """PyTorch's nn.LSTM / GRU / RNN over batch-major x, a scan over t in the
+  inputs' dtype: a row's steps t >= len are skipped (state kept, output 0),
+  and the reverse direction scans t = T - 1 down to 0, i.e. from each row's
+  last valid step. Weights are read off the flat vector here."""
+  g, h = GATES[mode], hidden_size
+  dirs = 2 if bidirectional else 1
+  sizes, offset, mats = [], 0, []
+  for layer in range(num_layers):
+    width = input_size if layer == 0 else dirs * h
+    for _ in range(dirs):
+      sizes += [(g * h, width), (g * h, h)]
+  for shape in sizes + [(g * h,)] * (2 * num_layers * dirs):
+    n = int(np.prod(shape))
+    mats.append(weights[offset:offset + n].reshape(shape))
+    offset += n
+  assert offset == weights.shape[0]
+  w, b = mats[:len(sizes)], mats[len(sizes):]
+  sig = jax.nn.sigmoid
+  steps = x.shape[1]
+  inputs, h_n, c_n = x, [], []
+  for layer in range(num_layers):
+    outs = []
+    for d in range(dirs):
+      p = layer * dirs + d
+      w_ih, w_hh, b_ih, b_hh = w[2 * p], w[2 * p + 1], b[2 * p], b[2 * p + 1]
+      def step(carry, xs, w_ih=w_ih, w_hh=w_hh, b_ih=b_ih, b_hh=b_hh):
+        hs, cs = carry
+        xt, t = xs
+        valid = (t < lens)[:, None]
+        zi = xt @ w_ih.T + b_ih
+        zh = hs @ w_hh.T + b_hh
+        if mode == "lstm":
+          i, f, gg, o = jnp.split(zi + zh, 4, axis=-1)
+          c_new = sig(f) * cs + sig(i) * jnp.tanh(gg)
+          h_new = sig(o) * jnp.tanh(c_new)
+          cs = jnp.where(valid, c_new, cs)
+        elif mode == "gru":
+          r = sig(zi[:, :h] + zh[:, :h])
+          u = sig(zi[:, h:2 * h] + zh[:, h:2 * h])
+          n = jnp.tanh(zi[:, 2 * h:] + r * zh[:, 2 * h:])
+          h_new = (1 - u) * n + u * hs
+        else:
+          h_new = jnp.tanh(zi + zh) if mode == "rnn_tanh" else jnp.maximum(zi + zh, 0)
+        return (jnp.where(valid, h_new, hs), cs), jnp.where(valid, h_new, 0).astype(x.dtype)
+
+      c_init = c_0[p] if mode == "lstm" else jnp.zeros((), x.dtype)
+      (hs, cs), ys = jax.lax.scan(step, (h_0[p], c_init),
+                                  (jnp.swapaxes(inputs, 0, 1), jnp.arange(steps)),
+                                  reverse=d == 1)
+      outs.append(jnp.swapaxes(ys, 0, 1))
+      h_n.append(hs)
+      c_n.append(cs)
+    inputs = jnp.concatenate(outs, axis=-1)
+  if mode == "lstm":
+    return inputs, jnp.stack(h_n), jnp.stack(c_n)
+  return inputs, jnp.stack(h_n)
+
+
+def _ours(mode, *args):
+  """jax_dnn's op of `mode` with _naive's signature."""
+  x, h_0, c_0, weights, lens, input_size, hidden_size, num_layers, bidirectional = args
+  static = (input_size, hidden_size, num_layers, 0.0, bidirectional)
+  if mode == "lstm":
+    return jax_dnn.lstm(x, h_0, c_0, weights, lens, *static)
+  if mode == "gru":
+    return jax_dnn.gru(x, h_0, weights, lens, *static)
+  return jax_dnn.rnn(x, h_0, weights, lens, *static, nonlinearity=mode.removeprefix("rnn_"))
+
+
+def _problem(mode, batch=3, steps=5, inputs=3, hidden=4, layers=1, bidirectional=False,
+             dtype=jnp.float32, key=0):
+  dirs = 2 if bidirectional else 1
+  count = rnn_lib.num_params(GATES[mode], inputs, hidden, layers, bidirectional)
+  x = randn(key, (batch, steps, inputs), dtype)
+  h_0 = randn(key + 1, (dirs * layers, batch, hidden), dtype, scale=0.5)
+  c_0 = randn(key + 2, (dirs * layers, batch, hidden), dtype, scale=0.5)
+  w = randn(key + 3, (count,), dtype, scale=0.5)
+  return x, h_0, c_0, w
+
+
+def _lens(batch, steps):
+  """Ragged lengths: full, short, 1, and (from 4 rows on) 0."""
+  return jnp.asarray([steps, 2, 1, 0, steps - 1, 3][:batch], jnp.int32)
+
+
+def _sum_squares(outs):
+  return sum(jnp.sum(jnp.square(o.astype(jnp.float32))) for o in jax.tree.leaves(outs))
+
+
+# --- lstm against jax.experimental.rnn -----------------------------------------------
+
+
+def test_lstm_matches_jax_experimental_reference():
+  """Two bidirectional layers: values and gradients (x, h_0, c_0, weights)
+  against lstm_ref, ragged lengths >= 1 (lstm_ref reads the carry at
+  length - 1)."""
+  inputs, hidden, batch, steps, layers, bidirectional = 3, 4, 3, 5, 2, True
+  x, h_0, c_0, w = _problem("lstm", batch, steps, inputs, hidden, layers, bidirectional)
+  w = jax_rnn.init_lstm_weight(jax.random.key(3), inputs, hidden, layers, bidirectional)
+  lens = jnp.asarray([5, 2, 1], jnp.int32)
+  static = (inputs, hidden, layers, 0.0, bidirectional)
+
+  def ours(x, h_0, c_0, w):
+    return jax_dnn.lstm(x, h_0, c_0, w, lens, *static)
+
+  def ref(x, h_0, c_0, w):
+    unpacked = jax_rnn.unpack_lstm_weights(w, inputs, hidden, layers, bidirectional)
+    return jax_rnn.lstm_ref(x, h_0, c_0, *unpacked, lens, *static)
+
+  for a, b in zip(jax.jit(ours)(x, h_0, c_0, w), ref(x, h_0, c_0, w)):
+    np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
+  loss = lambda fn: lambda *a: _sum_squares(fn(*a))
+  got = jax.jit(jax.grad(loss(ours), argnums=(0, 1, 2, 3)))(x, h_0, c_0, w)
+  want = jax.grad(loss(ref), argnums=(0, 1, 2, 3))(x, h_0, c_0, w)
+  for a, b in zip(got, want):
+    np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-5)
+
+
+def test_weight_helpers_match_jax_experimental():
+  args = (5, 7, 3, True)
+  assert jax_dnn.get_num_params_in_lstm(*args) == jax_rnn.get_num_params_in_lstm(*args)
+  w = jax_dnn.init_lstm_weight(jax.random.key(0), *args)
+  np.testing.assert_array_equal(w, jax_rnn.init_lstm_weight(jax.random.key(0), *args))
+  ours, theirs = jax_dnn.unpack_lstm_weights(w, *args), jax_rnn.unpack_lstm_weights(w, *args)
+  for a, b in zip(ours, theirs):
+    assert sorted(a) == sorted(b)
+    for p in a:
+      np.testing.assert_array_equal(a[p], b[p])
+  np.testing.assert_array_equal(jax_dnn.pack_rnn_weights(*ours), w)
+  gru = jax_dnn.unpack_gru_weights(jax_dnn.init_gru_weight(jax.random.key(1), *args), *args)
+  assert gru[0][0].shape == (21, 5) and gru[0][2].shape == (21, 14) and gru[3][5].shape == (21,)
+  assert jax_dnn.get_num_params_in_rnn(2, 3, 1, False) == 3 * 2 + 3 * 3 + 2 * 3
+
+
+# --- gru and rnn against the per-step reference ----------------------------------------
+
+
+@pytest.mark.parametrize("mode,layers,bidirectional", [("gru", 1, True), ("rnn_tanh", 2, False),
+                                                       ("rnn_relu", 1, False)])
+def test_against_per_step_reference(mode, layers, bidirectional):
+  """Ragged lengths (including 0 and T): values and gradients of every input."""
+  inputs, hidden = 3, 4
+  x, h_0, c_0, w = _problem(mode, 5, 5, inputs, hidden, layers, bidirectional, key=10)
+  lens = _lens(5, 5)
+  static = (inputs, hidden, layers, bidirectional)
+  ours = lambda x, h, c, w: _ours(mode, x, h, c, w, lens, *static)
+  naive = lambda x, h, c, w: _naive(mode, x, h, c, w, lens, *static)
+  for a, b in zip(jax.jit(ours)(x, h_0, c_0, w), naive(x, h_0, c_0, w)):
+    np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-5)
+  argnums = (0, 1, 2, 3) if mode == "lstm" else (0, 1, 3)
+  loss = lambda fn: lambda *a: _sum_squares(fn(*a))
+  got = jax.jit(jax.grad(loss(ours), argnums=argnums))(x, h_0, c_0, w)
+  want = jax.jit(jax.grad(loss(naive), argnums=argnums))(x, h_0, c_0, w)
+  for a, b in zip(got, want):
+    np.testing.assert_allclose(a, b, rtol=2e-5, atol=2e-5)
+
+
+def test_length_zero_gives_initial_state_and_zero_outputs():
+  x, h_0, c_0, w = _problem("lstm", 2, 4, 3, 4, 1, True)
+  y, h_n, c_n = jax_dnn.lstm(x, h_0, c_0, w, jnp.asarray([0, 4], jnp.int32), 3, 4, 1, 0.0, True)
+  np.testing.assert_array_equal(y[0], 0)
+  np.testing.assert_array_equal(h_n[:, 0], h_0[:, 0])
+  np.testing.assert_array_equal(c_n[:, 0], c_0[:, 0])
+  assert np.all(np.abs(y[1]) > 0)
+
+
+def test_lengths_beyond_the_sequence_on_the_device_are_clamped():
+  x, h_0, _, w = _problem("gru", 3, 4, 3, 4)
+  run = lambda lens: jax.jit(jax_dnn.gru, static_argnums=(4, 5, 6, 7, 8))(
+      x, h_0, w, jnp.asarray(lens, jnp.int32), 3, 4, 1, 0.0, False)
+  for a, b in zip(run([9, -2, 4]), run([4, 0, 4])):
+    np.testing.assert_array_equal(a, b)
+
+
+def test_empty_sequence():
+  x, h_0, c_0, w = _problem("lstm", 2, 0, 3, 4)
+  y, h_n, c_n = jax_dnn.lstm(x, h_0, c_0, w, jnp.zeros(2, jnp.int32), 3, 4, 1, 0.0, False)
+  assert y.shape == (2, 0, 4)
+  np.testing.assert_array_equal(h_n, h_0)
+  np.testing.assert_array_equal(c_n, c_0)
+
+
+def test_low_precision_reference_path():
+  """bf16/f16 inputs run in their dtype (weights and states cast to it), y in
+  it, h_n in h_0's: the tolerance rule against the f64 per-step reference."""
+  dtype = jnp.bfloat16
+  x, h_0, c_0, w = _problem("lstm", 3, 4, 8, 16, 1, False, dtype=dtype)
+  lens = _lens(3, 4)
+  static = (8, 16, 1, False)
+  out = jax.jit(lambda *a: _ours("lstm", *a, lens, *static))(x, h_0, c_0, w)
+  assert out[0].dtype == dtype and out[1].dtype == dtype
+  ref = f64(lambda *a: _naive("lstm", *a[:4], a[4], *static), x, h_0, c_0, w, lens)
+  same = _naive("lstm", x, h_0, c_0, w, lens, *static)
+  for o, r, s in zip(out, ref, same):
+    assert_rule(o, r, s, dtype)
+
+
+# --- the recurrence primitive's reference -------------------------------------------
+
+
+def _loop(kind, gx, w_hh, b_hh, h0, c0, lens, reverse):
+  """The contract's recurrence, one row and one step at a time (fp32 inputs)."""
+  steps, batch, _ = gx.shape
+  hidden = w_hh.shape[1]
+  gx, w_hh, b_hh, h0 = (np.asarray(a, np.float64) for a in (gx, w_hh, b_hh, h0))
+  sig = lambda v: 1 / (1 + np.exp(-v))
+  slots = rnn_lib.SLOTS[kind]
+  y = np.zeros((steps, batch, hidden))
+  states = np.zeros((steps, batch, slots, hidden))
+  h_n, c_n = h0.copy(), np.asarray(c0, np.float64).copy()
+  for b in range(batch):
+    n_valid = min(max(int(lens[b]), 0), steps)
+    h, c = h0[b], (c_n[b] if kind == rnn_lib.LSTM else None)
+    for t in (range(n_valid - 1, -1, -1) if reverse else range(n_valid)):
+      hh = w_hh @ h + b_hh
+      if kind == rnn_lib.LSTM:
+        z = gx[t, b] + hh
+        i, f, g, o = sig(z[:hidden]), sig(z[hidden:2 * hidden]), np.tanh(
+            z[2 * hidden:3 * hidden]), sig(z[3 * hidden:])
+        c = f * c + i * g
+        h = o * np.tanh(c)
+        states[t, b] = [i, f, g, o, c]
+      elif kind == rnn_lib.GRU:
+        r = sig(gx[t, b, :hidden] + hh[:hidden])
+        u = sig(gx[t, b, hidden:2 * hidden] + hh[hidden:2 * hidden])
+        n = np.tanh(gx[t, b, 2 * hidden:] + r * hh[2 * hidden:])
+        h = (1 - u) * n + u * h
+        states[t, b] = [r, u, n, hh[2 * hidden:], h]
+      else:
+        z = gx[t, b] + hh
+        h = np.tanh(z) if kind == rnn_lib.RNN_TANH else np.maximum(z, 0)
+        states[t, b, 0] = h
+      y[t, b] = h
+    h_n[b] = h
+    if kind == rnn_lib.LSTM:
+      c_n[b] = c
+  return y, h_n, c_n, states
+
+
+def _recurrence_args(kind, steps=6, batch=5, hidden=3, key=20):
+  g = rnn_lib.GATES[kind] * hidden
+  gx = randn(key, (steps, batch, g), jnp.float32)
+  w_hh = randn(key + 1, (g, hidden), jnp.float32, scale=0.6)
+  b_hh = randn(key + 2, (g,), jnp.float32, scale=0.3)
+  h0 = randn(key + 3, (batch, hidden), jnp.float32)
+  c0 = (randn(key + 4, (batch, hidden), jnp.float32) if kind == rnn_lib.LSTM
+        else jnp.zeros((0,), jnp.float32))
+  return gx, w_hh, b_hh, h0, c0
+
+
+@pytest.mark.parametrize("kind,reverse", [("lstm", False), ("lstm", True), ("gru", True),
+                                          ("rnn_tanh", False), ("rnn_relu", True)])
+def test_primitive_reference_against_a_loop(kind, reverse):
+  """y, h_n, c_n and the states (zeros at padded steps) for lengths T, 0, 1,
+  beyond T and negative; the backward's dgx, dh0, dc0 against the VJP of
+  the forward and its dgh_n against the gradient of b_hh."""
+  kind = KINDS[kind]
+  args = _recurrence_args(kind)
+  lens = jnp.asarray([6, 0, 1, 9, -3], jnp.int32)
+  fwd = jax.jit(functools.partial(rnn_lib._fwd_reference, kind=kind, reverse=reverse))  # pylint: disable=protected-access
+  out = fwd(*args, lens)
+  want = _loop(kind, *args, np.asarray(lens), reverse)
+  for name, o, w in zip(("y", "h_n", "c_n", "states"), out, want):
+    if name == "c_n" and kind != rnn_lib.LSTM:
+      assert o.shape == (0,)
+      continue
+    np.testing.assert_allclose(o, w, rtol=1e-5, atol=1e-6, err_msg=name)
+
+  dy = randn(30, out[0].shape, jnp.float32)
+  dh_n = randn(31, out[1].shape, jnp.float32)
+  dc_n = randn(32, out[2].shape, jnp.float32)
+  gx, w_hh, b_hh, h0, c0 = args
+  dgx, dgh_n, dh0, dc0 = jax.jit(functools.partial(
+      rnn_lib._bwd_reference, kind=kind, reverse=reverse))(  # pylint: disable=protected-access
+          dy, dh_n, dc_n, w_hh, h0, c0, lens, out[3])
+  _, vjp = jax.vjp(lambda *a: fwd(*a, lens)[:3], gx, w_hh, b_hh, h0, c0)
+  vgx, _, vb, vh0, vc0 = vjp((dy, dh_n, dc_n))
+  np.testing.assert_allclose(dgx, vgx, rtol=1e-5, atol=1e-6)
+  np.testing.assert_allclose(dh0, vh0, rtol=1e-5, atol=1e-6)
+  if kind == rnn_lib.LSTM:
+    np.testing.assert_allclose(dc0, vc0, rtol=1e-5, atol=1e-6)
+  hidden = w_hh.shape[1]
+  dgh = jnp.concatenate([dgx[..., :2 * hidden], dgh_n], -1) if kind == rnn_lib.GRU else dgx
+  np.testing.assert_allclose(dgh.sum((0, 1)), vb, rtol=1e-5, atol=1e-5)
+  assert np.all(np.asarray(dgx)[:, 1] == 0)  # length 0: no gradient
+
+
+def test_primitive_rounds_h_to_the_input_dtype_before_the_matmul():
+  """bf16: W_hh multiplies y_{t-1} (h rounded to bf16), not the fp32 h."""
+  kind = rnn_lib.RNN_TANH
+  gx, w_hh, b_hh, h0, c0 = (a.astype(jnp.bfloat16) for a in _recurrence_args(kind, steps=2))
+  lens = jnp.full((5,), 2, jnp.int32)
+  y, _, _, states = rnn_lib._fwd_reference(gx, w_hh, b_hh, h0, c0, lens, kind=kind,  # pylint: disable=protected-access
+                                           reverse=False)
+  hh = jnp.dot(y[0], w_hh.T, preferred_element_type=jnp.float32) + b_hh.astype(jnp.float32)
+  np.testing.assert_allclose(states[1, :, 0], jnp.tanh(gx[1].astype(jnp.float32) + hh),
+                             rtol=1e-6, atol=1e-6)
+
+
+# --- transforms ----------------------------------------------------------------------
+
+
+def test_vmap_folds_into_the_batch_and_matches_a_loop():
+  x, h_0, c_0, w = _problem("lstm", 2, 4, 3, 4, 1, True)
+  xs = jnp.stack([x, 0.5 * x, -x])
+  lens = jnp.asarray([[4, 1], [0, 3], [2, 2]], jnp.int32)
+  fn = lambda x, lens: jax_dnn.lstm(x, h_0, c_0, w, lens, 3, 4, 1, 0.0, True)
+  got = jax.jit(jax.vmap(fn))(xs, lens)
+  for i in range(3):
+    for a, b in zip(got, fn(xs[i], lens[i])):
+      np.testing.assert_allclose(a[i], b, rtol=1e-6, atol=1e-6)
+  text = str(jax.make_jaxpr(jax.vmap(fn))(xs, lens))
+  assert "jax_dnn_rnn_fwd" in text and "while" not in text.split("jax_dnn_rnn_fwd")[0]
+
+
+def test_vmap_over_weights_and_vmap_of_grad():
+  x, h_0, _, w = _problem("gru", 2, 3, 3, 4)
+  ws = jnp.stack([w, 0.7 * w])
+  lens = jnp.asarray([3, 2], jnp.int32)
+  loss = lambda w, x: _sum_squares(jax_dnn.gru(x, h_0, w, lens, 3, 4, 1, 0.0, False))
+  got = jax.jit(jax.vmap(jax.grad(loss, argnums=(0, 1)), in_axes=(0, None)))(ws, x)
+  grad = jax.jit(jax.grad(loss, argnums=(0, 1)))
+  for a, b in zip(got, grad(ws[1], x)):
+    np.testing.assert_allclose(a[1], b, rtol=1e-5, atol=1e-6)
+  got = jax.jit(jax.vmap(grad, in_axes=(None, 0)))(w, jnp.stack([x, -x]))
+  for a, b in zip(got, grad(w, -x)):
+    np.testing.assert_allclose(a[1], b, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("mode", ["lstm", "gru", "rnn_tanh"])
+def test_check_grads(mode):
+  x, h_0, c_0, w = _problem(mode, 2, 3, 2, 3, 1, True, key=40)
+  lens = jnp.asarray([3, 2], jnp.int32)
+  fn = jax.jit(lambda x, h, c, w: _ours(mode, x, h, c, w, lens, 2, 3, 1, True))
+  check_grads(fn, (x, h_0, c_0, w), order=1, modes=["rev"], atol=5e-3, rtol=5e-3)
+
+
+def test_higher_order_grad_runs_the_reference_jvp():
+  x, h_0, _, w = _problem("rnn_tanh", 2, 2, 2, 2)
+  lens = jnp.asarray([2, 1], jnp.int32)
+  fn = lambda w: _sum_squares(jax_dnn.rnn(x, h_0, w, lens, 2, 2, 1, 0.0, False))
+  naive = lambda w: _sum_squares(_naive("rnn_tanh", x, h_0, None, w, lens, 2, 2, 1, False))
+  v = randn(50, w.shape, jnp.float32)
+  hvp = lambda f: jax.jit(jax.grad(lambda w: jnp.vdot(jax.grad(f)(w), v)))(w)
+  np.testing.assert_allclose(hvp(fn), hvp(naive), rtol=1e-4, atol=1e-5)
+
+
+def test_batch_split_over_devices():
+  mesh = Mesh(np.array(jax.devices("cpu")[:4]), ("data",))
+  x, h_0, c_0, w = _problem("lstm", 8, 3, 3, 4)
+  lens = jnp.asarray([3, 3, 2, 1, 0, 3, 2, 3], jnp.int32)
+  fn = lambda x, h, c, lens: jax.grad(
+      lambda x, h, c: _sum_squares(jax_dnn.lstm(x, h, c, w, lens, 3, 4, 1, 0.0, False)),
+      argnums=(0, 1, 2))(x, h, c)
+  want = jax.jit(fn)(x, h_0, c_0, lens)
+  specs = [P("data"), P(None, "data"), P(None, "data"), P("data")]
+  split = [jax.device_put(a, NamedSharding(mesh, s)) for a, s in zip((x, h_0, c_0, lens), specs)]
+  got = jax.jit(fn)(*split)
+  for a, b in zip(got, want):
+    np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
+  text = jax.jit(fn).lower(*split).compile().as_text()
+  assert "all-gather" not in text
+
+
+# --- dropout ----------------------------------------------------------------------------
+
+
+def test_dropout_between_layers():
+  x, h_0, c_0, w = _problem("lstm", 2, 4, 3, 4, 2, False)
+  lens = jnp.asarray([4, 3], jnp.int32)
+  lstm = jax.jit(jax_dnn.lstm, static_argnums=(5, 6, 7, 8, 9))
+  run = lambda p, key, layers=2, w=w, h=h_0, c=c_0: lstm(
+      x, h, c, w, lens, 3, 4, layers, p, False, dropout_rng=key)
+  key = jax.random.key(7)
+  base, dropped = run(0.0, None), run(0.5, key)
+  np.testing.assert_array_equal(dropped[0], run(0.5, key)[0])  # one key, one mask
+  # Layer 0's outputs (h_n[0]) are untouched; layer 1 sees the dropped inputs.
+  np.testing.assert_array_equal(dropped[1][0], base[1][0])
+  assert not np.allclose(dropped[1][1], base[1][1])
+  # One layer: no dropout anywhere.
+  w1 = w[:rnn_lib.num_params(4, 3, 4, 1, False)]
+  one = run(0.5, key, 1, jnp.zeros_like(w1) + 0.1, h_0[:1], c_0[:1])
+  np.testing.assert_array_equal(one[0], run(0.0, None, 1, jnp.zeros_like(w1) + 0.1, h_0[:1],
+                                            c_0[:1])[0])
+
+
+# --- bad inputs -----------------------------------------------------------------------
+
+
+def test_bad_inputs_raise():
+  x, h_0, c_0, w = _problem("lstm", 2, 4, 3, 4)
+  lens = jnp.asarray([4, 4], jnp.int32)
+  args = (3, 4, 1, 0.0, False)
+  with pytest.raises(ValueError, match="weights must be the flat vector of shape \\(144,\\)"):
+    jax_dnn.lstm(x, h_0, c_0, w[:-1], lens, *args)
+  with pytest.raises(ValueError, match="x must have shape"):
+    jax_dnn.lstm(x[..., :2], h_0, c_0, w, lens, *args)
+  with pytest.raises(ValueError, match="h_0 must have shape"):
+    jax_dnn.lstm(x, h_0[:, :1], c_0, w, lens, *args)
+  with pytest.raises(ValueError, match="c_0 must have shape"):
+    jax_dnn.lstm(x, h_0, c_0[0], w, lens, *args)
+  with pytest.raises(TypeError, match="x has dtype int32"):
+    jax_dnn.lstm(x.astype(jnp.int32), h_0, c_0, w, lens, *args)
+  with pytest.raises(TypeError, match="seq_lengths must be integers"):
+    jax_dnn.lstm(x, h_0, c_0, w, lens.astype(jnp.float32), *args)
+  with pytest.raises(ValueError, match="seq_lengths must have shape"):
+    jax_dnn.lstm(x, h_0, c_0, w, lens[:1], *args)
+  with pytest.raises(ValueError, match=r"seq_lengths must lie in \[0, T\] = \[0, 4\]"):
+    jax_dnn.lstm(x, h_0, c_0, w, np.asarray([5, 1], np.int32), *args)
+  with pytest.raises(ValueError, match="dropout=0.5 needs dropout_rng"):
+    jax_dnn.lstm(x, h_0, c_0, w, lens, 3, 4, 1, 0.5, False)
+  with pytest.raises(ValueError, match="dropout must be a probability"):
+    jax_dnn.lstm(x, h_0, c_0, w, lens, 3, 4, 1, 1.5, False)
+  with pytest.raises(ValueError, match="num_layers must be an int >= 1"):
+    jax_dnn.lstm(x, h_0, c_0, w, lens, 3, 4, 0, 0.0, False)
+  with pytest.raises(ValueError, match="nonlinearity must be 'tanh' or 'relu'"):
+    jax_dnn.rnn(x, h_0, w, lens, 3, 4, 1, 0.0, False, nonlinearity="sigmoid")
+  with pytest.raises(ValueError, match="weights must be the flat vector"):
+    jax_dnn.gru(x, h_0, w, lens, *args)  # LSTM-sized weights
+
+
+# --- PyTorch state dicts ------------------------------------------------------------
+
+
+def test_torch_state_dict_round_trip_and_names():
+  w = np.asarray(jax_dnn.init_gru_weight(jax.random.key(0), 3, 4, 2, True))
+  sd = jax_dnn.rnn_weights_to_torch(w, "gru", 3, 4, 2, True)
+  assert sorted(sd) == sorted(f"{k}_{m}_l{l}{s}" for k in ("weight", "bias") for m in ("ih", "hh")
+                              for l in (0, 1) for s in ("", "_reverse"))
+  assert sd["weight_ih_l0"].shape == (12, 3) and sd["weight_ih_l1_reverse"].shape == (12, 8)
+  assert sd["weight_hh_l1"].shape == (12, 4) and sd["bias_hh_l0_reverse"].shape == (12,)
+  np.testing.assert_array_equal(jax_dnn.rnn_weights_from_torch(sd), w)
+  no_bias = {k: v for k, v in sd.items() if k.startswith("weight")}
+  back = jax_dnn.rnn_weights_from_torch(no_bias)
+  biases = 2 * 2 * 2 * 12  # layers x directions x (ih, hh) x 3H
+  np.testing.assert_array_equal(back[:-biases], w[:-biases])
+  np.testing.assert_array_equal(back[-biases:], 0)
+  with pytest.raises(ValueError, match="unexpected keys"):
+    jax_dnn.rnn_weights_from_torch({**sd, "weight_hr_l0": np.zeros((4, 4))})
+  with pytest.raises(ValueError, match="weights must have shape"):
+    jax_dnn.rnn_weights_to_torch(w[:-1], "gru", 3, 4, 2, True)
+
+
+def test_torch_state_dict_runs_pytorchs_equations():
+  """A state dict's arrays used as PyTorch's nn.GRU uses them (written out
+  here) give jax_dnn.gru's results on the converted flat vector."""
+  rng = np.random.default_rng(0)
+  hidden, inputs = 4, 3
+  sd = {"weight_ih_l0": rng.normal(size=(12, inputs)), "weight_hh_l0": rng.normal(size=(12, 4)),
+        "bias_ih_l0": rng.normal(size=12), "bias_hh_l0": rng.normal(size=12)}
+  sd = {k: v.astype(np.float32) for k, v in sd.items()}
+  x = rng.normal(size=(2, 3, inputs)).astype(np.float32)
+  h = np.zeros((2, hidden), np.float32)
+  sig = lambda v: 1 / (1 + np.exp(-v))
+  for t in range(3):
+    gi = x[:, t] @ sd["weight_ih_l0"].T + sd["bias_ih_l0"]
+    gh = h @ sd["weight_hh_l0"].T + sd["bias_hh_l0"]
+    r, z = sig(gi[:, :4] + gh[:, :4]), sig(gi[:, 4:8] + gh[:, 4:8])
+    n = np.tanh(gi[:, 8:] + r * gh[:, 8:])
+    h = (1 - z) * n + z * h
+  w = jax_dnn.rnn_weights_from_torch(sd)
+  _, h_n = jax_dnn.gru(jnp.asarray(x), jnp.zeros((1, 2, hidden)), jnp.asarray(w),
+                       jnp.full((2,), 3, jnp.int32), inputs, hidden, 1, 0.0, False)
+  np.testing.assert_allclose(h_n[0], h, rtol=1e-5, atol=1e-5)
+
+
+# --- the CUDA lowering (a fake plan: no extension needed) ------------------------------
+
+
+class _FakePlan:
+  supported, reason, variant = True, "", 3
+  fwd_workspace_bytes, bwd_workspace_bytes = 1234, 5678
+
+
+@pytest.fixture
+def fake_kernels(monkeypatch):
+  """Lowers for CUDA as a build with the recurrence kernels would, with a
+  fake plan (the real one: tests/test_rnn_plan.py)."""
+  real = extension.use_kernel
+  monkeypatch.setattr(extension, "use_kernel",
+                      lambda t: t.startswith("jax_dnn_rnn") or real(t))
+  calls = []
+
+  def rnn_plan(kind, dtype, seq_len, batch, hidden, device=None):
+    calls.append((kind, dtype, seq_len, batch, hidden, device))
+    return _FakePlan()
+
+  monkeypatch.setattr(plans, "rnn_plan", rnn_plan, raising=False)
+  return calls
+
+
+def test_cuda_lowering_calls_the_kernels(fake_kernels):
+  x, h_0, c_0, w = _problem("lstm", 2, 5, 3, 4, 1, True, dtype=jnp.bfloat16)
+  lens = jnp.asarray([5, 2], jnp.int32)
+  fn = lambda x, h, c, w: jax.grad(lambda *a: _sum_squares(
+      jax_dnn.lstm(*a, lens, 3, 4, 1, 0.0, True)), argnums=(0, 1, 2, 3))(x, h, c, w)
+  text = cuda_hlo(fn, x, h_0, c_0, w)
+  assert text.count("@jax_dnn_rnn_fwd") == 2 and text.count("@jax_dnn_rnn_bwd") == 2
+  assert "tensor<1234xui8>" in text and "tensor<5678xui8>" in text
+  assert "variant = 3" in text and "reverse = 1" in text and "kind = 0" in text
+  assert ("lstm", "bfloat16", 5, 2, 4, None) in fake_kernels
+
+
+def test_cuda_lowering_of_gru_under_vmap(fake_kernels):
+  """vmap folds into the kernel's batch: one call of batch 3 * 2."""
+  x, h_0, _, w = _problem("gru", 2, 5, 3, 4)
+  fn = jax.vmap(lambda x: jax_dnn.gru(x, h_0, w, jnp.asarray([5, 1], jnp.int32), 3, 4, 1, 0.0,
+                                      False)[0])
+  text = cuda_hlo(fn, jnp.stack([x, x, x]))
+  assert text.count("@jax_dnn_rnn_fwd") == 1
+  assert ("gru", "float32", 5, 6, 4, None) in fake_kernels
+
+
+def test_cuda_lowering_of_exact_fp32_runs_the_reference(fake_kernels):
+  """fp32 at HIGHEST (the precision argument or JAX's default) asks for exact
+  products, which the kernels' TF32 does not give; bf16 is unaffected."""
+  del fake_kernels
+  x, h_0, _, w = _problem("rnn_tanh", 2, 5, 3, 4)
+  lens = jnp.asarray([5, 1], jnp.int32)
+  fn = lambda x, precision=None: jax_dnn.rnn(x, h_0, w, lens, 3, 4, 1, 0.0, False,
+                                            precision)[0]
+  assert "@jax_dnn_rnn_fwd" in cuda_hlo(fn, x)
+  assert "jax_dnn_rnn" not in cuda_hlo(functools.partial(fn, precision="highest"), x)
+  with jax.default_matmul_precision("highest"):
+    assert "jax_dnn_rnn" not in cuda_hlo(fn, x)
+    assert "@jax_dnn_rnn_fwd" in cuda_hlo(fn, x.astype(jnp.bfloat16))
+
+
+def test_cuda_lowering_without_plans_runs_the_reference(monkeypatch):
+  real = extension.use_kernel
+  monkeypatch.setattr(extension, "use_kernel", lambda t: t.startswith("jax_dnn_rnn") or real(t))
+  monkeypatch.delattr(plans, "rnn_plan", raising=False)
+  x, h_0, _, w = _problem("rnn_tanh", 2, 5, 3, 4)
+  text = cuda_hlo(lambda x: jax_dnn.rnn(x, h_0, w, jnp.asarray([5, 1], jnp.int32), 3, 4, 1, 0.0,
+                                        False)[0], x)
+  assert "jax_dnn_rnn" not in text
+
+
+def test_cuda_lowering_of_an_unsupported_plan_runs_the_reference(monkeypatch):
+  real = extension.use_kernel
+  monkeypatch.setattr(extension, "use_kernel", lambda t: t.startswith("jax_dnn_rnn") or real(t))
+
+  class Unsupported(_FakePlan):
+    supported, reason = False, "too wide"
+
+  monkeypatch.setattr(plans, "rnn_plan", lambda *a, **k: Unsupported(), raising=False)
+  x, h_0, _, w = _problem("rnn_tanh", 2, 5, 3, 4)
+  text = cuda_hlo(lambda x: jax_dnn.rnn(x, h_0, w, jnp.asarray([5, 1], jnp.int32), 3, 4, 1, 0.0,
+                                        False)[0], x)
+  assert "jax_dnn_rnn" not in text
+
+
+# --- Flax layers ----------------------------------------------------------------------------
+
+
+CELLS = {
+    "LSTMCell": nnx.LSTMCell,
+    "OptimizedLSTMCell": nnx.OptimizedLSTMCell,
+    "GRUCell": nnx.GRUCell,
+    "SimpleCell": nnx.SimpleCell,
+}
+
+
+def _valid(lens, shape):
+  """[B, T, 1] mask of each row's valid steps (all where lens is None)."""
+  if lens is None:
+    return np.ones(shape[:2] + (1,))
+  return (np.arange(shape[1])[None, :] < np.asarray(lens)[:, None])[..., None]
+
+
+def _carry(cell, batch, key):
+  h = randn(key, (batch, cell.hidden_features), jnp.float32, scale=0.5)
+  if isinstance(cell, (nnx.LSTMCell, nnx.OptimizedLSTMCell)):
+    return (randn(key + 1, h.shape, jnp.float32, scale=0.5), h)
+  return h
+
+
+def _rows(carry, rows):
+  return jax.tree.map(lambda a: np.asarray(a)[rows], carry)
+
+
+@pytest.mark.parametrize("cell,reverse,keep_order", [
+    ("LSTMCell", False, False), ("OptimizedLSTMCell", True, True), ("GRUCell", True, False),
+    ("SimpleCell", True, True)])
+def test_nn_rnn_matches_flax(cell, reverse, keep_order):
+  """Ragged lengths (0 and T among them): outputs at valid steps, zeros at
+  padded ones, carries (length 0: the initial carry), and the gradients of a
+  masked loss w.r.t. inputs, parameters and initial carry."""
+  cell = CELLS[cell](3, 4, rngs=nnx.Rngs(0))
+  x = randn(60, (4, 5, 3), jnp.float32)
+  carry = _carry(cell, 4, 61)
+  graph, params = nnx.split(cell)
+  lens = jnp.asarray([5, 2, 0, 3], jnp.int32)
+  mask = _valid(lens, x.shape)  # reverse without keep_order: valid steps still come first
+  rows = np.asarray(lens) > 0
+
+  def loss(rnn_cls, params, x, carry):
+    rnn = rnn_cls(nnx.merge(graph, params), reverse=reverse, keep_order=keep_order)
+    c, y = rnn(x, initial_carry=carry, seq_lengths=lens, return_carry=True)
+    return (jnp.sum(jnp.sin(y) * mask)
+            + sum(jnp.sum(jnp.cos(a[rows])) for a in jax.tree.leaves(c))), (c, y)
+
+  run = lambda cls: jax.jit(jax.value_and_grad(functools.partial(loss, cls), argnums=(0, 1, 2),
+                                               has_aux=True))(params, x, carry)
+  (l1, (c1, y1)), g1 = run(jnn.RNN)
+  (l2, (c2, y2)), g2 = run(nnx.RNN)
+  np.testing.assert_allclose(y1 * mask, y2 * mask, rtol=1e-5, atol=1e-6)
+  np.testing.assert_array_equal(y1 * (1 - mask), 0)
+  for a, b in zip(jax.tree.leaves(_rows(c1, 2)), jax.tree.leaves(_rows(carry, 2))):
+    np.testing.assert_array_equal(a, b)
+  for a, b in zip(jax.tree.leaves(_rows(c1, rows)), jax.tree.leaves(_rows(c2, rows))):
+    np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
+  np.testing.assert_allclose(l1, l2, rtol=1e-5)
+  for a, b in zip(jax.tree.leaves(g1), jax.tree.leaves(g2)):
+    np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-5)
+
+
+def test_nn_rnn_keeps_the_cells_parameters_and_uses_the_kernel_path():
+  cell = nnx.OptimizedLSTMCell(3, 4, rngs=nnx.Rngs(0))
+  ours, theirs = jnn.RNN(cell), nnx.RNN(cell)
+  assert jax.tree.structure(nnx.state(ours, nnx.Param)) == jax.tree.structure(
+      nnx.state(theirs, nnx.Param))
+  x = randn(1, (2, 5, 3), jnp.float32)
+  carry = _carry(cell, 2, 2)
+
+  def jaxpr(module, carry):
+    graph, state = nnx.split(module)
+    return str(jax.make_jaxpr(lambda s, x: nnx.merge(graph, s)(x, initial_carry=carry))(state, x))
+
+  assert "jax_dnn_rnn_fwd" in jaxpr(ours, carry)
+  # A cell with other activations runs Flax's scan.
+  other = jnn.RNN(nnx.GRUCell(3, 4, activation_fn=jax.nn.relu, rngs=nnx.Rngs(0)))
+  assert "jax_dnn_rnn_fwd" not in jaxpr(other, carry[1])
+
+
+def test_nn_rnn_options_batch_one_time_major_and_default_carry():
+  cell = nnx.GRUCell(3, 4, rngs=nnx.Rngs(0))
+  x = randn(3, (6, 1, 3), jnp.float32)  # time-major, batch 1
+  ours = jnn.RNN(cell, time_major=True, return_carry=True)
+  theirs = nnx.RNN(cell, time_major=True, return_carry=True)
+  (c1, y1), (c2, y2) = ours(x), theirs(x)
+  np.testing.assert_allclose(y1, y2, rtol=1e-5, atol=1e-6)
+  np.testing.assert_allclose(c1, c2, rtol=1e-5, atol=1e-6)
+  y = jnn.RNN(nnx.SimpleCell(3, 4, rngs=nnx.Rngs(1)))(x[:, 0])  # unbatched [T, F]
+  np.testing.assert_allclose(y, nnx.RNN(nnx.SimpleCell(3, 4, rngs=nnx.Rngs(1)))(x[:, 0]),
+                             rtol=1e-5, atol=1e-6)
+
+
+def test_nn_rnn_dtypes_follow_flax():
+  """A bfloat16 cell (dtype=) over fp32 carries: Flax's result dtypes (the
+  carry's fp32 through the state update), values within bf16 rounding."""
+  cell = nnx.LSTMCell(3, 4, dtype=jnp.bfloat16, rngs=nnx.Rngs(0))
+  x = randn(4, (2, 5, 3), jnp.float32)
+  carry = _carry(cell, 2, 5)
+  (c1, y1), (c2, y2) = (cls(cell, return_carry=True)(x, initial_carry=carry)
+                        for cls in (jnn.RNN, nnx.RNN))
+  assert y1.dtype == y2.dtype and [a.dtype for a in c1] == [a.dtype for a in c2]
+  # bf16 products and gates (Flax) against fp32 gates (ours): a few bf16 ulps.
+  np.testing.assert_allclose(y1, y2, rtol=0, atol=2e-2)
+
+
+def test_nn_rnn_under_nnx_jit_and_vmap():
+  cell = nnx.LSTMCell(3, 4, rngs=nnx.Rngs(0))
+  ours, theirs = jnn.RNN(cell), nnx.RNN(cell)
+  x = randn(5, (3, 2, 5, 3), jnp.float32)  # two batch dimensions
+  carry = (jnp.zeros((3, 2, 4)), jnp.zeros((3, 2, 4)))
+  y1 = nnx.jit(lambda m, x: m(x, initial_carry=carry))(ours, x)
+  np.testing.assert_allclose(y1, theirs(x, initial_carry=carry), rtol=1e-5, atol=1e-6)
+  y2 = jax.vmap(lambda x: ours(x, initial_carry=(carry[0][0], carry[1][0])))(x)
+  np.testing.assert_allclose(y2, y1, rtol=1e-5, atol=1e-6)
+
+
+def test_nn_bidirectional_matches_flax():
+  fwd = nnx.OptimizedLSTMCell(3, 4, rngs=nnx.Rngs(0))
+  bwd = nnx.GRUCell(3, 4, rngs=nnx.Rngs(1))
+  x = randn(7, (3, 5, 3), jnp.float32)
+  lens = jnp.asarray([5, 1, 3], jnp.int32)
+  carry = (_carry(fwd, 3, 8), _carry(bwd, 3, 9))
+  ours = jnn.Bidirectional(nnx.RNN(fwd), jnn.RNN(bwd), return_carry=True)
+  theirs = nnx.Bidirectional(nnx.RNN(fwd), nnx.RNN(bwd), return_carry=True)
+  (c1, y1), (c2, y2) = (m(x, initial_carry=carry, seq_lengths=lens) for m in (ours, theirs))
+  mask = _valid(lens, x.shape)
+  np.testing.assert_allclose(y1 * mask, y2 * mask, rtol=1e-5, atol=1e-6)
+  for a, b in zip(jax.tree.leaves(c1), jax.tree.leaves(c2)):
+    np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
+  graph, state = nnx.split(ours)
+  assert "jax_dnn_rnn_fwd" in str(jax.make_jaxpr(
+      lambda s, x: nnx.merge(graph, s)(x, initial_carry=carry, seq_lengths=lens))(state, x))
+
+
+def test_nn_lstm_and_gru_layers():
+  """The layers run jax_dnn.lstm / gru on their flat `weights`; dropout
+  between layers in training only; gradients reach the weights."""
+  lstm = jnn.LSTM(3, 4, 2, dropout=0.5, rngs=nnx.Rngs(0))
+  assert lstm.weights.shape == (jax_dnn.get_num_params_in_lstm(3, 4, 2, False),)
+  x = randn(10, (2, 5, 3), jnp.float32)
+  lens = jnp.asarray([5, 3], jnp.int32)
+  call = nnx.jit(lambda m, x: m(x, seq_lengths=lens))
+  lstm.eval()
+  y, (h_n, c_n) = call(lstm, x)
+  want = jax.jit(jax_dnn.lstm, static_argnums=(5, 6, 7, 8, 9))(
+      x, jnp.zeros((2, 2, 4)), jnp.zeros((2, 2, 4)), lstm.weights[...], lens, 3, 4, 2, 0.0, False)
+  for a, b in zip((y, h_n, c_n), want):
+    np.testing.assert_allclose(a, b, rtol=1e-6, atol=1e-6)
+  lstm.train()
+  y_train, _ = call(lstm, x)
+  assert not np.allclose(y_train, y)
+  gru = jnn.GRU(3, 4, time_major=True, rngs=nnx.Rngs(1))
+  gru.weights[...] = jax_dnn.rnn_weights_from_torch(
+      jax_dnn.rnn_weights_to_torch(gru.weights[...], "gru", 3, 4, 1, False))
+  loss = lambda m, x: jnp.sum(m(x)[0])
+  (value, grads) = nnx.jit(nnx.value_and_grad(loss))(gru, jnp.swapaxes(x, 0, 1))
+  want = jax.jit(jax_dnn.gru, static_argnums=(4, 5, 6, 7, 8))(
+      x, jnp.zeros((1, 2, 4)), gru.weights[...], jnp.full((2,), 5, jnp.int32), 3, 4, 1, 0.0, False)
+  np.testing.assert_allclose(value, jnp.sum(want[0]), rtol=1e-6)
+  assert np.all(np.isfinite(grads["weights"][...])) and np.any(grads["weights"][...] != 0)
+
+
+# --- GPU: the kernels ------------------------------------------------------------------------
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("mode", ["lstm", "gru", "rnn_tanh", "rnn_relu"])
+def test_kernels_against_the_per_step_reference(gpu, mode, dtype):
+  """Two bidirectional layers, ragged lengths (0 and T among them), odd
+  sizes: values and gradients of every input under the tolerance rule, the
+  outputs in poisoned buffers. (The reference path's CPU cases:
+  test_against_per_step_reference, test_low_precision_reference_path.)"""
+  inputs, hidden, layers, batch, steps = 5, 24, 2, 6, 9
+  x, h_0, c_0, w = _problem(mode, batch, steps, inputs, hidden, layers, True, dtype=dtype, key=70)
+  lens = _lens(batch, steps)
+  static = (inputs, hidden, layers, True)
+  if mode == "lstm":
+    args = (x, h_0, c_0, w)
+    ours = lambda x, h, c, w: _ours(mode, x, h, c, w, lens, *static)
+    naive = lambda x, h, c, w: _naive(mode, x, h, c, w, lens, *static)
+  else:
+    args = (x, h_0, w)
+    ours = lambda x, h, w: _ours(mode, x, h, None, w, lens, *static)
+    naive = lambda x, h, w: _naive(mode, x, h, None, w, lens, *static)
+  check_fwd_bwd(gpu, ours, naive, args, dtype, key=71, what=mode)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("hidden", [64, 256, 1024])
+@pytest.mark.parametrize("dtype", [jnp.bfloat16, jnp.float32])
+def test_kernel_long_sequences(gpu, hidden, dtype):
+  """T = 2048: the kernel's error against the f64 reference is bounded by the
+  rule with the same-dtype run of the per-step reference as the baseline."""
+  del gpu
+  batch, steps = 4, 2048
+  x, h_0, c_0, w = _problem("lstm", batch, steps, hidden, hidden, 1, False, dtype=dtype, key=80)
+  w = w * (1.0 / np.sqrt(hidden))
+  lens = jnp.asarray([steps, 1000, 1, 0], jnp.int32)
+  static = (hidden, hidden, 1, False)
+  out = jax.jit(lambda *a: _ours("lstm", *a, lens, *static))(x, h_0, c_0, w)
+  naive = jax.jit(lambda *a: _naive("lstm", *a, lens, *static))
+  ref = f64(lambda *a: _naive("lstm", *a[:4], a[4], *static), x, h_0, c_0, w, lens)
+  same = naive(x, h_0, c_0, w)
+  for o, r, s in zip(out, ref, same):
+    assert_rule(o, r, s, dtype)
+
+
+@pytest.mark.gpu
+def test_kernel_nn_rnn_matches_flax(gpu):
+  del gpu
+  for cls in CELLS.values():
+    cell = cls(32, 64, rngs=nnx.Rngs(0))
+    x = randn(90, (8, 33, 32), jnp.float32)
+    carry = _carry(cell, 8, 91)
+    lens = jnp.asarray([33, 1, 0, 17, 32, 5, 33, 2], jnp.int32)
+    mask = _valid(lens, x.shape)
+    c1, y1 = jnn.RNN(cell)(x, initial_carry=carry, seq_lengths=lens, return_carry=True)
+    c2, y2 = nnx.RNN(cell)(x, initial_carry=carry, seq_lengths=lens, return_carry=True)
+    # fp32 runs TF32 tensor cores in the recurrence: 1e-2 covers 33 steps of
+    # TF32's 2^-11 relative error in each matmul.
+    np.testing.assert_allclose(y1 * mask, y2 * mask, rtol=1e-2, atol=1e-2)
+    rows = np.asarray(lens) > 0
+    for a, b in zip(jax.tree.leaves(_rows(c1, rows)), jax.tree.leaves(_rows(c2, rows))):
+      np.testing.assert_allclose(a, b, rtol=1e-2, atol=1e-2)
