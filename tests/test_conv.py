@@ -695,8 +695,8 @@ def test_cuda_lowering_calls_the_conv_kernels():
   for target in _PRIMS:
     assert f"custom_call @{target}(" in text, target
   # A transposed convolution at stride 1 is a forward convolution with the
-  # window flipped (lhs dilation 1): the forward kernel. (Strided ones map onto
-  # the data-gradient primitive, whose kernels take stride 1 only: XLA.)
+  # window flipped (lhs dilation 1): the forward kernel. (Strided ones:
+  # test_strided_dgrad_cuda_lowering.)
   xt = randn(44, (2, 8, 8, 256), jnp.bfloat16)
   text = cuda_hlo(lambda x, w: jax_dnn.conv_transpose(x, w, (1, 1), "SAME",
                                                       dimension_numbers=_DN[2]), xt, w)
