@@ -522,8 +522,8 @@ class Phase:
 
 def dgrad_phases(dy, w, params) -> list[Phase]:
   """The phases of conv_dgrad_p(dy, w, **params) (dy, w: anything with
-  shape and dtype), D outermost, W innermost; extents-1 axes (stride 1)
-  have one."""
+  shape and dtype), D's residue outermost, W's innermost; an axis of
+  stride 1 has one."""
   groups = groups_of(w.shape[0], params["k_per_group"])
   c = w.shape[-1] * groups
   per_axis = [axis_phases(*a) for a in zip(params["input"], w.shape[1:4], params["stride"],
