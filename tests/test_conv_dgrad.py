@@ -278,6 +278,46 @@ def test_vmap_of_the_phases():
       np.testing.assert_allclose(g, r, rtol=1e-4, atol=1e-4)
 
 
+@pytest.mark.parametrize("axis_type", ["auto", "explicit", "shard_map"])
+def test_phases_split_over_devices(axis_type):
+  """The batch split over 4 CPU devices, the kernel's output channels over
+  2: the phases (one of them zero, the 1x1's odd rows and columns) give
+  lax's gradients, typed as their primals under explicit mesh axes."""
+  _require_plans()
+  P = jax.sharding.PartitionSpec  # pylint: disable=invalid-name
+  kind = jax.sharding.AxisType.Explicit if axis_type == "explicit" else jax.sharding.AxisType.Auto
+  mesh = jax.make_mesh((4, 2), ("data", "model"), axis_types=(kind, kind),
+                       devices=jax.devices("cpu")[:8])
+  x = randn(18, (8, 9, 10, 16), jnp.float32)
+  specs = (P("data"), P(None, None, None, "model"))
+  for window, padding in (((3, 3), "SAME"), ((2, 1), "VALID")):
+    w = randn(19, (*window, 16, 8), jnp.float32, scale=0.3)
+    loss = lambda conv: (lambda x, w: jnp.sum(jnp.sin(conv(x, w))))
+    ours = jax.grad(loss(lambda x, w: jax_dnn.conv(x, w, strides=(2, 3), padding=padding)),
+                    (0, 1))
+    naive = jax.grad(loss(lambda x, w: lax.conv_general_dilated(
+        x, w, (2, 3), padding, dimension_numbers=_NHWC, precision=lax.Precision.HIGHEST)), (0, 1))
+    assert _names(ours, x, w)[1] == 0
+    want = naive(x, w)
+    if axis_type == "shard_map":
+      # Each device's batch rows, the whole kernel (its gradient, of an
+      # operand that does not vary over "data", comes summed over it).
+      fn = jax.shard_map(ours, mesh=mesh, in_specs=(P("data"), P()),
+                         out_specs=(P("data"), P()))
+      got = jax.jit(fn)(x, w)
+    else:
+      with jax.set_mesh(mesh):
+        split = [jax.device_put(a, jax.sharding.NamedSharding(mesh, sp))
+                 for a, sp in zip((x, w), specs)]
+        got = jax.jit(ours)(*split)
+      if axis_type == "explicit":
+        full = lambda a: tuple(a.sharding.spec) + (None,) * (a.ndim - len(a.sharding.spec))
+        for g, a in zip(got, split):
+          assert full(g) == full(a), (g.sharding.spec, a.sharding.spec)
+    for g, r in zip(got, want):
+      np.testing.assert_allclose(np.asarray(g), r, rtol=1e-4, atol=1e-4)
+
+
 # --- the CUDA lowering, benchmark mode and conv_algorithms ----------------------------------
 
 

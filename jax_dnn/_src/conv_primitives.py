@@ -579,30 +579,42 @@ def dgrad_by_phases(dy, w, phases=None, **params):
   phases = dgrad_phases(dy, w, params) if phases is None else phases
   groups = groups_of(w.shape[0], params["k_per_group"])
   c = w.shape[-1] * groups
+  s, size = params["stride"], params["input"]
+  m = phases[0].extents  # residue 0 has the most rows: ceil(I / s)
+  if all(ph.zero for ph in phases):
+    return same_manual_axes(jnp.zeros((dy.shape[0], *size, c), dy.dtype), dy)[0]
   wt = _swap_channels(w, groups)
-  m = phases[0].extents  # residue 0 has the most rows
-  outs = []
+  outs = {}
   for ph in phases:
     if ph.zero:
-      y = same_manual_axes(jnp.zeros((dy.shape[0], *ph.extents, c), dy.dtype), dy)[0]
-    else:
-      x = dy[(slice(None),) + tuple(slice(lo, o - hi) for o, (lo, hi) in zip(dy.shape[1:4],
-                                                                             ph.crop))]
-      k = lax.rev(wt[(slice(None),) + ph.taps], (1, 2, 3))
-      empty = jnp.zeros((0,), dy.dtype)
-      x, k, bias, residual = same_manual_axes(x, k, empty, empty)
-      y = conv_fwd_p.bind(x, k, bias, residual, **ph.params)
+      continue
+    x = dy[(slice(None),) + tuple(slice(lo, o - hi) for o, (lo, hi) in zip(dy.shape[1:4],
+                                                                           ph.crop))]
+    k = lax.rev(wt[(slice(None),) + ph.taps], (1, 2, 3))
+    empty = jnp.zeros((0,), dy.dtype)
+    y = conv_fwd_p.bind(*same_manual_axes(x, k, empty, empty), **ph.params)
     if ph.extents != m:
       y = jnp.pad(y, [(0, 0)] + [(0, a - b) for a, b in zip(m, ph.extents)] + [(0, 0)])
-    outs.append(y)
-  if len(outs) == 1:
-    return outs[0][:, :params["input"][0], :params["input"][1], :params["input"][2]]
-  s = params["stride"]
-  # [sD, sH, sW, N, MD, MH, MW, C] -> [N, MD, sD, MH, sH, MW, sW, C] -> dx.
-  dx = jnp.stack(outs).reshape(tuple(s) + outs[0].shape)
+    outs[ph.residues] = y
+  first = next(iter(outs.values()))
+  # Zero phases: zeros_like keeps the others' type (manual axes, sharding).
+  ys = [outs.get(ph.residues) if not ph.zero else jnp.zeros_like(first) for ph in phases]
+  if len(ys) == 1:
+    return ys[0][:, :size[0], :size[1], :size[2]]
+  # Under explicit mesh axes each reshape states its result's sharding: the
+  # batch's and the channels' mesh axes (the forward's rule keeps the
+  # spatial axes whole).
+  spec = sharding.explicit_spec(first)
+  reshape = lambda a, shape, *entries: (a.reshape(shape) if spec is None else lax.reshape(
+      a, shape, out_sharding=jax.sharding.PartitionSpec(*entries)))
+  n_spec, c_spec = (None, None) if spec is None else (spec[0], spec[-1])
+  # [sD sH sW, N, MD, MH, MW, C] -> [N, MD, sD, MH, sH, MW, sW, C] -> dx.
+  dx = reshape(jnp.stack(ys), tuple(s) + first.shape, None, None, None, n_spec, None, None,
+               None, c_spec)
   dx = jnp.transpose(dx, (3, 4, 0, 5, 1, 6, 2, 7))
-  dx = dx.reshape((dx.shape[0], m[0] * s[0], m[1] * s[1], m[2] * s[2], c))
-  return dx[:, :params["input"][0], :params["input"][1], :params["input"][2]]
+  dx = reshape(dx, (dx.shape[0], m[0] * s[0], m[1] * s[1], m[2] * s[2], c), n_spec, None, None,
+               None, c_spec)
+  return dx[:, :size[0], :size[1], :size[2]]
 
 
 def dgrad_operands(fwd_avals, fwd_params):
