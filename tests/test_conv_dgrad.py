@@ -217,7 +217,8 @@ def test_what_keeps_the_dgrad_primitive():
   """The primitive (a kernel, or XLA) where the phases are not all taken:
   channels no forward kernel takes, fp32 at HIGHEST, grouped phases (XLA
   runs grouped convolutions unless deterministic), a strided depthwise dgrad
-  that the direct kernel takes itself (deterministic); stride 1."""
+  that the direct kernel takes itself (deterministic); stride 1;
+  JAX_DNN_IMPL=reference."""
   _require_plans()
   conv = lambda **kw: (lambda x, w: jax_dnn.conv(x, w, **kw))
   x, w = jnp.zeros((2, 14, 14, 16), jnp.bfloat16), jnp.zeros((3, 3, 16, 16), jnp.bfloat16)
@@ -229,6 +230,9 @@ def test_what_keeps_the_dgrad_primitive():
   grouped = (x, jnp.zeros((3, 3, 4, 16), jnp.bfloat16))
   assert _names(_grad(conv(strides=2, groups=4)), *grouped)[1] == 1
   depthwise = (x, jnp.zeros((3, 3, 1, 16), jnp.bfloat16))
+  with pytest.MonkeyPatch.context() as mp:
+    mp.setenv("JAX_DNN_IMPL", "reference")  # XLA's own lowering everywhere
+    assert _names(_grad(conv(strides=2)), x, w)[1] == 1
   before = jax_dnn.config.deterministic
   jax_dnn.config.update("deterministic", True)
   try:

@@ -36,6 +36,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import itertools
+import os
 
 import jax
 from jax import lax
@@ -559,8 +560,12 @@ def phases_planned(dy, w, params) -> list[Phase] | None:
   """The phases where a strided dgrad runs as them: stride > 1, no dgrad
   algorithm takes the problem and a forward algorithm takes every phase
   (the heuristics' choices: benchmark mode then times each phase's
-  forward against XLA's as it lowers); else None (the dgrad primitive)."""
+  forward against XLA's as it lowers); else None (the dgrad primitive).
+  JAX_DNN_IMPL=reference (extension.use_kernel) keeps the primitive: its
+  reference is XLA's own strided dgrad."""
   if all(s == 1 for s in params["stride"]) or not plans.has_conv_plans():
+    return None
+  if os.environ.get("JAX_DNN_IMPL", "auto").lower() == "reference":
     return None
   heuristic = dict(params, benchmark=False)
   avals = [ShapedArray(dy.shape, dy.dtype), ShapedArray(w.shape, w.dtype)]
