@@ -284,12 +284,14 @@ CASES += [
         _CONV_TARGETS,
         tol=1e-4, rows=False, check_shape=(2, 4, 5, 4), vmap_keeps_batch_split=False,
         vmap_split_gathers=False, vmap_out_split=(None, "data"), lowering_here=False),
-    # lhs dilation: the data-gradient kernel; its backward the forward and wgrad.
+    # lhs dilation 2: a strided data gradient, which runs as stride-1 forward
+    # convolutions, one per phase (fp32: channels a multiple of 4, as the
+    # forward's kernels take them); its backward the forward and wgrad.
     OpCase(
         "conv_transpose",
         _transposed(jax_dnn.conv_transpose),
         _transposed(jax.lax.conv_transpose),
-        (8, 5, 4, 6),  # [N, H, W, C]
+        (8, 5, 4, 8),  # [N, H, W, C]
         (Arg(split=("data",)),
          Arg(lambda s: (3, 3, s[-1], 4), scale=0.5, split=(None, None, None, "model"),
              batch=None)),

@@ -471,7 +471,7 @@ KERNEL_CASES = [
      ("implicit_gemm_128x64", "implicit_gemm_128x64", "implicit_gemm_128x128")),
     ("2d_s2_dilated_det", (2, 17, 15, 16), (3, 3, 16, 32), dict(strides=2, dilation=2,
                                                                padding="VALID"), True,
-     ("implicit_gemm_128x64", None, "implicit_gemm_128x128")),
+     ("implicit_gemm_128x64", "strided_dgrad_phases", "implicit_gemm_128x128")),
     ("2d_1x1", (2, 9, 7, 64), (1, 1, 64, 256), dict(bias=True), True,
      ("gemm_1x1", "gemm_1x1", "gemm_1x1")),
     ("1d_k5_det", (2, 50, 32), (5, 32, 64), dict(), True,
@@ -498,14 +498,14 @@ KERNEL_CASES = [
     ("3d_depthwise_3x3x3_det", (1, 5, 6, 7, 16), (3, 3, 3, 1, 16), dict(groups=16), True,
      ("depthwise_direct", "depthwise_direct", "depthwise_direct")),
     # grouped_direct: ResNeXt's 4 channels a group, 6 in and 3 out a group
-    # (wgrad: XLA), strided (dgrad: XLA), 3D (wgrad: XLA).
+    # (wgrad: XLA), strided (dgrad: grouped phases), 3D (wgrad: XLA).
     ("2d_grouped_c4_det", (2, 13, 12, 64), (3, 3, 4, 64), dict(groups=16, bias=True), True,
      ("grouped_direct", "grouped_direct", "grouped_direct")),
     ("2d_grouped_6to3_res_relu_det", (2, 9, 15, 48), (3, 3, 6, 24),
      dict(groups=8, residual=True, activation="relu"), True,
      ("grouped_direct", "grouped_direct", None)),
     ("2d_grouped_s2_det", (2, 15, 14, 64), (3, 3, 8, 64), dict(groups=8, strides=2), True,
-     ("grouped_direct", None, "grouped_direct")),
+     ("grouped_direct", "strided_dgrad_phases", "grouped_direct")),
     ("3d_grouped_det", (1, 5, 6, 7, 32), (3, 3, 3, 4, 32), dict(groups=8), True,
      ("grouped_direct", "grouped_direct", None)),
 ]
@@ -695,8 +695,8 @@ def test_cuda_lowering_calls_the_conv_kernels():
   for target in _PRIMS:
     assert f"custom_call @{target}(" in text, target
   # A transposed convolution at stride 1 is a forward convolution with the
-  # window flipped (lhs dilation 1): the forward kernel. (Strided ones map onto
-  # the data-gradient primitive, whose kernels take stride 1 only: XLA.)
+  # window flipped (lhs dilation 1): the forward kernel. (Strided ones:
+  # test_strided_dgrad_cuda_lowering.)
   xt = randn(44, (2, 8, 8, 256), jnp.bfloat16)
   text = cuda_hlo(lambda x, w: jax_dnn.conv_transpose(x, w, (1, 1), "SAME",
                                                       dimension_numbers=_DN[2]), xt, w)

@@ -266,7 +266,8 @@ bool ConvGroupedSupports(ConvOp op, const ConvShape& s, DType dtype, std::string
   }
   if (op == ConvOp::kDgrad)
     for (int d = 0; d < 3; ++d)
-      if (s.stride[d] != 1) return no("strided dgrad (XLA runs it)");
+      if (s.stride[d] != 1) return no("strided dgrad (it runs as stride-1 forward convolutions, one a phase, "
+                                    "where a forward algorithm takes each; else XLA)");
   const std::string extent = ExtentError(s);
   if (!extent.empty()) return no(extent);
   const ConvDirectTiling t = ConvDirectTile(ConvDirectPass(op, s), dtype);

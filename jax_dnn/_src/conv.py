@@ -34,6 +34,10 @@ the same terms for lo' = d (k - 1) - lo; hi' = d (k - 1) - hi makes F' map
 the O outputs back onto exactly the I inputs. A negative lo' (hi') is F'
 cropping its input: its transpose leaves those outputs zero, so the kernel
 runs with padding 0 on the O - |lo'| others and the result is zero-padded.
+With L > 1 that data gradient is strided: it runs as prod(L) stride-1
+forward convolutions, one per phase (residue of the output index modulo
+L), interleaved (conv_primitives.dgrad), as do the data gradients of
+strided convolutions.
 """
 
 from __future__ import annotations
@@ -300,7 +304,8 @@ def conv_transpose(lhs, rhs, strides, padding, rhs_dilation=None, dimension_numb
   """jax.lax.conv_transpose on jax_dnn's kernels: the same arguments,
   defaults (TensorFlow's layouts, e.g. ("NHWC", "HWIO", "NHWC")) and
   results. Runs the data-gradient kernel (a strided convolution's
-  transpose), never a forward over inserted zeros."""
+  transpose: at strides > 1 one stride-1 forward convolution per phase of
+  the output, conv_primitives.dgrad), never a forward over inserted zeros."""
   op = "conv_transpose"
   checks.check_array(op, "lhs", lhs)
   checks.check_array(op, "rhs", rhs)
@@ -493,6 +498,21 @@ def matmul(x, w, bias=None, *, activation=None) -> jax.Array:
 
 
 @dataclasses.dataclass(frozen=True)
+class PhaseAlgorithm:
+  """What runs a strided dgrad that no dgrad kernel takes: one stride-1
+  forward convolution a phase (dx's residues modulo the stride;
+  conv_primitives.py). Has the attributes of the extension's
+  ConvAlgorithm; id -1 (no registry algorithm). workspace_bytes: the
+  phases' together; deterministic: every phase's algorithm is."""
+  workspace_bytes: int = 0
+  deterministic: bool = True
+  id: int = -1
+  name: str = "strided_dgrad_phases"
+  supported: bool = True
+  reason: str = ""
+
+
+@dataclasses.dataclass(frozen=True)
 class ConvAlgorithms:
   """The algorithms of one of a convolution's kernels for one problem.
 
@@ -500,7 +520,11 @@ class ConvAlgorithms:
   last, spatial axes padded to 3 in (D, H, W) order). chosen: the
   ConvAlgorithm that runs (its name, id, workspace_bytes, deterministic),
   or None where the reference (XLA) runs: the heuristic's choice, or in
-  benchmark mode, where the problem was timed, the fastest.
+  benchmark mode, where the problem was timed, the fastest. A strided
+  dgrad that runs as stride-1 forward convolutions has chosen a
+  PhaseAlgorithm (also last in `algorithms`), and `phases`: per residue
+  (D, H, W) of dx's index modulo the stride, the forward's ConvAlgorithms,
+  or None where no tap reaches it (zeros).
   algorithms: every registered one, each with `supported` and, where not,
   its `reason`. times_ms: in benchmark mode, each timed candidate's
   milliseconds ("xla" for the reference); None where the heuristic chose.
@@ -510,13 +534,19 @@ class ConvAlgorithms:
   chosen: Any
   algorithms: tuple
   times_ms: dict | None = None
+  phases: tuple = ()
 
   def __str__(self) -> str:
     p = self.problem
     head = (f"{self.op}: {p['dtype']} n={p['n']} c={p['c']} k={p['k']} groups={p['groups']} "
             f"input={p['input']} window={p['window']} output={p['output']} "
             f"stride={p['stride']} dilation={p['dilation']} pad={p['pad_lo']}/{p['pad_hi']}")
-    if self.times_ms is not None:
+    if self.phases:
+      zeros = sum(sub is None for _, sub in self.phases)
+      chosen = (f"  runs {self.chosen.name}: stride-1 forward convolutions, one per residue "
+                f"of dx's index modulo the stride"
+                + (f" ({zeros} no tap reaches: zeros)" if zeros else ""))
+    elif self.times_ms is not None:
       timed = ", ".join(f"{n} {t:.3g} ms" for n, t in sorted(self.times_ms.items(),
                                                              key=lambda item: item[1]))
       name = self.chosen.name if self.chosen is not None else "the reference (XLA)"
@@ -527,6 +557,14 @@ class ConvAlgorithms:
       chosen = "  runs the reference (XLA): the heuristic takes no algorithm for it"
     rows = [f"  {'+' if a.supported else '-'} {a.name}" + ("" if a.supported else f": {a.reason}")
             for a in self.algorithms]
+    for residues, sub in self.phases:
+      if sub is None:
+        rows.append(f"    phase {residues}: zeros")
+        continue
+      q = sub.problem
+      rows.append(f"    phase {residues}: window {q['window']} dilation {q['dilation']} "
+                  f"pad {q['pad_lo']}/{q['pad_hi']} output {q['output']}: runs "
+                  + (sub.chosen.name if sub.chosen is not None else "the reference (XLA)"))
     return "\n".join([head, chosen] + rows)
 
 
@@ -588,10 +626,12 @@ def conv_algorithms(x, kernel, bias=None, *, residual=None, activation=None, str
   finally:
     config.update("deterministic", before)
   device = None if sm_count is None else plans.device_props(sm_count=sm_count)
-  result = {}
-  for op, avals, params in calls:
-    if op in result:
-      continue
+  if not any(op == "dgrad" for op, _, _ in calls):
+    # A strided dgrad that runs as phases (conv_primitives.dgrad): report
+    # the problem of the dgrad it computes.
+    calls.append(("dgrad", *prims.dgrad_operands(calls[0][1], calls[0][2])))
+
+  def report(op, avals, params):
     key = prims.plan_key(op, avals, params)
     problem = prims.problem_of(key)
     algos = tuple(plans.conv_algorithms(problem, device))
@@ -604,5 +644,21 @@ def conv_algorithms(x, kernel, bias=None, *, residual=None, activation=None, str
       times = dict(tuned.times_ms)
     names = ("op", "dtype", "n", "c", "k", "groups", "input", "window", "output", "stride",
              "dilation", "pad_lo", "pad_hi", "rank", "activation", "bias", "residual")
-    result[op] = ConvAlgorithms(op, dict(zip(names, key)), chosen, algos, times)
-  return result
+    return ConvAlgorithms(op, dict(zip(names, key)), chosen, algos, times)
+
+  result = {}
+  for op, avals, params in calls:
+    if op in result:
+      continue
+    result[op] = report(op, avals, params)
+    phases = prims.phases_planned(*avals, params) if op == "dgrad" else None
+    if phases is not None:
+      subs = tuple((ph.residues, None if ph.zero else report("fwd", ph.avals, ph.params))
+                   for ph in phases)
+      chosen = [s.chosen for _, s in subs if s is not None]
+      algorithm = PhaseAlgorithm(
+          workspace_bytes=sum(int(a.workspace_bytes) for a in chosen if a is not None),
+          deterministic=all(a is not None and a.deterministic for a in chosen))
+      result[op] = dataclasses.replace(result[op], chosen=algorithm, times_ms=None, phases=subs,
+                                       algorithms=result[op].algorithms + (algorithm,))
+  return {op: result[op] for op in ("fwd", "dgrad", "wgrad")}
