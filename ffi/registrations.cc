@@ -59,6 +59,8 @@ XLA_FFI_DECLARE_HANDLER_SYMBOL(GroupNormFwd);
 XLA_FFI_DECLARE_HANDLER_SYMBOL(GroupNormBwd);
 XLA_FFI_DECLARE_HANDLER_SYMBOL(MaxPoolFwd);
 XLA_FFI_DECLARE_HANDLER_SYMBOL(MaxPoolBwd);
+XLA_FFI_DECLARE_HANDLER_SYMBOL(MaxPoolIdxFwd);
+XLA_FFI_DECLARE_HANDLER_SYMBOL(MaxPoolIdxBwd);
 XLA_FFI_DECLARE_HANDLER_SYMBOL(AvgPoolFwd);
 XLA_FFI_DECLARE_HANDLER_SYMBOL(AvgPoolBwd);
 XLA_FFI_DECLARE_HANDLER_SYMBOL(BatchNormStats);
@@ -108,6 +110,8 @@ nb::dict Registrations() {
   d["jax_dnn_group_norm_bwd"] = Capsule(GroupNormBwd);
   d["jax_dnn_max_pool_fwd"] = Capsule(MaxPoolFwd);
   d["jax_dnn_max_pool_bwd"] = Capsule(MaxPoolBwd);
+  d["jax_dnn_max_pool_idx_fwd"] = Capsule(MaxPoolIdxFwd);
+  d["jax_dnn_max_pool_idx_bwd"] = Capsule(MaxPoolIdxBwd);
   d["jax_dnn_avg_pool_fwd"] = Capsule(AvgPoolFwd);
   d["jax_dnn_avg_pool_bwd"] = Capsule(AvgPoolBwd);
   d["jax_dnn_batch_norm_stats"] = Capsule(BatchNormStats);
