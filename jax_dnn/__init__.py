@@ -14,7 +14,8 @@ from jax_dnn._src.conv import (conv, conv_algorithms, conv_general_dilated, conv
                                matmul)
 from jax_dnn._src.group_norm import group_norm, instance_norm
 from jax_dnn._src.layer_norm import layer_norm, rms_norm
-from jax_dnn._src.pooling import adaptive_avg_pool, adaptive_max_pool, avg_pool, max_pool
+from jax_dnn._src.pooling import (adaptive_avg_pool, adaptive_max_pool, avg_pool, max_pool,
+                                  pool_plan)
 from jax_dnn._src.softmax import log_softmax, softmax
 
 __version__ = "0.1.0"
@@ -59,6 +60,7 @@ __all__ = [
     "matmul",
     "max_pool",
     "nn",
+    "pool_plan",
     "relu",
     "rms_norm",
     "sigmoid",

@@ -204,8 +204,10 @@ def _first_max(x, windows):
   selectable = _outer([s for _, _, s in windows])
   g = jnp.where(inside, _gather(x, windows), -jnp.inf).astype(jnp.float32)
   g = jnp.where(selectable, g, -jnp.inf)
-  m = jnp.max(g, axis=(2, 4, 6), keepdims=True)
-  hit = selectable & ((g == m) | (jnp.isnan(g) & jnp.isnan(m)))
+  # NaN the largest, whatever the backend's reduction does with it.
+  nan = jnp.isnan(g)
+  m = jnp.max(jnp.where(nan, -jnp.inf, g), axis=(2, 4, 6), keepdims=True)
+  hit = selectable & jnp.where(jnp.any(nan, axis=(2, 4, 6), keepdims=True), nan, g == m)
   # Row-major window order: move the K axes last, flatten them, take the first hit.
   perm = (0, 1, 3, 5, 7, 2, 4, 6)
   ks = tuple(p.shape[1] for p, _, _ in windows)
@@ -329,7 +331,7 @@ class PoolPlan(NamedTuple):
   reason: str
 
 
-def _plan(params, deterministic):
+def _plan(params, deterministic, max_pool):
   """The choice for a call's params (see PoolPlan). Measured on an H200
   (bf16 unless said, against flax.linen / XLA) before the forward's runs
   and the argmax offsets: max 3x3 s2 forward 0.89x, f32 0.56x; avg 2x2 s2
@@ -341,11 +343,12 @@ def _plan(params, deterministic):
       deterministic (the kernels stay reachable); their backwards are
       broadcasts (max: from the argmax offsets);
     - global average pooling, overlapping windows and adaptive bins that do
-      not tile run the kernels (XLA would gather them).
+      not tile run the kernels (XLA would gather them);
+    - max pooling's backward from x and y (windows of more than MAX_ARGMAX
+      positions) is the kernel's whatever the windows.
   """
   tiles = _tiles(params)
-  is_global = _global(params)
-  if is_global:
+  if _global(params) and not max_pool:
     forward, why = "kernel", "global average pooling runs its reduction kernel (2.25x XLA)"
   elif tiles and not deterministic:
     forward, why = "xla", ("the windows tile the input: XLA's reduce_window / reshape-reduce "
@@ -353,8 +356,11 @@ def _plan(params, deterministic):
                            "deterministic takes the kernel")
   else:
     forward, why = "kernel", "overlapping windows or uneven bins: the gather kernels"
-  backward = "broadcast" if tiles else "kernel"
-  residuals = "argmax" if math.prod(params["window"]) <= MAX_ARGMAX else "x_y"
+  if not max_pool:
+    residuals = "none"
+  else:
+    residuals = "argmax" if math.prod(params["window"]) <= MAX_ARGMAX else "x_y"
+  backward = "broadcast" if tiles and residuals != "x_y" else "kernel"
   return PoolPlan(forward, residuals, backward, why)
 
 
@@ -375,8 +381,7 @@ def pool_plan(op: str, inputs_shape: Sequence[int], window_shape=None, strides=N
   else:
     raise ValueError(f"pool_plan: unknown op {op!r}")
   det = config.deterministic if deterministic is None else bool(deterministic)
-  plan = _plan(params, det)
-  return plan if op.endswith("max_pool") else plan._replace(residuals="none")
+  return _plan(params, det, op.endswith("max_pool"))
 
 
 # --- primitives -----------------------------------------------------------------------
@@ -440,10 +445,15 @@ def _kernel_takes(avals, **params):
           and min(params["input"]) > 0)
 
 
-def _forward_takes(avals, **params):
+def _max_forward_takes(avals, **params):
   """The plain forwards: where the plan takes the kernel."""
   return (_kernel_takes(avals, **params)
-          and _plan(params, params["deterministic"]).forward == "kernel")
+          and _plan(params, params["deterministic"], True).forward == "kernel")
+
+
+def _avg_forward_takes(avals, **params):
+  return (_kernel_takes(avals, **params)
+          and _plan(params, params["deterministic"], False).forward == "kernel")
 
 
 def _ffi_params(avals, *, input, output, window, strides, pad_lo, adaptive,
@@ -489,13 +499,13 @@ def _define(name, abstract_eval, reference, *, supported=_kernel_takes, workspac
 
 
 max_pool_fwd_p = _define("max_pool_fwd", _fwd_abstract, _max_fwd_reference,
-                         supported=_forward_takes)
+                         supported=_max_forward_takes)
 max_pool_bwd_p = _define("max_pool_bwd", _max_bwd_abstract, _max_bwd_reference)
 max_pool_idx_fwd_p = _define("max_pool_idx_fwd", _idx_fwd_abstract, _max_idx_fwd_reference,
                              multiple_results=True)
 max_pool_idx_bwd_p = _define("max_pool_idx_bwd", _dx_abstract, _max_idx_bwd_reference)
 avg_pool_fwd_p = _define("avg_pool_fwd", _fwd_abstract, _avg_fwd_reference,
-                         supported=_forward_takes, workspace=_global_workspace)
+                         supported=_avg_forward_takes, workspace=_global_workspace)
 avg_pool_bwd_p = _define("avg_pool_bwd", _dx_abstract, _avg_bwd_reference)
 
 
@@ -506,7 +516,7 @@ def _max_pool(params, x):
 
 def _max_pool_fwd(params, x):
   p = dict(params)
-  if _plan(p, p["deterministic"]).residuals == "argmax":
+  if _plan(p, p["deterministic"], True).residuals == "argmax":
     y, idx = max_pool_idx_fwd_p.bind(x, **p)
     # x rides along for its type (as in _avg_pool_fwd): the backward reads
     # dy and the offsets only.
@@ -521,7 +531,7 @@ def _max_pool_bwd(params, res, dy):
   dy = dy.astype(x.dtype)
   if idx is None:
     dx = max_pool_bwd_p.bind(dy, x, y, **p)
-  elif _plan(p, p["deterministic"]).backward == "broadcast":
+  elif _plan(p, p["deterministic"], True).backward == "broadcast":
     dx = _max_bwd_tiled(dy, idx, p)
   else:
     dx = max_pool_idx_bwd_p.bind(dy, idx, **p)
@@ -545,7 +555,7 @@ def _avg_pool_fwd(params, x):
 def _avg_pool_bwd(params, x, dy):
   p = dict(params)
   dy = dy.astype(x.dtype)
-  if _plan(p, p["deterministic"]).backward == "broadcast":
+  if _plan(p, p["deterministic"], False).backward == "broadcast":
     dx = _avg_bwd_tiled(dy, p)
   else:
     dx = avg_pool_bwd_p.bind(dy, **p)
