@@ -321,6 +321,7 @@ void DefinePlans(nb::module_& m) {
 
   nb::class_<jax_dnn::GroupNormPlan>(m, "GroupNormPlan")
       .def_ro("supported", &jax_dnn::GroupNormPlan::supported)
+      .def_ro("by_default", &jax_dnn::GroupNormPlan::by_default)
       .def_ro("reason", &jax_dnn::GroupNormPlan::reason)
       .def_ro("vec", &jax_dnn::GroupNormPlan::vec)
       .def_ro("threads_x", &jax_dnn::GroupNormPlan::threads_x)
