@@ -17,6 +17,12 @@ in a fixed order (deterministic).
 Residuals: the forward also returns each (sample, group)'s (mean, rstd) as
 `stats` [N, G, 2] fp32; the backward takes (x, scale, bias, stats).
 
+Which runs: the kernels where group_norm_plan takes the problem and runs it
+by default; instance norm (one channel a group, C > 1) runs XLA's
+computation of the references unless jax_dnn.config deterministic (read
+when traced, passed as the primitives' `deterministic` param) asks for the
+kernels (the plan's by_default and its measurement).
+
 Shapes inside the primitives: x [N, *spatial, C] as given; scale, bias
 [P, C]: sample n uses set n // (N / P). P is 1 unless vmap batched the
 parameters; the batching rules fold vmap's axis into N (and into P).
