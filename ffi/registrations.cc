@@ -63,6 +63,8 @@ XLA_FFI_DECLARE_HANDLER_SYMBOL(GroupNormFwd);
 XLA_FFI_DECLARE_HANDLER_SYMBOL(GroupNormBwd);
 XLA_FFI_DECLARE_HANDLER_SYMBOL(MaxPoolFwd);
 XLA_FFI_DECLARE_HANDLER_SYMBOL(MaxPoolBwd);
+XLA_FFI_DECLARE_HANDLER_SYMBOL(MaxPoolIdxFwd);
+XLA_FFI_DECLARE_HANDLER_SYMBOL(MaxPoolIdxBwd);
 XLA_FFI_DECLARE_HANDLER_SYMBOL(AvgPoolFwd);
 XLA_FFI_DECLARE_HANDLER_SYMBOL(AvgPoolBwd);
 XLA_FFI_DECLARE_HANDLER_SYMBOL(BatchNormStats);
@@ -114,6 +116,8 @@ nb::dict Registrations() {
   d["jax_dnn_group_norm_bwd"] = Capsule(GroupNormBwd);
   d["jax_dnn_max_pool_fwd"] = Capsule(MaxPoolFwd);
   d["jax_dnn_max_pool_bwd"] = Capsule(MaxPoolBwd);
+  d["jax_dnn_max_pool_idx_fwd"] = Capsule(MaxPoolIdxFwd);
+  d["jax_dnn_max_pool_idx_bwd"] = Capsule(MaxPoolIdxBwd);
   d["jax_dnn_avg_pool_fwd"] = Capsule(AvgPoolFwd);
   d["jax_dnn_avg_pool_bwd"] = Capsule(AvgPoolBwd);
   d["jax_dnn_batch_norm_stats"] = Capsule(BatchNormStats);
@@ -334,6 +338,7 @@ void DefinePlans(nb::module_& m) {
 
   nb::class_<jax_dnn::GroupNormPlan>(m, "GroupNormPlan")
       .def_ro("supported", &jax_dnn::GroupNormPlan::supported)
+      .def_ro("by_default", &jax_dnn::GroupNormPlan::by_default)
       .def_ro("reason", &jax_dnn::GroupNormPlan::reason)
       .def_ro("vec", &jax_dnn::GroupNormPlan::vec)
       .def_ro("threads_x", &jax_dnn::GroupNormPlan::threads_x)

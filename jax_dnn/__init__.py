@@ -14,7 +14,8 @@ from jax_dnn._src.conv import (conv, conv_algorithms, conv_general_dilated, conv
                                matmul)
 from jax_dnn._src.group_norm import group_norm, instance_norm
 from jax_dnn._src.layer_norm import layer_norm, rms_norm
-from jax_dnn._src.pooling import adaptive_avg_pool, adaptive_max_pool, avg_pool, max_pool
+from jax_dnn._src.pooling import (adaptive_avg_pool, adaptive_max_pool, avg_pool, max_pool,
+                                  pool_plan)
 from jax_dnn._src.rnn import (get_num_params_in_gru, get_num_params_in_lstm,
                               get_num_params_in_rnn, gru, init_gru_weight, init_lstm_weight,
                               init_rnn_weight, lstm, pack_rnn_weights, rnn,
@@ -73,6 +74,7 @@ __all__ = [
     "max_pool",
     "nn",
     "pack_rnn_weights",
+    "pool_plan",
     "relu",
     "rms_norm",
     "rnn",

@@ -125,6 +125,19 @@ def test_instance_norm(device, dtype, shape):
   assert float(jnp.max(jnp.abs(dx))) <= bound, (float(jnp.max(jnp.abs(dx))), bound)
 
 
+@pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: jnp.dtype(d).name)
+@pytest.mark.parametrize("shape", [(2, 9, 8), (1, 4, 4, 4, 24)], ids=str)
+def test_instance_norm_kernels(device, dtype, shape):
+  """Instance norm under jax_dnn.config deterministic: the kernels (XLA's
+  computation is the default, group_norm_plan's by_default)."""
+  before = jax_dnn.config.deterministic
+  jax_dnn.config.update("deterministic", True)
+  try:
+    test_instance_norm(device, dtype, shape)
+  finally:
+    jax_dnn.config.update("deterministic", before)
+
+
 @pytest.mark.parametrize("offset", [100.0, 1e4])
 def test_large_mean_offset(device, offset):
   """Groups whose mean is far from 0 against their standard deviation (1):
@@ -149,7 +162,8 @@ def test_saved_statistics(device, dtype):
   shape, groups = (3, 10, 7, 40), 8
   params = [jnp.ones((1, 40), jnp.float32), jnp.zeros((1, 40), jnp.float32)]
   fwd = jax.jit(lambda x: lib.group_norm_fwd_p.bind(x, *params, groups=groups, epsilon=EPS,
-                                                    activation=lib.NO_ACTIVATION))
+                                                    activation=lib.NO_ACTIVATION,
+                                                    deterministic=False))
   for key in (31, 32):  # two inputs: a stat left unwritten cannot pass on the first one's
     x = randn(key, shape, dtype, scale=2.0, offset=3.0)
     _, stats = fwd(x)
@@ -414,6 +428,33 @@ def test_cuda_lowering_leaves_wide_channels_to_the_reference(kernels_registered)
   x = jnp.zeros((2, 9, 8192), jnp.bfloat16)
   assert "jax_dnn_group_norm" not in cuda_hlo(lambda x: jax_dnn.group_norm(x), x)
   assert "jax_dnn_group_norm_fwd" in cuda_hlo(lambda x: jax_dnn.group_norm(x[:, :, :4096]), x)
+
+
+def test_cuda_lowering_instance_norm_defaults_to_xla(kernels_registered):
+  """Instance norm (one channel a group): the plan's by_default is off, so
+  the CUDA lowering is the reference's unless deterministic; group norm's
+  stays on the kernels."""
+  del kernels_registered
+  from helpers import cuda_hlo  # pylint: disable=g-import-not-at-top
+  from jax_dnn._src import plans  # pylint: disable=g-import-not-at-top
+  x = jnp.zeros((4, 16, 16, 64), jnp.bfloat16)
+  plan = plans.group_norm_plan(4, 256, 64, 64, "bfloat16")
+  assert plan.supported and not plan.by_default and "instance norm" in plan.reason
+  assert plans.group_norm_plan(4, 256, 64, 32, "bfloat16").by_default
+  assert plans.group_norm_plan(4, 256, 1, 1, "bfloat16").by_default  # C = 1: one group
+  # New functions each time: a traced function keeps the setting it was traced under.
+  grad = lambda: (lambda x: jax.grad(lambda x: jnp.sum(jax_dnn.instance_norm(x)
+                                                       .astype(jnp.float32)))(x))
+  assert "jax_dnn_group_norm" not in cuda_hlo(grad(), x)
+  assert "jax_dnn_group_norm_fwd" in cuda_hlo(lambda x: jax_dnn.group_norm(x, num_groups=32), x)
+  before = jax_dnn.config.deterministic
+  jax_dnn.config.update("deterministic", True)
+  try:
+    text = cuda_hlo(grad(), x)
+  finally:
+    jax_dnn.config.update("deterministic", before)
+  assert "jax_dnn_group_norm_fwd" in text and "jax_dnn_group_norm_bwd" in text
+  assert "deterministic" not in text  # the plan's choice, no kernel attribute
 
 
 def test_export_with_a_symbolic_batch(kernels_registered):

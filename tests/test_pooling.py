@@ -18,6 +18,7 @@ import pytest
 import jax_dnn
 from jax_dnn._src import extension
 from jax_dnn._src import plans
+from jax_dnn._src import pooling
 from helpers import DTYPES, check_fwd_bwd, cuda_hlo, on_gpu, randn
 
 # --- the NumPy reference ------------------------------------------------------------
@@ -360,22 +361,57 @@ def test_bad_inputs(call, error, match):
 # --- the kernels' variants (CUDA lowering; GPU numerics above) ----------------------
 
 
+def _targets(text):
+  return {t for t in ("max_pool_fwd", "max_pool_bwd", "max_pool_idx_fwd", "max_pool_idx_bwd",
+                      "avg_pool_fwd", "avg_pool_bwd") if f"custom_call @jax_dnn_{t}(" in text}
+
+
+# (call, the forward's targets, the forward and backward's under grad), as
+# pool_plan chooses them by default.
+LOWERINGS = [
+    # Overlapping windows: the forward kernel; under grad the argmax offsets.
+    (lambda x: jax_dnn.max_pool(x, (3, 3), (2, 2), "SAME"),
+     {"max_pool_fwd"}, {"max_pool_idx_fwd", "max_pool_idx_bwd"}),
+    (lambda x: jax_dnn.avg_pool(x, (3, 3), (1, 1), "SAME"),
+     {"avg_pool_fwd"}, {"avg_pool_fwd", "avg_pool_bwd"}),
+    # Windows that tile the input: XLA's forward, broadcast backwards (max
+    # still writes its offsets in the kernel).
+    (lambda x: jax_dnn.avg_pool(x, (2, 2), (2, 2)), set(), set()),
+    (lambda x: jax_dnn.max_pool(x, (2, 2), (2, 2)), set(), {"max_pool_idx_fwd"}),
+    (lambda x: jax_dnn.adaptive_avg_pool(x, 3), set(), set()),
+    # Global average pooling: its reduction kernel, a broadcast backward.
+    (lambda x: jax_dnn.adaptive_avg_pool(x, 1), {"avg_pool_fwd"}, {"avg_pool_fwd"}),
+    # Uneven bins: the kernels; bins of more than 255 positions keep x and y.
+    (lambda x: jax_dnn.adaptive_max_pool(x, 4), {"max_pool_fwd"},
+     {"max_pool_idx_fwd", "max_pool_idx_bwd"}),
+    (lambda x: jax_dnn.adaptive_max_pool(x, (1, 2)), {"max_pool_fwd"},
+     {"max_pool_fwd", "max_pool_bwd"}),
+]
+
+
+def _vjp_ones(fn, x):
+  y, vjp = jax.vjp(fn, x)
+  return y, vjp(jnp.ones_like(y))[0]
+
+
 def test_cuda_lowering_calls_the_pool_kernels(monkeypatch):
-  """The CUDA lowering's custom calls, their attributes and the global
-  pool's workspace (from the plan); on a build without the kernels the
-  lowering is asked to take them anyway (it only prints the program)."""
+  """The CUDA lowering's custom calls as pool_plan chooses them, their
+  attributes and the global pool's workspace (from the plan); on a build
+  without the kernels the lowering is asked to take them anyway (it only
+  prints the program)."""
   if not jax_dnn.has_cuda_kernels():
     monkeypatch.setattr(extension, "use_kernel", lambda target: True)
   x = randn(0, (2, 9, 9, 16), jnp.bfloat16)
-  for fn, name in ((lambda x: jax_dnn.max_pool(x, (3, 3), (2, 2), "SAME"), "max_pool"),
-                   (lambda x: jax_dnn.avg_pool(x, (2, 2), (2, 2)), "avg_pool"),
-                   (lambda x: jax_dnn.adaptive_avg_pool(x, 1), "avg_pool"),
-                   (lambda x: jax_dnn.adaptive_max_pool(x, 4), "max_pool")):
-    text = cuda_hlo(lambda x: jax.vjp(fn, x)[1](fn(x)), x)
-    assert f"custom_call @jax_dnn_{name}_fwd(" in text
-    assert f"custom_call @jax_dnn_{name}_bwd(" in text
+  for i, (fn, fwd, train) in enumerate(LOWERINGS):
+    xi = randn(0, (2, 23, 23, 16), jnp.bfloat16) if i == len(LOWERINGS) - 1 else x
+    assert _targets(cuda_hlo(fn, xi)) == fwd, i
+    assert _targets(cuda_hlo(lambda x: _vjp_ones(fn, x), xi)) == train, i
   text = cuda_hlo(lambda x: jax_dnn.max_pool(x, (3, 3), (2, 2), "SAME"), x)
   assert "out_h = 5 : i64" in text and "pad_h = 1 : i64" in text and "stride_w = 2 : i64" in text
+  assert "deterministic" not in text  # the plan's choice, no kernel attribute
+  # The argmax offsets: one uint8 an output.
+  text = cuda_hlo(lambda x: _vjp_ones(LOWERINGS[0][0], x), x)
+  assert "tensor<2x1x5x5x16xui8>" in text
   # Global average pooling of few columns splits its positions over blocks:
   # the workspace [N, parts, C] is a second result of the call.
   parts = plans.pool_global_parts(1, 64, 96 * 96, 1, True, "bfloat16")
@@ -385,6 +421,150 @@ def test_cuda_lowering_calls_the_pool_kernels(monkeypatch):
   assert f"tensor<1x{parts}x64xf32>" in text
 
 
+def test_deterministic_takes_the_kernels(monkeypatch):
+  """Under jax_dnn.config deterministic, the forwards that XLA runs by
+  default (tiling windows) run the kernels; the setting is read when traced."""
+  if not jax_dnn.has_cuda_kernels():
+    monkeypatch.setattr(extension, "use_kernel", lambda target: True)
+  x = randn(0, (2, 8, 8, 16), jnp.bfloat16)
+  # New functions each time: a traced function's program is cached with
+  # the setting it was traced under.
+  fns = lambda: [lambda x: jax_dnn.avg_pool(x, (2, 2), (2, 2)),
+                 lambda x: jax_dnn.max_pool(x, (2, 2), (2, 2)),
+                 lambda x: jax_dnn.adaptive_avg_pool(x, 4)]
+  before = jax_dnn.config.deterministic
+  try:
+    jax_dnn.config.update("deterministic", True)
+    got = [_targets(cuda_hlo(fn, x)) for fn in fns()]
+  finally:
+    jax_dnn.config.update("deterministic", before)
+  assert got == [{"avg_pool_fwd"}, {"max_pool_fwd"}, {"avg_pool_fwd"}]
+  assert [_targets(cuda_hlo(fn, x)) for fn in fns()] == [set(), set(), set()]
+
+
+def test_pool_plan():
+  """pool_plan's choices: XLA forwards and broadcast backwards where the
+  windows tile the input (a VALID remainder included), the kernels for
+  overlapping windows, uneven bins and global average pooling; argmax
+  offsets for windows of at most 255 positions."""
+  plan = jax_dnn.pool_plan
+  p = plan("max_pool", (8, 112, 112, 64), (3, 3), (2, 2), ((1, 1), (1, 1)))
+  assert (p.forward, p.residuals, p.backward) == ("kernel", "argmax", "kernel")
+  p = plan("avg_pool", (8, 112, 112, 64), (2, 2), (2, 2))
+  assert (p.forward, p.residuals, p.backward) == ("xla", "none", "broadcast")
+  p = plan("avg_pool", (8, 113, 112, 64), (2, 2), (2, 2))  # an odd row past the windows
+  assert (p.forward, p.backward) == ("xla", "broadcast")
+  p = plan("avg_pool", (8, 112, 112, 64), (2, 2), (2, 2), "SAME", deterministic=True)
+  assert (p.forward, p.backward) == ("kernel", "broadcast")
+  p = plan("avg_pool", (8, 7, 7, 64), (2, 2), (2, 2), "SAME")  # padding reached
+  assert (p.forward, p.backward) == ("kernel", "kernel")
+  p = plan("max_pool", (2, 64, 64, 64, 32), (2, 2, 2), (2, 2, 2))
+  assert (p.forward, p.residuals, p.backward) == ("xla", "argmax", "broadcast")
+  p = plan("adaptive_avg_pool", (8, 14, 14, 512), output_size=7)
+  assert (p.forward, p.backward) == ("xla", "broadcast")
+  p = plan("adaptive_avg_pool", (8, 7, 7, 2048), output_size=1)
+  assert (p.forward, p.backward) == ("kernel", "broadcast")
+  assert plan("adaptive_avg_pool", (8, 7, 7, 2048), output_size=1, deterministic=True) == p
+  p = plan("adaptive_max_pool", (8, 14, 14, 512), output_size=5)
+  assert (p.forward, p.residuals, p.backward) == ("kernel", "argmax", "kernel")
+  p = plan("adaptive_max_pool", (8, 16, 16, 8), output_size=1)  # 256 positions a bin
+  assert (p.forward, p.residuals, p.backward) == ("xla", "x_y", "kernel")
+  p = plan("max_pool", (8, 15, 17, 8), (15, 17))  # 255 positions: offsets 0..254
+  assert p.residuals == "argmax"
+  with pytest.raises(ValueError, match="unknown op"):
+    plan("min_pool", (8, 4, 4, 8), (2, 2))
+
+
+def _np_argmax_offsets(x, window, strides, pads):
+  """Each window's argmax as its row-major offset into the window, 255
+  where a padded position wins (XLA's rule, padding as -inf, first max wins,
+  NaN largest): x [N, *spatial, C] fp64."""
+  spatial = x.shape[1:-1]
+  wins = [_windows(s, k, st, lo, hi) for s, k, st, (lo, hi) in zip(spatial, window, strides, pads)]
+  outs = tuple(len(w) for w in wins)
+  idx = np.zeros((x.shape[0],) + outs + (x.shape[-1],), np.uint8)
+  for o in itertools.product(*[range(k) for k in outs]):
+    starts = [wins[a][o[a]][0] for a in range(len(outs))]
+    for b, ch in itertools.product(range(x.shape[0]), range(x.shape[-1])):
+      best, where = None, None
+      for j, off in enumerate(itertools.product(*[range(k) for k in window])):
+        p = tuple(s + d for s, d in zip(starts, off))
+        inside = all(0 <= p[a] < spatial[a] for a in range(len(p)))
+        v = x[(b,) + p + (ch,)] if inside else -np.inf
+        if where is None or v > best or (np.isnan(v) and not np.isnan(best)):
+          best, where = v, (j, inside)
+      idx[(b,) + o + (ch,)] = where[0] if where[1] else 255
+  return idx
+
+
+@pytest.mark.parametrize("fill", ["small_ints", "neg_inf", "nan"])
+@pytest.mark.parametrize("case", TIE_CASES + [CASES[7], CASES[10]],
+                         ids=[str(c[0]) for c in TIE_CASES + [CASES[7], CASES[10]]])
+def test_argmax_offsets(device, case, fill):
+  """The argmax offsets that max pooling keeps for its gradient: the same
+  array from the reference (CPU) and the forward kernel (GPU), against a
+  NumPy loop; ties, windows of -inf behind padding, NaN."""
+  del device
+  shape, window, strides, padding = case
+  rng = np.random.default_rng(7)
+  x = rng.integers(0, 3, shape).astype(np.float32)
+  if fill == "neg_inf":
+    x = np.where(rng.random(shape) < 0.7, -np.inf, x).astype(np.float32)
+  elif fill == "nan":
+    x = np.where(rng.random(shape) < 0.1, np.nan, x).astype(np.float32)
+  rank = len(window)
+  xj = jnp.asarray(x, jnp.bfloat16)
+  _, params = pooling._window_params("max_pool", xj, window, strides, padding)
+  params.update(count_include_pad=False, deterministic=False)
+  x5, _ = pooling._to_3d(xj, rank)
+  y, idx = jax.jit(lambda x: pooling.max_pool_idx_fwd_p.bind(x, **params))(x5)
+  assert idx.dtype == jnp.uint8 and idx.shape == y.shape
+  want = _np_argmax_offsets(np.asarray(xj, np.float64), window, strides,
+                            _pads(shape[1:-1], window, strides, padding))
+  np.testing.assert_array_equal(np.asarray(idx).reshape(want.shape), want)
+  np.testing.assert_array_equal(np.asarray(y, np.float32).reshape(want.shape),
+                                np.asarray(nn.max_pool(xj, window, strides, padding), np.float32))
+
+
+TILED = [
+    ((2, 9, 16), (2,), (2,), "VALID"),
+    ((2, 9, 7, 3), (2, 2), (2, 2), "VALID"),  # a row and a column past the windows
+    ((1, 4, 6, 6, 16), (2, 2, 2), (2, 2, 2), "VALID"),
+    ((2, 6, 9, 5), (3, 3), (3, 3), "SAME"),  # SAME that reaches no padding
+]
+
+
+@pytest.mark.parametrize("case", TILED, ids=[str(c) for c in TILED])
+def test_tiled_backwards_are_broadcasts(device, case):
+  """Where the windows tile the input, the backwards are broadcasts in JAX
+  (no backward primitive): max's from the argmax offsets equals XLA's
+  gradient exactly (ties included), avg's is dy / prod(window)."""
+  shape, window, strides, padding = case
+  rng = np.random.default_rng(8)
+  x = jnp.asarray(rng.integers(0, 3, shape), jnp.float32)
+  dy_shape = nn.max_pool(x, window, strides, padding).shape
+  dy = jnp.asarray(rng.integers(1, 5, dy_shape), jnp.float32)
+  for ours, theirs in ((jax_dnn.max_pool, nn.max_pool), (jax_dnn.avg_pool, nn.avg_pool)):
+    fn = lambda x: ours(x, window, strides, padding)
+    grad = lambda x, dy: jax.vjp(fn, x)[1](dy)[0]
+    jaxpr = str(jax.make_jaxpr(grad)(x, dy))
+    assert "jax_dnn_max_pool_idx_bwd[" not in jaxpr and "jax_dnn_avg_pool_bwd[" not in jaxpr
+    want = jax.vjp(lambda x: theirs(x, window, strides, padding), jax.device_put(x, CPU))[1](
+        jax.device_put(dy, CPU))[0]
+    np.testing.assert_array_equal(np.asarray(jax.jit(grad)(x, dy)), np.asarray(want))
+  del device
+
+
+def test_global_avg_pool_backward_is_a_broadcast():
+  x = randn(9, (3, 7, 7, 32), jnp.float32)
+  dy = randn(10, (3, 1, 1, 32), jnp.float32)
+  grad = lambda x, dy: jax.vjp(lambda x: jax_dnn.adaptive_avg_pool(x, 1), x)[1](dy)[0]
+  assert "jax_dnn_avg_pool_bwd[" not in str(jax.make_jaxpr(grad)(x, dy))
+  # XLA may multiply by 1/49: an ulp of fp32.
+  np.testing.assert_allclose(np.asarray(grad(x, dy)),
+                             np.broadcast_to(np.asarray(dy) / np.float32(49), x.shape), rtol=2e-7)
+
+
 # Shapes that reach each kernel variant on the GPU: 16-byte channel vectors
 # (C 64 bf16, C 2048) and scalar channels (C 3, 5); the global average
 # pooling's one-block-a-column path (N*C large: (16, 7^2, 2048)) and its
@@ -392,6 +572,8 @@ def test_cuda_lowering_calls_the_pool_kernels(monkeypatch):
 # 16-bit); offsets past 2^31 elements: test_offsets_past_int32.
 GPU_VARIANTS = [
     ("max", (4, 28, 28, 64), (3, 3), (2, 2), "SAME"),
+    ("max", (2, 9, 30, 8), (2, 3), (1, 2), ((1, 0), (0, 2))),  # 32-bit floats: 4-wide vectors
+    ("max", (2, 8, 14, 16), (2, 2), (2, 2), "VALID"),
     ("avg", (4, 28, 28, 64), (2, 2), (2, 2), "VALID"),
     ("max", (3, 9, 11, 5), (3, 3), (1, 1), ((1, 1), (1, 1))),
     ("avg", (2, 6, 8, 10, 3), (2, 2, 2), (2, 2, 2), "SAME"),
@@ -414,6 +596,41 @@ def test_global_avg_pool_variants(device, shape, dtype):
   mean = lambda x: jnp.mean(x.astype(jnp.float32), axis=(1, 2), keepdims=True).astype(x.dtype)
   check_fwd_bwd(device, lambda x: jax_dnn.adaptive_avg_pool(x, 1), mean, (x,), dtype,
                 what="global avg pool")
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: jnp.dtype(d).name)
+@pytest.mark.parametrize("case", GPU_VARIANTS, ids=[str(c) for c in GPU_VARIANTS])
+def test_kernel_variants_deterministic(device, case, dtype):
+  """The same under deterministic, where the forward kernels also take the
+  tiling windows that XLA runs by default."""
+  before = jax_dnn.config.deterministic
+  jax_dnn.config.update("deterministic", True)
+  try:
+    test_kernel_variants(device, case, dtype)
+  finally:
+    jax_dnn.config.update("deterministic", before)
+
+
+# Adaptive bins on the kernels: uneven bins (argmax offsets, gather
+# backwards), bins of more than 255 positions (max keeps x and y), tiling
+# bins (XLA's forward, broadcast backward; the kernel under deterministic).
+ADAPTIVE_VARIANTS = [((4, 14, 14, 64), (5, 5)), ((2, 23, 23, 8), (1, 2)),
+                     ((4, 14, 14, 64), (7, 7)), ((2, 6, 10, 12, 5), (4, 3, 5))]
+
+
+@pytest.mark.parametrize("deterministic", [False, True])
+@pytest.mark.parametrize("kind", ["max", "avg"])
+@pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: jnp.dtype(d).name)
+@pytest.mark.parametrize("case", ADAPTIVE_VARIANTS, ids=[str(c) for c in ADAPTIVE_VARIANTS])
+def test_adaptive_kernel_variants(device, case, dtype, kind, deterministic):
+  """As test_adaptive (NumPy's first-max rule: ties in 16-bit types are
+  common), on these shapes, with and without deterministic."""
+  before = jax_dnn.config.deterministic
+  jax_dnn.config.update("deterministic", deterministic)
+  try:
+    test_adaptive(device, case, dtype, kind)
+  finally:
+    jax_dnn.config.update("deterministic", before)
 
 
 def test_global_pool_is_deterministic(device):

@@ -25,7 +25,11 @@ constexpr int kGroupNormBlockThreads = 512;
 
 struct GroupNormPlan {
   bool supported = false;
-  std::string reason;  // why not, where unsupported
+  // Whether the kernels run the problem by default; where not (instance
+  // norm: kGroupNormInstanceByDefault), XLA runs the reference unless
+  // jax_dnn.config deterministic asks for the kernels.
+  bool by_default = false;
+  std::string reason;  // why not, where unsupported or not the default
   int vec = 1;
   int threads_x = 1;
   int threads_y = 1;

@@ -16,10 +16,17 @@
 // owns a vector of channels of one input position and sums over the outputs
 // whose windows cover it. Max pooling's gradient goes to each window's first
 // maximal position in row-major window order, padding included as -inf (XLA's
-// select_and_scatter_add rule); NaN counts as the largest value. The backward
-// finds it from the forward's y: position i is the argmax of window o iff
-// x[i] equals y[o] and no position before i in the window does, so it scans a
-// window only where x[i] equals its maximum (once a window for untied data).
+// select_and_scatter_add rule); NaN counts as the largest value. Two ways:
+//   argmax indices (idx set): the forward also writes idx [N, OD, OH, OW, C]
+//     uint8, each window's argmax as its row-major offset in the window
+//     [window_d, window_h, window_w] (adaptive: the largest bins'), or
+//     kPoolNoArgmax where a padded position wins (the gradient is dropped);
+//     the backward reads dy and idx only. Windows of at most kPoolMaxArgmax
+//     positions (pooling_plan.h).
+//   from x and y (idx null; larger windows): position i is the argmax of
+//     window o iff x[i] equals y[o] and no position before i in the window
+//     does, so the backward scans a window only where x[i] equals its
+//     maximum (once a window for untied data).
 #pragma once
 
 #include <cuda_runtime.h>
@@ -39,6 +46,8 @@ struct PoolParams {
   const void* x;           // [N, D, H, W, C]: forward input; max backward's x
   const void* y;           // [N, OD, OH, OW, C]: max backward's forward output
   const void* dy;          // [N, OD, OH, OW, C]
+  void* idx;               // max: [N, OD, OH, OW, C] uint8 argmax offsets (forward
+                           // writes, backward reads), or null
   void* out;               // forward: y; backward: dx
   float* partials;         // global average pooling's [N, parts, C] (parts > 1)
   int64_t parts;           // global average pooling's blocks a column (1: none)

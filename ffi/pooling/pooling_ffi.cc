@@ -2,6 +2,8 @@
 // decode -> validate -> launch. Attributes (jax_dnn/_src/pooling.py
 // _ffi_params): adaptive, count_include_pad, and one int64 a spatial axis
 // (d, h, w) of in_*, out_*, window_*, stride_*, pad_*.
+#include <cstdint>
+#include <limits>
 #include <string>
 
 #include "ffi/common/device_info.h"
@@ -35,6 +37,9 @@ ffi::Error DecodeAttrs(const std::string& op, const ffi::Dictionary& attrs, Pool
       if (*v < f.minimum)
         return InvalidArgument(op + ": attribute " + f.name + axes[a] + " must be >= " +
                                std::to_string(f.minimum));
+      // The kernels' per-axis arithmetic is 32-bit.
+      if (*v > std::numeric_limits<int32_t>::max() / 2)
+        return InvalidArgument(op + ": attribute " + f.name + axes[a] + " must be < 2^30");
       f.values[a] = *v;
     }
   }
@@ -74,6 +79,54 @@ ffi::Error MaxPoolFwdImpl(cudaStream_t stream, ffi::AnyBuffer x, ffi::Result<ffi
   p.out = y->untyped_data();
   p.parts = 1;
   return LaunchStatus(LaunchPoolFwd(p, CurrentDeviceProps(), stream), op.c_str());
+}
+
+// idx [N, OD, OH, OW, C] uint8 (the argmax offsets, pooling.h), for windows
+// of at most kPoolMaxArgmax positions.
+ffi::Error CheckIdx(const std::string& op, const ffi::AnyBuffer& idx, const PoolParams& p) {
+  auto dims = idx.dimensions();
+  if (idx.element_type() != ffi::DataType::U8 || dims.size() != 5 || dims[0] != p.n ||
+      dims[1] != p.output[0] || dims[2] != p.output[1] || dims[3] != p.output[2] ||
+      dims[4] != p.c)
+    return InvalidArgument(op + ": idx must be uint8 [N, OD, OH, OW, C]");
+  if (p.window[0] * p.window[1] * p.window[2] > kPoolMaxArgmax)
+    return InvalidArgument(op + ": argmax offsets need windows of at most " +
+                           std::to_string(kPoolMaxArgmax) + " positions");
+  return ffi::Error::Success();
+}
+
+ffi::Error MaxPoolIdxFwdImpl(cudaStream_t stream, ffi::AnyBuffer x, ffi::Result<ffi::AnyBuffer> y,
+                             ffi::Result<ffi::AnyBuffer> idx, ffi::Dictionary attrs) {
+  const std::string op = "jax_dnn_max_pool_idx_fwd";
+  PoolParams p{};
+  p.max = true;
+  ffi::Error e = DecodeAttrs(op, attrs, p);
+  if (e.failure() || (e = CheckShape(op, "x", x, p.in, p, true)).failure() ||
+      (e = CheckShape(op, "y", *y, p.output, p, false)).failure() ||
+      (e = CheckIdx(op, *idx, p)).failure())
+    return e;
+  p.x = x.untyped_data();
+  p.out = y->untyped_data();
+  p.idx = idx->untyped_data();
+  p.parts = 1;
+  return LaunchStatus(LaunchPoolFwd(p, CurrentDeviceProps(), stream), op.c_str());
+}
+
+ffi::Error MaxPoolIdxBwdImpl(cudaStream_t stream, ffi::AnyBuffer dy, ffi::AnyBuffer idx,
+                             ffi::Result<ffi::AnyBuffer> dx, ffi::Dictionary attrs) {
+  const std::string op = "jax_dnn_max_pool_idx_bwd";
+  PoolParams p{};
+  p.max = true;
+  ffi::Error e = DecodeAttrs(op, attrs, p);
+  if (e.failure() || (e = CheckShape(op, "dx", *dx, p.in, p, true)).failure() ||
+      (e = CheckShape(op, "dy", dy, p.output, p, false)).failure() ||
+      (e = CheckIdx(op, idx, p)).failure())
+    return e;
+  p.dy = dy.untyped_data();
+  p.idx = const_cast<void*>(idx.untyped_data());
+  p.out = dx->untyped_data();
+  p.parts = 1;
+  return LaunchStatus(LaunchPoolBwd(p, stream), op.c_str());
 }
 
 ffi::Error AvgPoolFwdImpl(cudaStream_t stream, ffi::AnyBuffer x, ffi::Result<ffi::AnyBuffer> y,
@@ -151,6 +204,24 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(MaxPoolBwd, MaxPoolBwdImpl,
                                   .Arg<ffi::AnyBuffer>()  // dy [N, OD, OH, OW, C]
                                   .Arg<ffi::AnyBuffer>()  // x [N, D, H, W, C]
                                   .Arg<ffi::AnyBuffer>()  // y [N, OD, OH, OW, C]: the forward's
+                                  .Ret<ffi::AnyBuffer>()  // dx [N, D, H, W, C]
+                                  .Attrs(),               // the geometry
+                              {ffi::Traits::kCmdBufferCompatible});
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(MaxPoolIdxFwd, MaxPoolIdxFwdImpl,
+                              ffi::Ffi::Bind()
+                                  .Ctx<ffi::PlatformStream<cudaStream_t>>()
+                                  .Arg<ffi::AnyBuffer>()  // x [N, D, H, W, C]
+                                  .Ret<ffi::AnyBuffer>()  // y [N, OD, OH, OW, C]
+                                  .Ret<ffi::AnyBuffer>()  // idx [N, OD, OH, OW, C] uint8
+                                  .Attrs(),               // the geometry
+                              {ffi::Traits::kCmdBufferCompatible});
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(MaxPoolIdxBwd, MaxPoolIdxBwdImpl,
+                              ffi::Ffi::Bind()
+                                  .Ctx<ffi::PlatformStream<cudaStream_t>>()
+                                  .Arg<ffi::AnyBuffer>()  // dy [N, OD, OH, OW, C]
+                                  .Arg<ffi::AnyBuffer>()  // idx [N, OD, OH, OW, C] uint8
                                   .Ret<ffi::AnyBuffer>()  // dx [N, D, H, W, C]
                                   .Attrs(),               // the geometry
                               {ffi::Traits::kCmdBufferCompatible});

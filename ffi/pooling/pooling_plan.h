@@ -12,6 +12,13 @@
 
 namespace jax_dnn {
 
+// Max pooling's argmax indices (pooling.h): one byte an output, the window's
+// row-major offset, kPoolNoArgmax where a padded position wins; windows of
+// at most kPoolMaxArgmax positions use them (jax_dnn/_src/pooling.py keeps
+// x and y as the residuals of larger ones).
+constexpr int kPoolNoArgmax = 255;
+constexpr int kPoolMaxArgmax = 255;
+
 // Channels a thread loads as one access: a 16-byte vector (8 bf16/fp16, 4
 // fp32) where C is a multiple of it, else 1 (XLA's buffers are 16-byte
 // aligned, so every row of C channels then starts on a vector).

@@ -17,6 +17,12 @@ in a fixed order (deterministic).
 Residuals: the forward also returns each (sample, group)'s (mean, rstd) as
 `stats` [N, G, 2] fp32; the backward takes (x, scale, bias, stats).
 
+Which runs: the kernels where group_norm_plan takes the problem and runs it
+by default; instance norm (one channel a group, C > 1) runs XLA's
+computation of the references unless jax_dnn.config deterministic (read
+when traced, passed as the primitives' `deterministic` param) asks for the
+kernels (the plan's by_default and its measurement).
+
 Shapes inside the primitives: x [N, *spatial, C] as given; scale, bias
 [P, C]: sample n uses set n // (N / P). P is 1 unless vmap batched the
 parameters; the batching rules fold vmap's axis into N (and into P).
@@ -32,6 +38,7 @@ import jax.numpy as jnp
 
 from jax_dnn._src import activation as activation_lib
 from jax_dnn._src import checks
+from jax_dnn._src.config import config
 from jax_dnn._src import plans
 from jax_dnn._src import sharding
 from jax_dnn._src.batching import (NOT_MAPPED, batch_size, fold_param_sets, merge_leading,
@@ -77,15 +84,16 @@ def _affine(xhat, scale, bias):
   return (xs * sc + bs).reshape(xhat.shape)
 
 
-def _fwd_reference(x, scale, bias, *, groups, epsilon, activation):
+def _fwd_reference(x, scale, bias, *, groups, epsilon, activation, deterministic):
+  del deterministic
   xg = _grouped(x, groups)
   mean, rstd = _stats(xg, epsilon)
   y = _act(_affine(_xhat(xg, mean, rstd), scale, bias), activation)
   return y.reshape(x.shape).astype(x.dtype), jnp.stack([mean, rstd], axis=-1)
 
 
-def _bwd_reference(dy, x, scale, bias, stats, *, groups, epsilon, activation):
-  del epsilon
+def _bwd_reference(dy, x, scale, bias, stats, *, groups, epsilon, activation, deterministic):
+  del epsilon, deterministic
   xg = _grouped(x, groups)
   mean, rstd = stats[..., 0], stats[..., 1]
   xhat = _xhat(xg, mean, rstd)  # [N, S, C]
@@ -114,14 +122,14 @@ def _stats_shape(x_shape, groups):
   return (x_shape[0], groups, 2)
 
 
-def _fwd_abstract(x, scale, bias, *, groups, epsilon, activation):
-  del scale, bias, epsilon, activation
+def _fwd_abstract(x, scale, bias, *, groups, epsilon, activation, deterministic):
+  del scale, bias, epsilon, activation, deterministic
   return (ShapedArray(x.shape, x.dtype),
           ShapedArray(_stats_shape(x.shape, groups), jnp.float32))
 
 
-def _bwd_abstract(dy, x, scale, bias, stats, *, groups, epsilon, activation):
-  del dy, bias, stats, groups, epsilon, activation
+def _bwd_abstract(dy, x, scale, bias, stats, *, groups, epsilon, activation, deterministic):
+  del dy, bias, stats, groups, epsilon, activation, deterministic
   dparam = ShapedArray(scale.shape, jnp.float32)
   return ShapedArray(x.shape, x.dtype), dparam, dparam
 
@@ -134,24 +142,35 @@ def _plan(x, groups):
   return plans.group_norm_plan(n, spatial, x.shape[-1], groups, jnp.dtype(x.dtype).name)
 
 
-def _supported(avals, *, groups, **params):
+def _supported(avals, *, groups, deterministic, **params):
+  """The kernels take the problem and run it by default (the plan's
+  by_default: not instance norm), or deterministic asks for them."""
   del params
   x = avals[1] if len(avals) == 5 else avals[0]
-  return plans.is_static(*x.shape[1:]) and _plan(x, groups).supported
+  if not plans.is_static(*x.shape[1:]):
+    return False
+  plan = _plan(x, groups)
+  return plan.supported and (plan.by_default or deterministic)
 
 
-def _fwd_workspace(avals, *, groups, epsilon, activation):
+def _ffi_params(avals, *, deterministic, **params):
+  """The kernels' attributes: groups, epsilon, activation."""
+  del avals, deterministic
+  return params
+
+
+def _fwd_workspace(avals, *, groups, epsilon, activation, deterministic):
   """Each statistics block's partial sums [N, splits, G, 2]."""
-  del epsilon, activation
+  del epsilon, activation, deterministic
   x = avals[0]
   return (ShapedArray((x.shape[0], _plan(x, groups).splits, groups, 2), jnp.float32),)
 
 
-def _bwd_workspace(avals, *, groups, epsilon, activation):
+def _bwd_workspace(avals, *, groups, epsilon, activation, deterministic):
   """Each block's per-channel sums [N, splits, 2, C] (of dz and dz * xhat);
   their sums over a sample's blocks [N, 2, C] (viewed as column_sum's
   [P, N / P, 2, C]); each (sample, group)'s dx coefficients [N, G, 2]."""
-  del epsilon, activation
+  del epsilon, activation, deterministic
   x = avals[1]
   n, c = x.shape[0], x.shape[-1]
   splits = _plan(x, groups).splits
@@ -163,7 +182,7 @@ def _fold_x(x, dim, size):
   return merge_leading(move_to_front(x, dim, size))
 
 
-def _fwd_batch(args, dims, *, groups, epsilon, activation):
+def _fwd_batch(args, dims, *, groups, epsilon, activation, deterministic):
   x, scale, bias = args
   size = batch_size(args, dims)
   x = _fold_x(x, dims[0], size)
@@ -172,28 +191,30 @@ def _fwd_batch(args, dims, *, groups, epsilon, activation):
   scale, bias = (fold_param_sets(p, d, size, shared_ok=shared)
                  for p, d in zip((scale, bias), dims[1:]))
   y, stats = group_norm_fwd_p.bind(x, scale, bias, groups=groups, epsilon=epsilon,
-                                   activation=activation)
+                                   activation=activation, deterministic=deterministic)
   return [split_leading(y, size), split_leading(stats, size)], [0, 0]
 
 
-def _bwd_batch(args, dims, *, groups, epsilon, activation):
+def _bwd_batch(args, dims, *, groups, epsilon, activation, deterministic):
   dy, x, scale, bias, stats = args
   size = batch_size(args, dims)
   dy, x, stats = (_fold_x(a, d, size) for a, d in zip((dy, x, stats), (dims[0], dims[1], dims[4])))
   scale, bias = (fold_param_sets(p, d, size, shared_ok=False)
                  for p, d in zip((scale, bias), dims[2:4]))
   dx, dscale, dbias = group_norm_bwd_p.bind(dy, x, scale, bias, stats, groups=groups,
-                                            epsilon=epsilon, activation=activation)
+                                            epsilon=epsilon, activation=activation,
+                                            deterministic=deterministic)
   return [split_leading(dx, size), split_leading(dscale, size), split_leading(dbias, size)], [0] * 3
 
 
-def _sharding(operands, results, *, groups, epsilon, activation, backward=False):
+def _sharding(operands, results, *, groups, epsilon, activation, deterministic,
+              backward=False):
   """Samples split; under P > 1 parameter sets (vmap's axis folded into N as
   its major part) N is the compound (P, N / P) and splits along P, with the
   parameters. The spatial axes and channels stay whole (a group's statistics
   span them); the parameter gradients are summed over the devices holding
   samples; stats split with their samples."""
-  del results, epsilon, activation
+  del results, epsilon, activation, deterministic
   b = sharding.RuleBuilder()
   shape = operands[1] if backward else operands[0]
   param_sets, width = operands[2] if backward else operands[1]
@@ -230,6 +251,7 @@ group_norm_fwd_p = define_primitive(
     batching_rule=_fwd_batch,
     reference=_fwd_reference,
     multiple_results=True,  # (y, stats)
+    ffi_params=_ffi_params,
     supported=_supported,
     workspace=_fwd_workspace,
     sharding=_sharding,
@@ -240,6 +262,7 @@ group_norm_bwd_p = define_primitive(
     batching_rule=_bwd_batch,
     reference=_bwd_reference,
     multiple_results=True,
+    ffi_params=_ffi_params,
     supported=_supported,
     workspace=_bwd_workspace,
     sharding=functools.partial(_sharding, backward=True),
@@ -304,7 +327,8 @@ def _norm(op, x, scale, bias, groups, epsilon, activation):
   act = _activation_arg(op, activation)
   scale2 = _prepare(op, x, scale, "scale", 1.0)
   bias2 = _prepare(op, x, bias, "bias", 0.0)
-  return _group_norm(x, scale2, bias2, groups=groups, epsilon=epsilon, activation=act)
+  return _group_norm(x, scale2, bias2, groups=groups, epsilon=epsilon, activation=act,
+                     deterministic=bool(config.deterministic))
 
 
 def group_norm(x: jax.Array, scale: jax.Array | None = None, bias: jax.Array | None = None, *,

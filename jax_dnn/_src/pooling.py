@@ -28,12 +28,16 @@ and the first maximal position wins a tie; so where a window's maximum is
 gradient is dropped, as in XLA. Adaptive bins hold no padding: their first
 maximal position wins (PyTorch's choice). A NaN counts as the largest value
 (its first occurrence wins). Average pooling's gradient spreads dy / divisor
-over the window's positions inside the input. Both backward passes are
-gathers (each input position sums over the windows that cover it), hence
-deterministic. The max pool's residuals are x and y: an input position is a
-window's argmax iff it equals the window's max y and no earlier position of
-the window does, so the kernel scans a window only from positions holding
-its max (once a window for untied data) and stores no indices.
+over the window's positions inside the input. Backward passes are gathers
+(each input position sums over the windows that cover it) or, where the
+windows tile the input, broadcasts; all deterministic. Max pooling's
+residual under grad is each window's argmax as a uint8 offset into the
+window [KD, KH, KW] (row-major; NO_ARGMAX where a padded position wins), the
+same array on every platform, so the backward reads dy and one byte an
+output; windows of more than MAX_ARGMAX positions keep x and y instead (an
+input position is a window's argmax iff it equals the window's max y and no
+earlier position of the window does). Which computation runs each pass:
+pool_plan.
 """
 
 from __future__ import annotations
@@ -41,6 +45,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 import functools
 import math
+from typing import NamedTuple
 
 import jax
 from jax import lax
@@ -51,6 +56,7 @@ from jax_dnn._src import checks
 from jax_dnn._src import mesh_types
 from jax_dnn._src import plans
 from jax_dnn._src import sharding
+from jax_dnn._src.config import config
 from jax_dnn._src.batching import batch_size, merge_leading, move_to_front, split_leading
 from jax_dnn._src.primitive import ShapedArray, define_primitive
 
@@ -124,36 +130,107 @@ def _scatter_back(contrib, windows, input_shape):
 
 
 # --- references (pure JAX; what non-CUDA platforms run) -------------------------------
+#
+# Where XLA has a native form (reduce_window for pooling windows, a reshape
+# and a reduction for adaptive bins that tile the input) the forward
+# references use it: they are also what the CUDA lowering runs where the
+# kernels are not the default (_plan). Other adaptive bins gather.
+
+
+def _pad_hi(params):
+  """The high padding each axis' last window reaches (>= 0)."""
+  return tuple(max(0, (o - 1) * s + k - i - lo) for i, o, k, s, lo in zip(
+      params["input"], params["output"], params["window"], params["strides"], params["pad_lo"]))
+
+
+def _tiles(params):
+  """Whether the windows tile the input without overlap or padding: pooling
+  with stride == window and no padding reached, or adaptive bins of equal
+  size (L a multiple of the output). Inputs past the last window (VALID's
+  remainder) take no part. Such forwards are reshapes and reductions, and
+  their backwards broadcasts."""
+  if params["adaptive"]:
+    return all(i % o == 0 for i, o in zip(params["input"], params["output"]))
+  return (tuple(params["strides"]) == tuple(params["window"]) and not any(params["pad_lo"])
+          and not any(_pad_hi(params)))
+
+
+def _global(params):
+  return params["adaptive"] and tuple(params["output"]) == (1, 1, 1)
+
+
+def _tiled_view(x, params):
+  """x [N, D, H, W, C] -> [N, OD, KD, OH, KH, OW, KW, C] (tiling windows:
+  _tiles), the positions past the last window cut off."""
+  k, o = params["window"], params["output"]
+  x = x[:, :o[0] * k[0], :o[1] * k[1], :o[2] * k[2]]
+  return x.reshape((x.shape[0], o[0], k[0], o[1], k[1], o[2], k[2], x.shape[-1]))
+
+
+def _untile(dx8, params):
+  """The transpose of _tiled_view: [N, OD, KD, OH, KH, OW, KW, C] -> x's
+  shape, zeros past the last window."""
+  n, c = dx8.shape[0], dx8.shape[-1]
+  k, o, i = params["window"], params["output"], params["input"]
+  dx = dx8.reshape((n, o[0] * k[0], o[1] * k[1], o[2] * k[2], c))
+  pad = [(0, 0)] + [(0, i[a] - o[a] * k[a]) for a in range(3)] + [(0, 0)]
+  return jnp.pad(dx, pad) if any(hi for _, hi in pad) else dx
+
+
+def _reduce_window(x, init, op, params):
+  return lax.reduce_window(
+      x, init, op, (1,) + tuple(params["window"]) + (1,), (1,) + tuple(params["strides"]) + (1,),
+      [(0, 0)] + list(zip(params["pad_lo"], _pad_hi(params))) + [(0, 0)])
 
 
 def _max_fwd_reference(x, **params):
+  if not params["adaptive"]:  # flax.linen.max_pool's computation
+    return _reduce_window(x, jnp.array(-jnp.inf, x.dtype), lax.max, params)
+  if _tiles(params):
+    return jnp.max(_tiled_view(x, params), axis=(2, 4, 6))
   windows = _windows(params)
-  inside = _outer([i for _, i, _ in windows])
-  g = jnp.where(inside, _gather(x, windows), jnp.array(-jnp.inf, x.dtype))
-  if params["adaptive"]:  # positions past a bin's end are no part of it
-    g = jnp.where(_outer([s for _, _, s in windows]), g, jnp.array(-jnp.inf, x.dtype))
+  g = jnp.where(_outer([s for _, _, s in windows]) & _outer([i for _, i, _ in windows]),
+                _gather(x, windows), jnp.array(-jnp.inf, x.dtype))
   return jnp.max(g, axis=(2, 4, 6))
 
 
-def _max_argmax_onehot(x, windows):
-  """[N, OD, KD, OH, KH, OW, KW, C] bool: each window's argmax (the gradient
-  rule in the module docstring); all False where a padded position wins."""
+def _first_max(x, windows):
+  """Each window's first maximal position in row-major window order, its
+  padding taking part as -inf (adaptive bins: positions past the bin's end
+  take no part), NaN the largest: (offset [N, OD, OH, OW, C] int32 into the
+  window [KD, KH, KW], whether that position is inside the input)."""
   n, c = x.shape[0], x.shape[-1]
   inside = _outer([i for _, i, _ in windows])
   selectable = _outer([s for _, _, s in windows])
   g = jnp.where(inside, _gather(x, windows), -jnp.inf).astype(jnp.float32)
   g = jnp.where(selectable, g, -jnp.inf)
-  m = jnp.max(g, axis=(2, 4, 6), keepdims=True)
-  hit = selectable & ((g == m) | (jnp.isnan(g) & jnp.isnan(m)))
+  # NaN the largest, whatever the backend's reduction does with it.
+  nan = jnp.isnan(g)
+  m = jnp.max(jnp.where(nan, -jnp.inf, g), axis=(2, 4, 6), keepdims=True)
+  hit = selectable & jnp.where(jnp.any(nan, axis=(2, 4, 6), keepdims=True), nan, g == m)
   # Row-major window order: move the K axes last, flatten them, take the first hit.
   perm = (0, 1, 3, 5, 7, 2, 4, 6)
   ks = tuple(p.shape[1] for p, _, _ in windows)
   outs = tuple(p.shape[0] for p, _, _ in windows)
-  flat = jnp.transpose(hit, perm).reshape((n,) + outs + (c, math.prod(ks)))
-  first = jnp.argmax(flat, axis=-1)
-  onehot = (jnp.arange(math.prod(ks)) == first[..., None]) & jnp.any(flat, axis=-1, keepdims=True)
-  onehot = onehot.reshape((n,) + outs + (c,) + ks)
-  return jnp.transpose(onehot, (0, 1, 5, 2, 6, 3, 7, 4)) & inside
+  first = jnp.argmax(jnp.transpose(hit, perm).reshape((n,) + outs + (c, math.prod(ks))),
+                     axis=-1).astype(jnp.int32)
+  there = jnp.any(_onehot(first, ks) & inside, axis=(2, 4, 6))
+  return first, there
+
+
+def _onehot(offset, ks):
+  """offset [N, OD, OH, OW, C] -> [N, OD, KD, OH, KH, OW, KW, C] bool: the
+  window position each offset names (none for offsets past the window)."""
+  j = np.arange(math.prod(ks)).reshape(ks)[None, None, :, None, :, None, :, None]
+  return offset[:, :, None, :, None, :, None, :] == j
+
+
+def _max_argmax_onehot(x, windows):
+  """[N, OD, KD, OH, KH, OW, KW, C] bool: each window's argmax (the gradient
+  rule in the module docstring); all False where a padded position wins."""
+  first, there = _first_max(x, windows)
+  ks = tuple(p.shape[1] for p, _, _ in windows)
+  return _onehot(jnp.where(there, first, -1), ks)
 
 
 def _max_bwd_reference(dy, x, y, **params):
@@ -164,7 +241,39 @@ def _max_bwd_reference(dy, x, y, **params):
   return _scatter_back(jnp.where(onehot, dy5, 0.0), windows, params["input"]).astype(x.dtype)
 
 
+def _max_idx_fwd_reference(x, **params):
+  """y and the argmax offsets (uint8; NO_ARGMAX where a padded position wins)."""
+  first, there = _first_max(x, _windows(params))
+  idx = jnp.where(there, first, NO_ARGMAX).astype(jnp.uint8)
+  return _max_fwd_reference(x, **params), idx
+
+
+def _max_idx_bwd_reference(dy, idx, **params):
+  windows = _windows(params)
+  ks = tuple(params["window"])
+  dy8 = dy[:, :, None, :, None, :, None, :]
+  contrib = jnp.where(_onehot(idx.astype(jnp.int32), ks), dy8, jnp.zeros((), dy.dtype))
+  return _scatter_back(contrib.astype(jnp.float32), windows, params["input"]).astype(dy.dtype)
+
+
+def _max_bwd_tiled(dy, idx, params):
+  """Max pooling's gradient where the windows tile the input (_tiles): each
+  output's dy placed at the position its offset names, a broadcast that XLA
+  fuses into one pass (reads dy and idx, writes dx)."""
+  ks = tuple(params["window"])
+  dy8 = dy[:, :, None, :, None, :, None, :]
+  dx8 = jnp.where(_onehot(idx.astype(jnp.int32), ks), dy8, jnp.zeros((), dy.dtype))
+  return _untile(dx8, params)
+
+
 def _avg_fwd_reference(x, **params):
+  if not params["adaptive"]:
+    total = _reduce_window(x.astype(jnp.float32), jnp.array(0.0, jnp.float32), lax.add, params)
+    div = _divisor(params, _windows(params))
+    div = div if np.ndim(div) == 0 else div.squeeze((2, 4, 6))
+    return (total / div).astype(x.dtype)
+  if _tiles(params):
+    return jnp.mean(_tiled_view(x, params).astype(jnp.float32), axis=(2, 4, 6)).astype(x.dtype)
   windows = _windows(params)
   inside = _outer([i for _, i, _ in windows])
   total = jnp.sum(jnp.where(inside, _gather(x, windows).astype(jnp.float32), 0.0),
@@ -180,12 +289,108 @@ def _avg_bwd_reference(dy, **params):
   return _scatter_back(contrib, windows, params["input"]).astype(dy.dtype)
 
 
+def _avg_bwd_tiled(dy, params):
+  """Average pooling's gradient where the windows tile the input (_tiles;
+  global pooling included): dy / prod(window) broadcast over each window,
+  which XLA fuses into the consumer."""
+  g = dy.astype(jnp.float32) / np.float32(math.prod(params["window"]))
+  g8 = jnp.broadcast_to(g[:, :, None, :, None, :, None, :],
+                        (dy.shape[0],) + sum(((o, k) for o, k in zip(params["output"],
+                                                                    params["window"])), ())
+                        + (dy.shape[-1],))
+  return _untile(g8.astype(dy.dtype), params)
+
+
+# --- the plan: which computation runs each pass -----------------------------------
+#
+# Every path gives the same results on every platform; the plan picks, from
+# the static params alone, which one runs (on the GPU; elsewhere the
+# references run what the kernels would).
+
+NO_ARGMAX = 255  # ffi/pooling/pooling_plan.h kPoolNoArgmax
+MAX_ARGMAX = 255  # kPoolMaxArgmax: windows of at most this many positions keep offsets
+
+
+class PoolPlan(NamedTuple):
+  """What runs each pass of one pooling call (pool_plan).
+
+  forward: "kernel" (jax_dnn's forward kernel) or "xla" (the reference:
+    reduce_window, or a reshape and a reduction), for a call whose gradient
+    is not taken, and for average pooling's training forward.
+  residuals: max pooling under grad: "argmax" (the forward kernel also
+    writes each window's argmax offset, uint8, and the backward reads dy and
+    the offsets), or "x_y" (windows of more than MAX_ARGMAX positions: the
+    backward reads x, y and dy); "none" for average pooling.
+  backward: "kernel" (a gather kernel) or "broadcast" (the windows tile the
+    input: dy broadcast over each window, in JAX, fused by XLA).
+  reason: why, in words.
+  """
+  forward: str
+  residuals: str
+  backward: str
+  reason: str
+
+
+def _plan(params, deterministic, max_pool):
+  """The choice for a call's params (see PoolPlan). Measured on an H200
+  (bf16 unless said, against flax.linen / XLA) before the forward's runs
+  and the argmax offsets: max 3x3 s2 forward 0.89x, f32 0.56x; avg 2x2 s2
+  forward 0.61x (XLA at 4116 GB/s, the copy bandwidth); adaptive 7x7 of
+  14x14 forward 0.59x; max 2x2x2 s2 forward 0.72x; global average pooling
+  forward 2.25x. Hence:
+    - windows that tile the input (_tiles) forward through XLA, whose
+      reduce_window or reshape-reduce streams them at copy bandwidth, unless
+      deterministic (the kernels stay reachable); their backwards are
+      broadcasts (max: from the argmax offsets);
+    - global average pooling, overlapping windows and adaptive bins that do
+      not tile run the kernels (XLA would gather them);
+    - max pooling's backward from x and y (windows of more than MAX_ARGMAX
+      positions) is the kernel's whatever the windows.
+  """
+  tiles = _tiles(params)
+  if _global(params) and not max_pool:
+    forward, why = "kernel", "global average pooling runs its reduction kernel (2.25x XLA)"
+  elif tiles and not deterministic:
+    forward, why = "xla", ("the windows tile the input: XLA's reduce_window / reshape-reduce "
+                           "streams them at copy bandwidth (the kernel ran 0.61-0.72x); "
+                           "deterministic takes the kernel")
+  else:
+    forward, why = "kernel", "overlapping windows or uneven bins: the gather kernels"
+  if not max_pool:
+    residuals = "none"
+  else:
+    residuals = "argmax" if math.prod(params["window"]) <= MAX_ARGMAX else "x_y"
+  backward = "broadcast" if tiles and residuals != "x_y" else "kernel"
+  return PoolPlan(forward, residuals, backward, why)
+
+
+def pool_plan(op: str, inputs_shape: Sequence[int], window_shape=None, strides=None,
+              padding="VALID", *, output_size=None, deterministic: bool | None = None) -> PoolPlan:
+  """What runs a pooling call (PoolPlan): op "max_pool", "avg_pool",
+  "adaptive_max_pool" or "adaptive_avg_pool" with that op's arguments
+  (window_shape/strides/padding, or output_size) on inputs of this shape;
+  deterministic as jax_dnn.config's setting (None: the current one).
+  residuals is "none" for average pooling."""
+  x = jax.ShapeDtypeStruct(tuple(inputs_shape), jnp.float32)
+  if op in ("max_pool", "avg_pool"):
+    _, params = _window_params(op, x, window_shape, strides, padding)
+    params["count_include_pad"] = op == "avg_pool"
+  elif op in ("adaptive_max_pool", "adaptive_avg_pool"):
+    _, params = _adaptive_params(op, x, output_size)
+    params["count_include_pad"] = False
+  else:
+    raise ValueError(f"pool_plan: unknown op {op!r}")
+  det = config.deterministic if deterministic is None else bool(deterministic)
+  return _plan(params, det, op.endswith("max_pool"))
+
+
 # --- primitives -----------------------------------------------------------------------
 #
 # Params (static, hashable): input, output, window, strides, pad_lo: 3 ints
 # each (D, H, W); adaptive (bins instead of windows: window then holds each
 # axis' largest bin, strides and pad_lo are unused); count_include_pad (avg
-# pooling only; max pooling's is False).
+# pooling only; max pooling's is False); deterministic (jax_dnn.config's
+# setting when traced: the plan's choice, never an attribute of the kernels).
 
 
 def _y_shape(x_shape, output):
@@ -196,12 +401,18 @@ def _fwd_abstract(x, **params):
   return ShapedArray(_y_shape(x.shape, params["output"]), x.dtype)
 
 
+def _idx_fwd_abstract(x, **params):
+  shape = _y_shape(x.shape, params["output"])
+  return ShapedArray(shape, x.dtype), ShapedArray(shape, jnp.uint8)
+
+
 def _max_bwd_abstract(dy, x, y, **params):
   del dy, y, params
   return ShapedArray(x.shape, x.dtype)
 
 
-def _avg_bwd_abstract(dy, **params):
+def _dx_abstract(dy, *rest, **params):
+  del rest
   return ShapedArray((dy.shape[0],) + tuple(params["input"]) + (dy.shape[-1],), dy.dtype)
 
 
@@ -209,7 +420,10 @@ def _fold_batch(prim, args, dims, params):
   """vmap's axis folded into N: every operand [B, N, ...] -> [B * N, ...]."""
   size = batch_size(args, dims)
   args = [merge_leading(move_to_front(a, d, size)) for a, d in zip(args, dims)]
-  return split_leading(prim.bind(*args, **params), size), 0
+  out = prim.bind(*args, **params)
+  if prim.multiple_results:
+    return [split_leading(o, size) for o in out], [0] * len(out)
+  return split_leading(out, size), 0
 
 
 def _sharding(operands, results, **params):
@@ -231,10 +445,21 @@ def _kernel_takes(avals, **params):
           and min(params["input"]) > 0)
 
 
+def _max_forward_takes(avals, **params):
+  """The plain forwards: where the plan takes the kernel."""
+  return (_kernel_takes(avals, **params)
+          and _plan(params, params["deterministic"], True).forward == "kernel")
+
+
+def _avg_forward_takes(avals, **params):
+  return (_kernel_takes(avals, **params)
+          and _plan(params, params["deterministic"], False).forward == "kernel")
+
+
 def _ffi_params(avals, *, input, output, window, strides, pad_lo, adaptive,
-                count_include_pad):
+                count_include_pad, deterministic):
   """The kernels' attributes: one int a dimension (D, H, W)."""
-  del avals
+  del avals, deterministic
   attrs = dict(adaptive=adaptive, count_include_pad=count_include_pad)
   for name, v in (("in", input), ("out", output), ("window", window), ("stride", strides),
                   ("pad", pad_lo)):
@@ -257,35 +482,31 @@ def _global_workspace(avals, **params):
   return placeholder if parts <= 1 else (ShapedArray((n, parts, c), jnp.float32),)
 
 
-def _define(name, fwd_reference, bwd_reference, bwd_abstract, fwd_workspace=None):
-  fwd = define_primitive(
-      f"{name}_fwd",
-      abstract_eval=_fwd_abstract,
-      batching_rule=lambda args, dims, **p: _fold_batch(fwd, args, dims, p),
-      reference=fwd_reference,
-      multiple_results=False,
+def _define(name, abstract_eval, reference, *, supported=_kernel_takes, workspace=None,
+            multiple_results=False):
+  prim = define_primitive(
+      name,
+      abstract_eval=abstract_eval,
+      batching_rule=lambda args, dims, **p: _fold_batch(prim, args, dims, p),
+      reference=reference,
+      multiple_results=multiple_results,
       ffi_params=_ffi_params,
-      supported=_kernel_takes,
-      workspace=fwd_workspace,
+      supported=supported,
+      workspace=workspace,
       sharding=_sharding,
   )
-  bwd = define_primitive(
-      f"{name}_bwd",
-      abstract_eval=bwd_abstract,
-      batching_rule=lambda args, dims, **p: _fold_batch(bwd, args, dims, p),
-      reference=bwd_reference,
-      multiple_results=False,
-      ffi_params=_ffi_params,
-      supported=_kernel_takes,
-      sharding=_sharding,
-  )
-  return fwd, bwd
+  return prim
 
 
-max_pool_fwd_p, max_pool_bwd_p = _define("max_pool", _max_fwd_reference, _max_bwd_reference,
-                                         _max_bwd_abstract)
-avg_pool_fwd_p, avg_pool_bwd_p = _define("avg_pool", _avg_fwd_reference, _avg_bwd_reference,
-                                         _avg_bwd_abstract, fwd_workspace=_global_workspace)
+max_pool_fwd_p = _define("max_pool_fwd", _fwd_abstract, _max_fwd_reference,
+                         supported=_max_forward_takes)
+max_pool_bwd_p = _define("max_pool_bwd", _max_bwd_abstract, _max_bwd_reference)
+max_pool_idx_fwd_p = _define("max_pool_idx_fwd", _idx_fwd_abstract, _max_idx_fwd_reference,
+                             multiple_results=True)
+max_pool_idx_bwd_p = _define("max_pool_idx_bwd", _dx_abstract, _max_idx_bwd_reference)
+avg_pool_fwd_p = _define("avg_pool_fwd", _fwd_abstract, _avg_fwd_reference,
+                         supported=_avg_forward_takes, workspace=_global_workspace)
+avg_pool_bwd_p = _define("avg_pool_bwd", _dx_abstract, _avg_bwd_reference)
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(0,))
@@ -294,13 +515,26 @@ def _max_pool(params, x):
 
 
 def _max_pool_fwd(params, x):
+  p = dict(params)
+  if _plan(p, p["deterministic"], True).residuals == "argmax":
+    y, idx = max_pool_idx_fwd_p.bind(x, **p)
+    # x rides along for its type (as in _avg_pool_fwd): the backward reads
+    # dy and the offsets only.
+    return y, (idx, x, None)
   y = _max_pool(params, x)
-  return y, (x, y)
+  return y, (None, x, y)
 
 
 def _max_pool_bwd(params, res, dy):
-  x, y = res
-  dx = max_pool_bwd_p.bind(dy.astype(x.dtype), x, y, **dict(params))
+  idx, x, y = res
+  p = dict(params)
+  dy = dy.astype(x.dtype)
+  if idx is None:
+    dx = max_pool_bwd_p.bind(dy, x, y, **p)
+  elif _plan(p, p["deterministic"], True).backward == "broadcast":
+    dx = _max_bwd_tiled(dy, idx, p)
+  else:
+    dx = max_pool_idx_bwd_p.bind(dy, idx, **p)
   return (mesh_types.like_primal(dx, x),)
 
 
@@ -319,7 +553,12 @@ def _avg_pool_fwd(params, x):
 
 
 def _avg_pool_bwd(params, x, dy):
-  dx = avg_pool_bwd_p.bind(dy.astype(x.dtype), **dict(params))
+  p = dict(params)
+  dy = dy.astype(x.dtype)
+  if _plan(p, p["deterministic"], False).backward == "broadcast":
+    dx = _avg_bwd_tiled(dy, p)
+  else:
+    dx = avg_pool_bwd_p.bind(dy, **p)
   return (mesh_types.like_primal(dx, x),)
 
 
@@ -394,6 +633,7 @@ def _window_params(op, inputs, window_shape, strides, padding):
 
 def _bind(op_fn, x, rank, params):
   x5, back = _to_3d(x, rank)
+  params = dict(params, deterministic=bool(config.deterministic))
   return back(op_fn(tuple(sorted(params.items())), x5))
 
 

@@ -1,14 +1,19 @@
-"""Pooling: jax_dnn's kernels against flax.linen's pooling (XLA's
-reduce_window, and select_and_scatter for max pooling's gradient), and
-against XLA's mean for global and adaptive average pooling, on the same
-inputs, in GB/s.
+"""Pooling: jax_dnn against flax.linen's pooling (XLA's reduce_window, and
+select_and_scatter for max pooling's gradient), and against XLA's mean for
+global and adaptive average pooling, on the same inputs, in GB/s.
+
+Implementations: "ours" is jax_dnn's default (jax_dnn.pool_plan: XLA's
+forward where the windows tile the input, the kernels elsewhere);
+"kernels" is jax_dnn under jax_dnn.config deterministic, where every
+forward runs the kernels (the measurement behind pool_plan's rule).
 
 Bytes of one application (x [N, *spatial, C], y [N, *out, C], dy like y,
-dx like x; each array counted once):
+dx like x; each array counted once; the same count for every
+implementation):
   fwd      x read + y written
-  bwd      dy read + dx written (+ x read for max pooling, whose gradient
-           needs the argmax)
-  fwd+bwd  x, dy read + y, dx written
+  bwd      dy read + dx written (+ one byte an output for max pooling: the
+           argmax offsets its gradient reads)
+  fwd+bwd  x, dy read + y, dx written (+ the offsets written and read)
 """
 
 from __future__ import annotations
@@ -31,7 +36,21 @@ def _adaptive_avg_xla(x, out):
   return jnp.mean(xf, axis=(2, 4)).astype(x.dtype)
 
 
-# op -> (ours, XLA/Flax, max pooling: its backward reads x)
+def _deterministic(fn):
+  """fn traced under jax_dnn.config deterministic (read when traced)."""
+
+  def traced(x):
+    before = jax_dnn.config.deterministic
+    jax_dnn.config.update("deterministic", True)
+    try:
+      return fn(x)
+    finally:
+      jax_dnn.config.update("deterministic", before)
+
+  return traced
+
+
+# op -> (ours, XLA/Flax, max pooling: its backward reads argmax offsets)
 OPS = {
     "max_pool 3x3 s2": (lambda x: jax_dnn.max_pool(x, (3, 3), (2, 2), ((1, 1), (1, 1))),
                         lambda x: flax_pooling.max_pool(x, (3, 3), (2, 2), ((1, 1), (1, 1))),
@@ -45,6 +64,10 @@ OPS = {
                               lambda x: _adaptive_avg_xla(x, 7), False),
     "max_pool 2x2x2 s2": (lambda x: jax_dnn.max_pool(x, (2, 2, 2), (2, 2, 2)),
                           lambda x: flax_pooling.max_pool(x, (2, 2, 2), (2, 2, 2)), True),
+    "max_pool 2x2 s2": (lambda x: jax_dnn.max_pool(x, (2, 2), (2, 2)),
+                        lambda x: flax_pooling.max_pool(x, (2, 2), (2, 2)), True),
+    "avg_pool 3x3 s1": (lambda x: jax_dnn.avg_pool(x, (3, 3), (1, 1), "SAME"),
+                        lambda x: flax_pooling.avg_pool(x, (3, 3), (1, 1), "SAME"), False),
 }
 
 # (op, x shape, dtype): the ResNet stem's max pool (N 128 and 256), a 2x2
@@ -59,6 +82,8 @@ CASES = (
     ("global avg_pool", (256, 7, 7, 2048), "bfloat16"),
     ("adaptive avg_pool 7x7", (128, 14, 14, 512), "bfloat16"),
     ("max_pool 2x2x2 s2", (2, 64, 64, 64, 32), "bfloat16"),
+    ("max_pool 2x2 s2", (128, 112, 112, 64), "bfloat16"),
+    ("avg_pool 3x3 s1", (128, 56, 56, 64), "bfloat16"),
 )
 QUICK_CASES = (CASES[0], CASES[4])
 
@@ -83,12 +108,14 @@ def workload(case: harness.Case, settings: harness.Settings) -> harness.Workload
   def normal(key, i, shape):
     return jax.random.normal(jax.random.fold_in(key, i), shape, jnp.float32).astype(dtype)
 
-  bwd = y_bytes + x_bytes + (x_bytes if reads_x else 0)
+  offsets = y_bytes // dtype.itemsize if reads_x else 0
+  bwd = y_bytes + x_bytes + offsets
   return harness.Workload(
-      fns={"ours": ours, "xla": xla},
+      fns={"ours": ours, "kernels": _deterministic(ours), "xla": xla},
       args=[(normal(kx, i, case.shape),) for i in range(sets)],
       cotangents=[normal(kdy, i, y_shape) for i in range(sets)],
-      work={"fwd": x_bytes + y_bytes, "bwd": bwd, "fwd+bwd": 2 * (x_bytes + y_bytes)},
+      work={"fwd": x_bytes + y_bytes, "bwd": bwd,
+            "fwd+bwd": 2 * (x_bytes + y_bytes + offsets)},
       tolerance=harness.tolerance(dtype))
 
 
@@ -99,5 +126,6 @@ def plot_point(row: dict):
 
 
 FAMILY = harness.Family(
-    name="pooling", unit="GB/s", ceiling="copy", impls=("ours", "xla"), reference=("xla",),
+    name="pooling", unit="GB/s", ceiling="copy", impls=("ours", "kernels", "xla"),
+    reference=("xla",),
     cases=cases, workload=workload, plot_point=plot_point, plot_x="input size (MB)")
