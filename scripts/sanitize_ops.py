@@ -5,8 +5,9 @@ so that compute-sanitizer can check them: see scripts/gpu_check.sh.
 sanitize_ops.py conv` the convolutions only (also part of the default run),
 `python3 sanitize_ops.py group_norm` group and instance norm only, `python3
 sanitize_ops.py pool` the pooling kernels only, `python3 sanitize_ops.py
-batch_norm` batch norm's kernels only (these three also part of the default
-and `ops` runs).
+batch_norm` batch norm's kernels only, `python3 sanitize_ops.py rnn` the
+recurrence kernels only (these four also part of the default and `ops`
+runs).
 
 The row ops come from the table of ops (tests/op_cases.py): each one with
 `rows` set runs over SHAPES; attention's layouts, and the kernels' paths
@@ -235,8 +236,40 @@ def batch_norm(key):
           jnp.stack([p, p]))
 
 
+def rnn(key):
+  """The recurrence kernels through lstm / gru / rnn: each kind and dtype,
+  two bidirectional layers (forward and reverse kernels), ragged lengths
+  with a 0, a length past T and full ones, B = 1, a hidden size that is
+  no multiple of 8, and vmap (folded into the batch)."""
+  b, t, i = 5, 9, 12
+  lengths = jnp.array([9, 0, 4, 12, 1], jnp.int32)
+  for dtype in (jnp.bfloat16, jnp.float16, jnp.float32):
+    for hidden in (24, 37):
+      x = jax.random.normal(key, (b, t, i), jnp.float32).astype(dtype)
+      h0 = (0.5 * jax.random.normal(key, (4, b, hidden), jnp.float32)).astype(dtype)
+      for name, init in (("lstm", jax_dnn.init_lstm_weight), ("gru", jax_dnn.init_gru_weight),
+                         ("rnn", jax_dnn.init_rnn_weight)):
+        w = init(key, i, hidden, 2, True).astype(dtype)
+        opts = dict(input_size=i, hidden_size=hidden, num_layers=2, dropout=0.0,
+                    bidirectional=True)
+        if name == "lstm":
+          fn = lambda x, h, w: jax_dnn.lstm(x, h, h, w, lengths, **opts)[0]
+        else:
+          fn = lambda x, h, w, f=getattr(jax_dnn, name): f(x, h, w, lengths, **opts)[0]
+        run(jax.jit(fn), x, h0, w)
+  x = jax.random.normal(key, (2, 1, 6, i), jnp.float32).astype(jnp.bfloat16)
+  h0 = jnp.zeros((2, 1, 1, 32), jnp.bfloat16) + 0.1
+  w = jax_dnn.init_gru_weight(key, i, 32, 1, False).astype(jnp.bfloat16)
+  fn = lambda x, h: jax_dnn.gru(x, h, w, jnp.array([6], jnp.int32), i, 32, 1, 0.0, False)[0]
+  run(jax.jit(jax.vmap(fn)), x, h0)
+
+
 def main():
   key = jax.random.key(0)
+  if sys.argv[1:] == ["rnn"]:
+    rnn(key)
+    print("sanitize_ops: recurrence kernels ran")
+    return
   if sys.argv[1:] == ["group_norm"]:
     group_norm(key)
     print("sanitize_ops: group norm kernels ran")
@@ -263,6 +296,7 @@ def main():
   group_norm(key)
   pool(key)  # memory-bound: part of "ops" too
   batch_norm(key)
+  rnn(key)
   row_ops = [case for case in CASES if case.rows]
   for dtype in (jnp.float32, jnp.bfloat16, jnp.float16):
     for shape in SHAPES:
