@@ -464,7 +464,9 @@ def test_phases_on_the_kernels(gpu, case, dtype):
   outputs poisoned; the data gradient ran as phases on the kernels."""
   name, fn, x_shape, w_shape = case
   x, w = randn(30, x_shape, dtype), randn(31, w_shape, dtype, scale=0.1)
-  assert _names(_grad(fn), x, w)[1] == 0, name
+  # No fp16 3D forward kernel: its phases are not taken, XLA's dgrad runs.
+  xla_dgrad = dtype == jnp.float16 and len(x_shape) == 5
+  assert _names(_grad(fn), x, w)[1] == int(xla_dgrad), name
   reused = check_fwd_bwd(gpu, fn, _NAIVE[name], [x, w], dtype, what=name)
   assert reused >= 1, "the output did not land in a poisoned buffer"
 

@@ -773,14 +773,16 @@ def test_kernels_against_the_per_step_reference(gpu, mode, dtype):
   x, h_0, c_0, w = _problem(mode, batch, steps, inputs, hidden, layers, True, dtype=dtype, key=70)
   lens = _lens(batch, steps)
   static = (inputs, hidden, layers, True)
+  # check_fwd_bwd takes one output: y, h_n (and c_n) flattened into one.
+  flat = lambda outs: jnp.concatenate([o.reshape(-1) for o in outs])
   if mode == "lstm":
     args = (x, h_0, c_0, w)
-    ours = lambda x, h, c, w: _ours(mode, x, h, c, w, lens, *static)
-    naive = lambda x, h, c, w: _naive(mode, x, h, c, w, lens, *static)
+    ours = lambda x, h, c, w: flat(_ours(mode, x, h, c, w, lens, *static))
+    naive = lambda x, h, c, w: flat(_naive(mode, x, h, c, w, lens, *static))
   else:
     args = (x, h_0, w)
-    ours = lambda x, h, w: _ours(mode, x, h, None, w, lens, *static)
-    naive = lambda x, h, w: _naive(mode, x, h, None, w, lens, *static)
+    ours = lambda x, h, w: flat(_ours(mode, x, h, None, w, lens, *static))
+    naive = lambda x, h, w: flat(_naive(mode, x, h, None, w, lens, *static))
   check_fwd_bwd(gpu, ours, naive, args, dtype, key=71, what=mode)
 
 
