@@ -357,6 +357,7 @@ void DefinePlans(nb::module_& m) {
   nb::class_<jax_dnn::RnnPlan>(m, "RnnPlan")
       .def_ro("supported", &jax_dnn::RnnPlan::supported)
       .def_ro("reason", &jax_dnn::RnnPlan::reason)
+      .def_ro("by_default", &jax_dnn::RnnPlan::by_default)
       .def_ro("variant", &jax_dnn::RnnPlan::variant)
       .def_ro("units", &jax_dnn::RnnPlan::units)
       .def_ro("streamed", &jax_dnn::RnnPlan::streamed)

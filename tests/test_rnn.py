@@ -510,7 +510,7 @@ def test_torch_state_dict_runs_pytorchs_equations():
 
 
 class _FakePlan:
-  supported, reason, variant = True, "", 3
+  supported, by_default, reason, variant = True, True, "", 3
   fwd_workspace_bytes, bwd_workspace_bytes = 1234, 5678
 
 

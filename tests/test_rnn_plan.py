@@ -124,6 +124,15 @@ def test_plan_declines(kind, dtype, t, b, h, sms, why):
   assert plan.variant == -1
 
 
+def test_by_default_up_to_batch_64():
+  """Past 64 rows the kernels still take a problem (the plan's variant runs
+  when asked) but the op runs the scan by default."""
+  assert _plan("lstm", "bfloat16", 8, 64, 512).by_default
+  big = _plan("lstm", "bfloat16", 8, 65, 512)
+  assert big.supported and not big.by_default
+  assert not _plan("lstm", "bfloat16", 0, 4, 64).by_default
+
+
 def test_plan_bounds():
   """32 units a block at 132 SMs reach H = 4224; one more unit declines."""
   assert _plan("rnn_tanh", "bfloat16", 4, 4, 4224).supported

@@ -85,6 +85,7 @@ RnnPlan PlanRnn(RnnKind kind, DType dtype, int64_t seq_len, int64_t batch, int64
     if (l.blocks > sms) continue;
     if (l.fwd_smem_bytes > kRnnMaxSmemBytes || l.bwd_smem_bytes > kRnnMaxSmemBytes) continue;
     plan.supported = true;
+    plan.by_default = batch <= kRnnDefaultMaxBatch;
     plan.variant = id;
     plan.units = v.units;
     plan.streamed = v.streamed;

@@ -37,6 +37,11 @@ constexpr int kRnnWarps = kRnnThreads / 32;
 constexpr int kRnnChunkRows = 128;
 // Opt-in dynamic shared memory a block may use on sm_90 (227 KiB).
 constexpr int64_t kRnnMaxSmemBytes = 227 * 1024;
+// The largest batch the kernels run by default: every block reads the whole
+// h [B, H] each step, so past small batches the scan's one large GEMM a step
+// wins (LSTM bf16 fwd+bwd on an H200: B=16 H=768 2.2x the scan, B=64 H=512
+// 1.5x, B=256 H=1024 0.5x). Larger batches run the reference.
+constexpr int64_t kRnnDefaultMaxBatch = 64;
 // SMs assumed where no device is known (an H100 SXM's 132).
 constexpr int kRnnDefaultSms = 132;
 
@@ -78,6 +83,9 @@ RnnLayout RnnLayoutFor(RnnKind kind, DType dtype, int64_t batch, int64_t hidden,
 struct RnnPlan {
   bool supported = false;
   std::string reason;  // why not, where unsupported
+  // The kernels run by default (else the reference's scan, faster there):
+  // see kRnnDefaultMaxBatch.
+  bool by_default = false;
   int variant = -1;    // RnnVariantById's id
   int units = 0;
   bool streamed = false;

@@ -192,7 +192,7 @@ def rnn_plan(kind: str, dtype: str, seq_len: int, batch: int, hidden: int,
              device=None) -> Any:
   """The persistent recurrence kernels' plan for one layer and direction:
   kind "lstm" | "gru" | "rnn_tanh" | "rnn_relu", gx [seq_len, batch, G *
-  hidden] of dtype (RnnPlan: supported, reason, variant (the FFI targets'
+  hidden] of dtype (RnnPlan: supported, reason, by_default, variant (the FFI targets'
   `variant` attribute), units, streamed, global_state, blocks, fwd_workspace_bytes,
   bwd_workspace_bytes, fwd_smem_bytes, bwd_smem_bytes). A dtype the kernels
   do not take gives supported=False with the reason; an unknown kind raises

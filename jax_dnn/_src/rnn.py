@@ -262,14 +262,15 @@ def _plan(avals, kind):
 
 
 def _supported(avals, *, kind, reverse, exact):
-  """The kernels' plan takes the call; fp32 at HIGHEST precision (exact
-  fp32 products, which the kernels' TF32 tensor cores do not give) runs the
-  reference."""
+  """The kernels' plan takes the call and runs it by default (batches past
+  the plan's kRnnDefaultMaxBatch run the reference's scan, faster there);
+  fp32 at HIGHEST precision (exact fp32 products, which the kernels' TF32
+  tensor cores do not give) runs the reference."""
   del reverse
   if exact:
     return False
   plan = _plan(avals, kind)
-  return plan is not None and bool(plan.supported)
+  return plan is not None and bool(plan.supported) and bool(plan.by_default)
 
 
 def _ffi_params(avals, *, kind, reverse, exact):
