@@ -241,9 +241,10 @@ cudaError_t Launch(const RnnBwdParams& p, const RnnLayout& l, RnnVariant v, cuda
                                        static_cast<int>(l.bwd_smem_bytes));
   if (e != cudaSuccess) return e;
   void* args[] = {const_cast<RnnBwdParams*>(&p), const_cast<RnnLayout*>(&l), &v};
-  return cudaLaunchCooperativeKernel(reinterpret_cast<void*>(kernel),
-                                     dim3(static_cast<unsigned>(l.blocks)), dim3(kRnnThreads),
-                                     args, static_cast<size_t>(l.bwd_smem_bytes), stream);
+  e = cudaLaunchCooperativeKernel(reinterpret_cast<void*>(kernel),
+                                 dim3(static_cast<unsigned>(l.blocks)), dim3(kRnnThreads), args,
+                                 static_cast<size_t>(l.bwd_smem_bytes), stream);
+  return e != cudaSuccess ? e : cudaGetLastError();
 }
 
 template <typename T, int G>

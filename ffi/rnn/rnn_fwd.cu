@@ -219,9 +219,10 @@ cudaError_t Launch(const RnnFwdParams& p, const RnnLayout& l, RnnVariant v, cuda
   void* args[] = {const_cast<RnnFwdParams*>(&p), const_cast<RnnLayout*>(&l), &v};
   // Cooperative: all blocks co-resident (the plan keeps them <= SMs), else
   // cudaErrorCooperativeLaunchTooLarge rather than a hang.
-  return cudaLaunchCooperativeKernel(reinterpret_cast<void*>(kernel),
-                                     dim3(static_cast<unsigned>(l.blocks)), dim3(kRnnThreads),
-                                     args, static_cast<size_t>(l.fwd_smem_bytes), stream);
+  e = cudaLaunchCooperativeKernel(reinterpret_cast<void*>(kernel),
+                                 dim3(static_cast<unsigned>(l.blocks)), dim3(kRnnThreads), args,
+                                 static_cast<size_t>(l.fwd_smem_bytes), stream);
+  return e != cudaSuccess ? e : cudaGetLastError();
 }
 
 template <typename T, int G>
