@@ -28,6 +28,18 @@ from jax_dnn._src import extension
 from jax_dnn._src import plans
 
 _TARGETS = ("jax_dnn_conv_fwd", "jax_dnn_conv_dgrad", "jax_dnn_conv_wgrad")
+
+
+@pytest.fixture(autouse=True)
+def default_settings():
+  """Each test from jax_dnn.config's defaults (deterministic and benchmark
+  off: which calls run the phases depends on them), restored after."""
+  saved = jax_dnn.config.deterministic, jax_dnn.config.benchmark
+  jax_dnn.config.update("deterministic", False)
+  jax_dnn.config.update("benchmark", False)
+  yield
+  jax_dnn.config.update("deterministic", saved[0])
+  jax_dnn.config.update("benchmark", saved[1])
 _DN = {1: ("NWC", "WIO", "NWC"), 2: ("NHWC", "HWIO", "NHWC"), 3: ("NDHWC", "DHWIO", "NDHWC")}
 
 
