@@ -369,9 +369,10 @@ def _targets(text):
 # (call, the forward's targets, the forward and backward's under grad), as
 # pool_plan chooses them by default.
 LOWERINGS = [
-    # Overlapping windows: the forward kernel; under grad the argmax offsets.
+    # Overlapping max windows: XLA's forward alone; under grad the kernels
+    # (the argmax offsets). Overlapping average windows: the kernels.
     (lambda x: jax_dnn.max_pool(x, (3, 3), (2, 2), "SAME"),
-     {"max_pool_fwd"}, {"max_pool_idx_fwd", "max_pool_idx_bwd"}),
+     set(), {"max_pool_idx_fwd", "max_pool_idx_bwd"}),
     (lambda x: jax_dnn.avg_pool(x, (3, 3), (1, 1), "SAME"),
      {"avg_pool_fwd"}, {"avg_pool_fwd", "avg_pool_bwd"}),
     # Windows that tile the input: XLA's forward, broadcast backwards (max
@@ -406,7 +407,7 @@ def test_cuda_lowering_calls_the_pool_kernels(monkeypatch):
     xi = randn(0, (2, 23, 23, 16), jnp.bfloat16) if i == len(LOWERINGS) - 1 else x
     assert _targets(cuda_hlo(fn, xi)) == fwd, i
     assert _targets(cuda_hlo(lambda x: _vjp_ones(fn, x), xi)) == train, i
-  text = cuda_hlo(lambda x: jax_dnn.max_pool(x, (3, 3), (2, 2), "SAME"), x)
+  text = cuda_hlo(lambda x: _vjp_ones(lambda x: jax_dnn.max_pool(x, (3, 3), (2, 2), "SAME"), x), x)
   assert "out_h = 5 : i64" in text and "pad_h = 1 : i64" in text and "stride_w = 2 : i64" in text
   assert "deterministic" not in text  # the plan's choice, no kernel attribute
   # The argmax offsets: one uint8 an output.
@@ -444,12 +445,17 @@ def test_deterministic_takes_the_kernels(monkeypatch):
 
 def test_pool_plan():
   """pool_plan's choices: XLA forwards and broadcast backwards where the
-  windows tile the input (a VALID remainder included), the kernels for
-  overlapping windows, uneven bins and global average pooling; argmax
+  windows tile the input (a VALID remainder included), XLA's forward alone
+  for overlapping max windows, the kernels for overlapping average windows,
+  uneven bins and global average pooling; argmax
   offsets for windows of at most 255 positions."""
   plan = jax_dnn.pool_plan
   p = plan("max_pool", (8, 112, 112, 64), (3, 3), (2, 2), ((1, 1), (1, 1)))
+  assert (p.forward, p.residuals, p.backward) == ("xla", "argmax", "kernel")
+  p = plan("max_pool", (8, 112, 112, 64), (3, 3), (2, 2), ((1, 1), (1, 1)), deterministic=True)
   assert (p.forward, p.residuals, p.backward) == ("kernel", "argmax", "kernel")
+  p = plan("avg_pool", (8, 112, 112, 64), (3, 3), (1, 1), "SAME")
+  assert (p.forward, p.backward) == ("kernel", "kernel")
   p = plan("avg_pool", (8, 112, 112, 64), (2, 2), (2, 2))
   assert (p.forward, p.residuals, p.backward) == ("xla", "none", "broadcast")
   p = plan("avg_pool", (8, 113, 112, 64), (2, 2), (2, 2))  # an odd row past the windows

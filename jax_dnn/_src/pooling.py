@@ -333,17 +333,20 @@ class PoolPlan(NamedTuple):
 
 def _plan(params, deterministic, max_pool):
   """The choice for a call's params (see PoolPlan). Measured on an H200
-  (bf16 unless said, against flax.linen / XLA) before the forward's runs
-  and the argmax offsets: max 3x3 s2 forward 0.89x, f32 0.56x; avg 2x2 s2
-  forward 0.61x (XLA at 4116 GB/s, the copy bandwidth); adaptive 7x7 of
-  14x14 forward 0.59x; max 2x2x2 s2 forward 0.72x; global average pooling
-  forward 2.25x. Hence:
+  (bf16 unless said, against flax.linen / XLA): the tiling forwards
+  (avg 2x2 s2, adaptive 7x7 of 14x14, max 2x2x2 s2) 0.55-0.72x (XLA at
+  the copy bandwidth); max 3x3 s2 forward alone 0.77x, f32 0.62x, but
+  forward + backward 2.2x (the argmax offsets); global average pooling
+  forward 1.6-2.4x. Hence:
     - windows that tile the input (_tiles) forward through XLA, whose
       reduce_window or reshape-reduce streams them at copy bandwidth, unless
       deterministic (the kernels stay reachable); their backwards are
       broadcasts (max: from the argmax offsets);
-    - global average pooling, overlapping windows and adaptive bins that do
-      not tile run the kernels (XLA would gather them);
+    - max pooling's forward alone over overlapping windows runs XLA's
+      reduce_window unless deterministic; under grad the kernel runs (it
+      writes the argmax offsets);
+    - global average pooling, overlapping average windows and adaptive bins
+      that do not tile run the kernels (XLA would gather them);
     - max pooling's backward from x and y (windows of more than MAX_ARGMAX
       positions) is the kernel's whatever the windows.
   """
@@ -354,6 +357,10 @@ def _plan(params, deterministic, max_pool):
     forward, why = "xla", ("the windows tile the input: XLA's reduce_window / reshape-reduce "
                            "streams them at copy bandwidth (the kernel ran 0.61-0.72x); "
                            "deterministic takes the kernel")
+  elif max_pool and not params["adaptive"] and not deterministic:
+    forward, why = "xla", ("max pooling's forward alone (no gradient): XLA's reduce_window "
+                           "(the kernel ran 0.77x bf16, 0.62x f32 at 3x3 s2); under grad the "
+                           "kernel writes the argmax offsets; deterministic takes the kernel")
   else:
     forward, why = "kernel", "overlapping windows or uneven bins: the gather kernels"
   if not max_pool:
