@@ -14,6 +14,7 @@
 #include <cuda_fp16.h>
 
 #include <cstdint>
+#include <type_traits>
 
 #include "ffi/common/device.cuh"
 #include "ffi/rnn/rnn_plan.h"
@@ -202,6 +203,50 @@ __device__ __forceinline__ float LoadCgF<__nv_bfloat16>(const __nv_bfloat16* p) 
 template <>
 __device__ __forceinline__ float LoadCgF<__half>(const __half* p) {
   return __half2float(__ldcg(p));
+}
+
+// One cooperative launch of KernelOf<T, G, U>::Get() (all blocks
+// co-resident: the plan keeps them <= SMs, else
+// cudaErrorCooperativeLaunchTooLarge rather than a hang), dispatched over
+// the dtype, the gates of p.kind and the variant's units a block. The
+// kernels take (Params, RnnLayout, RnnVariant) by value.
+template <template <typename, int, int> class KernelOf, typename Params>
+cudaError_t LaunchCooperative(const Params& p, const RnnLayout& l, RnnVariant v,
+                              int64_t smem_bytes, cudaStream_t stream) {
+  auto launch = [&](auto kernel) -> cudaError_t {
+    cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                         static_cast<int>(smem_bytes));
+    if (e != cudaSuccess) return e;
+    void* args[] = {const_cast<Params*>(&p), const_cast<RnnLayout*>(&l), &v};
+    e = cudaLaunchCooperativeKernel(reinterpret_cast<void*>(kernel),
+                                    dim3(static_cast<unsigned>(l.blocks)), dim3(kRnnThreads),
+                                    args, static_cast<size_t>(smem_bytes), stream);
+    return e != cudaSuccess ? e : cudaGetLastError();
+  };
+  return DispatchDType(p.dtype, [&](auto tag) -> cudaError_t {
+    using T = typename decltype(tag)::type;
+    auto units = [&](auto gates) -> cudaError_t {
+      constexpr int G = decltype(gates)::value;
+      switch (v.units) {
+        case 8:
+          return launch(KernelOf<T, G, 8>::Get());
+        case 16:
+          return launch(KernelOf<T, G, 16>::Get());
+        case 32:
+          return launch(KernelOf<T, G, 32>::Get());
+        default:
+          return cudaErrorInvalidValue;
+      }
+    };
+    switch (RnnGates(p.kind)) {
+      case 4:
+        return units(std::integral_constant<int, 4>{});
+      case 3:
+        return units(std::integral_constant<int, 3>{});
+      default:
+        return units(std::integral_constant<int, 1>{});
+    }
+  });
 }
 
 }  // namespace rnn

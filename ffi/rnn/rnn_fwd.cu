@@ -211,34 +211,9 @@ __global__ void __launch_bounds__(kRnnThreads, 1)
 }
 
 template <typename T, int G, int U>
-cudaError_t Launch(const RnnFwdParams& p, const RnnLayout& l, RnnVariant v, cudaStream_t stream) {
-  auto kernel = RnnFwdKernel<T, G, U>;
-  cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                       static_cast<int>(l.fwd_smem_bytes));
-  if (e != cudaSuccess) return e;
-  void* args[] = {const_cast<RnnFwdParams*>(&p), const_cast<RnnLayout*>(&l), &v};
-  // Cooperative: all blocks co-resident (the plan keeps them <= SMs), else
-  // cudaErrorCooperativeLaunchTooLarge rather than a hang.
-  e = cudaLaunchCooperativeKernel(reinterpret_cast<void*>(kernel),
-                                 dim3(static_cast<unsigned>(l.blocks)), dim3(kRnnThreads), args,
-                                 static_cast<size_t>(l.fwd_smem_bytes), stream);
-  return e != cudaSuccess ? e : cudaGetLastError();
-}
-
-template <typename T, int G>
-cudaError_t LaunchUnits(const RnnFwdParams& p, const RnnLayout& l, RnnVariant v,
-                        cudaStream_t stream) {
-  switch (v.units) {
-    case 8:
-      return Launch<T, G, 8>(p, l, v, stream);
-    case 16:
-      return Launch<T, G, 16>(p, l, v, stream);
-    case 32:
-      return Launch<T, G, 32>(p, l, v, stream);
-    default:
-      return cudaErrorInvalidValue;
-  }
-}
+struct KernelOf {
+  static auto Get() { return RnnFwdKernel<T, G, U>; }
+};
 
 }  // namespace
 
@@ -246,17 +221,7 @@ cudaError_t LaunchRnnFwd(const RnnFwdParams& p, cudaStream_t stream) {
   const RnnVariant v = RnnVariantById(p.variant);
   if (v.units == 0) return cudaErrorInvalidValue;
   const RnnLayout l = RnnLayoutFor(p.kind, p.dtype, p.batch, p.hidden, v);
-  return DispatchDType(p.dtype, [&](auto tag) {
-    using T = typename decltype(tag)::type;
-    switch (RnnGates(p.kind)) {
-      case 4:
-        return LaunchUnits<T, 4>(p, l, v, stream);
-      case 3:
-        return LaunchUnits<T, 3>(p, l, v, stream);
-      default:
-        return LaunchUnits<T, 1>(p, l, v, stream);
-    }
-  });
+  return rnn::LaunchCooperative<KernelOf>(p, l, v, l.fwd_smem_bytes, stream);
 }
 
 }  // namespace jax_dnn
