@@ -191,8 +191,13 @@ def test_cuda_lowering_calls_kernels(name):
   text = cuda_hlo(jax.grad(loss, case.argnums), *args)
   for target in bwd:
     assert f"custom_call @{target}(" in text, target
-  batched = [_stack(a, 0, 2, 70 + i) for i, a in enumerate(args)]
-  assert f"custom_call @{fwd}(" in cuda_hlo(jax.vmap(case.fn), *batched)
+  if case.vmap_all_kernels:
+    batched = [_stack(a, 0, 2, 70 + i) for i, a in enumerate(args)]
+    assert f"custom_call @{fwd}(" in cuda_hlo(jax.vmap(case.fn), *batched)
+  else:
+    axes = (0,) + (None,) * (len(args) - 1)
+    mapped = jax.vmap(case.fn, in_axes=axes)
+    assert f"custom_call @{fwd}(" in cuda_hlo(mapped, _stack(args[0], 0, 2, 70), *args[1:])
 
 
 def _public_ops():
