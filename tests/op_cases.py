@@ -403,7 +403,7 @@ CASES += [
         "adaptive_max_pool",
         lambda x: jax_dnn.adaptive_max_pool(x, (1, 3)),
         lambda x: _adaptive_reference(x, (1, 3), jnp.max),
-        (8, 27, 31, 4), (_POOL,), ("jax_dnn_max_pool_fwd", "jax_dnn_max_pool_bwd"), **_POOL_OPTS),
+        (8, 28, 31, 4), (_POOL,), ("jax_dnn_max_pool_fwd", "jax_dnn_max_pool_bwd"), **_POOL_OPTS),
     OpCase(
         "adaptive_avg_pool",
         lambda x: jax_dnn.adaptive_avg_pool(x, (4, 1)),
