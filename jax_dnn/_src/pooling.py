@@ -452,15 +452,10 @@ def _kernel_takes(avals, **params):
           and min(params["input"]) > 0)
 
 
-def _max_forward_takes(avals, **params):
+def _forward_takes(avals, *, max_pool, **params):
   """The plain forwards: where the plan takes the kernel."""
   return (_kernel_takes(avals, **params)
-          and _plan(params, params["deterministic"], True).forward == "kernel")
-
-
-def _avg_forward_takes(avals, **params):
-  return (_kernel_takes(avals, **params)
-          and _plan(params, params["deterministic"], False).forward == "kernel")
+          and _plan(params, params["deterministic"], max_pool).forward == "kernel")
 
 
 def _ffi_params(avals, *, input, output, window, strides, pad_lo, adaptive,
@@ -506,13 +501,14 @@ def _define(name, abstract_eval, reference, *, supported=_kernel_takes, workspac
 
 
 max_pool_fwd_p = _define("max_pool_fwd", _fwd_abstract, _max_fwd_reference,
-                         supported=_max_forward_takes)
+                         supported=functools.partial(_forward_takes, max_pool=True))
 max_pool_bwd_p = _define("max_pool_bwd", _max_bwd_abstract, _max_bwd_reference)
 max_pool_idx_fwd_p = _define("max_pool_idx_fwd", _idx_fwd_abstract, _max_idx_fwd_reference,
                              multiple_results=True)
 max_pool_idx_bwd_p = _define("max_pool_idx_bwd", _dx_abstract, _max_idx_bwd_reference)
 avg_pool_fwd_p = _define("avg_pool_fwd", _fwd_abstract, _avg_fwd_reference,
-                         supported=_avg_forward_takes, workspace=_global_workspace)
+                         supported=functools.partial(_forward_takes, max_pool=False),
+                         workspace=_global_workspace)
 avg_pool_bwd_p = _define("avg_pool_bwd", _dx_abstract, _avg_bwd_reference)
 
 
