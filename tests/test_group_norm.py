@@ -399,7 +399,7 @@ def kernels_registered(monkeypatch):
 def test_cuda_lowering_workspaces(kernels_registered):
   """The Stable-Diffusion layer (8 x 64^2 x 320 bf16): the forward's partials
   [N, splits, G, 2] and the backward's three workspaces as the plan sizes
-  them (no device here: 132 SMs, 2 blocks each over chunks of 4 samples, 66
+  them (no device here: 132 SMs, 2 blocks each over the 8 samples, 33
   splits a sample)."""
   del kernels_registered
   from helpers import cuda_hlo  # pylint: disable=g-import-not-at-top
@@ -410,10 +410,10 @@ def test_cuda_lowering_workspaces(kernels_registered):
                                x, s, b)[1](x)
   text = cuda_hlo(fn, x, scale, scale)
   plan = plans.group_norm_plan(8, 4096, 320, 32, "bfloat16")
-  assert plan.supported and (plan.vec, plan.threads_x, plan.threads_y) == (8, 40, 12)
+  assert plan.supported and (plan.vec, plan.threads_x, plan.threads_y) == (8, 40, 6)
   splits = plan.splits
   if plans.current_device().sm_count == 0:
-    assert splits == 66
+    assert splits == 33
   assert f"tensor<8x{splits}x32x2xf32>" in text
   assert f"tensor<8x{splits}x2x320xf32>" in text and "tensor<8x2x320xf32>" in text
   assert "jax_dnn_group_norm_fwd" in text and "jax_dnn_group_norm_bwd" in text
@@ -474,17 +474,18 @@ def test_export_with_a_symbolic_batch(kernels_registered):
 
 
 @pytest.mark.parametrize("n,spatial,c,dtype,sms,want", [
-    # (vec, threads_x, threads_y, chunk_samples, splits): chunks of at most
-    # 24 MiB of x and dy; 2 blocks an SM over a chunk's samples, each at
-    # least 4 steps of threads_y positions.
-    (8, 4096, 320, "bfloat16", 132, (8, 40, 12, 4, 66)),
-    (8, 4096, 320, "bfloat16", 0, (8, 40, 12, 4, 66)),      # no device: 132 SMs
-    (16, 16384, 128, "bfloat16", 132, (8, 16, 32, 3, 88)),
-    (1, 262144, 128, "bfloat16", 132, (8, 16, 32, 1, 264)),  # a sample past the budget
-    (8, 4096, 320, "float32", 78, (4, 80, 6, 2, 78)),
-    (2, 100, 36, "float32", 132, (4, 9, 56, 873, 1)),        # 2 steps: one block a sample
-    (3, 50, 7, "float16", 132, (1, 7, 73, 17975, 1)),        # one element a thread
-    (2, 0, 64, "bfloat16", 132, (8, 8, 64, 25165824, 1)),    # no positions
+    # (vec, threads_x, threads_y, chunk_samples, splits): 256-thread blocks,
+    # the whole batch a chunk; 2 blocks an SM (rounded down) over the
+    # samples, each at least 4 steps of threads_y positions.
+    (8, 4096, 320, "bfloat16", 132, (8, 40, 6, 8, 33)),
+    (8, 4096, 320, "bfloat16", 0, (8, 40, 6, 8, 33)),       # no device: 132 SMs
+    (16, 16384, 128, "bfloat16", 132, (8, 16, 16, 16, 16)),
+    (1, 262144, 128, "bfloat16", 132, (8, 16, 16, 1, 264)),
+    (8, 4096, 320, "float32", 78, (4, 80, 3, 8, 19)),
+    (2, 100, 36, "float32", 132, (4, 9, 28, 2, 1)),          # 4 steps: one block a sample
+    (3, 50, 7, "float16", 132, (1, 7, 36, 3, 1)),            # one element a thread
+    (2, 0, 64, "bfloat16", 132, (8, 8, 32, 2, 1)),           # no positions
+    (600, 64, 64, "bfloat16", 132, (8, 8, 32, 600, 1)),      # more samples than blocks
 ])
 def test_plan(n, spatial, c, dtype, sms, want):
   from jax_dnn._src import plans  # pylint: disable=g-import-not-at-top

@@ -29,11 +29,8 @@
 //   dx = rstd * (g - mean_group(g) - xhat * mean_group(g * xhat)),  g = dz * scale.
 //
 // Traffic: the forward reads x twice (statistics, apply) and writes y; the
-// backward reads x and dy twice and writes dx. The launchers run both passes
-// over one chunk of samples at a time (group_norm_plan.h: at most 24 MiB of
-// inputs, half of an H100's or H200's L2), so the second read of a chunk
-// comes from L2; a single sample past that (a VAE's 512^2 x 128) is read
-// from memory twice.
+// backward reads x and dy twice and writes dx, each pass over the whole
+// batch (group_norm_plan.h's chunk_samples says why).
 #include <algorithm>
 #include <cmath>
 #include <type_traits>
@@ -132,7 +129,7 @@ __device__ __forceinline__ void SumRowsOfBlock(float* sh, int64_t channels) {
 // Partial sums of d = x - shift and d^2 for each (sample, split, group).
 // Dynamic shared memory: 2 x threads_y x C floats.
 template <typename T, int V>
-__global__ void __launch_bounds__(kGroupNormBlockThreads)
+__global__ void __launch_bounds__(kGroupNormMaxThreadsX)
     GroupNormStatsKernel(GroupNormFwdParams p, int64_t rows_per_split) {
   extern __shared__ float sh[];
   const int64_t channels = p.channels;
@@ -222,7 +219,7 @@ __global__ void __launch_bounds__(kFinalizeThreads) GroupNormFinalizeKernel(Grou
 
 // y = act((x - mean) * (rstd * scale) + bias).
 template <typename T, int V, int kAct>
-__global__ void __launch_bounds__(kGroupNormBlockThreads)
+__global__ void __launch_bounds__(kGroupNormMaxThreadsX)
     GroupNormApplyKernel(GroupNormFwdParams p, int64_t rows_per_block) {
   const int64_t channels = p.channels;
   const int cg = static_cast<int>(channels / p.groups);
@@ -282,7 +279,7 @@ struct ChannelConsts {
 // Per-channel sums of dz and dz * xhat for each (sample, split):
 // partials [n, splits, 2, C]. Dynamic shared memory: 2 x threads_y x C floats.
 template <typename T, int V, int kAct>
-__global__ void __launch_bounds__(kGroupNormBlockThreads)
+__global__ void __launch_bounds__(kGroupNormMaxThreadsX)
     GroupNormBwdSumsKernel(GroupNormBwdParams p, int64_t rows_per_split) {
   extern __shared__ float sh[];
   const int64_t channels = p.channels;
@@ -382,7 +379,7 @@ __global__ void __launch_bounds__(kFinalizeThreads) GroupNormBwdFinalizeKernel(G
 
 // dx = rstd * (dz * scale - m1 - xhat * m2), (m1, m2) = coefs of the group.
 template <typename T, int V, int kAct>
-__global__ void __launch_bounds__(kGroupNormBlockThreads)
+__global__ void __launch_bounds__(kGroupNormMaxThreadsX)
     GroupNormBwdDxKernel(GroupNormBwdParams p, int64_t rows_per_block) {
   const int64_t channels = p.channels;
   const int cg = static_cast<int>(channels / p.groups);
@@ -443,8 +440,7 @@ unsigned SampleBlocks(int64_t n) { return static_cast<unsigned>(std::min<int64_t
 int DTypeBytes(DType dtype) { return dtype == DType::kF32 ? 4 : 2; }
 
 // The launchers run the passes chunk by chunk of plan.chunk_samples samples
-// (group_norm_plan.h), so that the elementwise pass re-reads a chunk's x
-// (and dy) from L2 rather than from memory.
+// (group_norm_plan.h).
 template <typename T, int V>
 cudaError_t LaunchFwdTyped(GroupNormFwdParams p, const GroupNormPlan& plan, cudaStream_t stream) {
   const dim3 block(plan.threads_x, plan.threads_y);

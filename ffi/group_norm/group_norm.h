@@ -12,7 +12,7 @@
 // Forward: statistics blocks (`splits` a sample, group_norm_plan.h) write
 // fp32 partial sums to a workspace, a finalize kernel adds them in a fixed
 // order into stats [n, groups, 2] (mean, rstd), then an elementwise kernel
-// writes y; chunk by chunk of samples that fit in L2 (group_norm_plan.h). Backward: blocks write per-channel sums of dz and dz * xhat
+// writes y. Backward: blocks write per-channel sums of dz and dz * xhat
 // (dz = dy * act'(z), z = xhat * scale + bias), a finalize kernel adds them
 // per sample and forms each group's dx coefficients, ffi/common/column_sum.cu
 // adds the samples of each parameter set into dbias and dscale, and an

@@ -11,9 +11,8 @@ constexpr int64_t kGroupNormDefaultSms = 132;
 constexpr int64_t kGroupNormMinRowSteps = 4;
 // Row steps a block of the elementwise kernels: enough loads in flight a
 // thread, blocks enough for every SM at the SD shapes (8 x 64^2 x 320 bf16:
-// 12 positions a step, 48 a block, 683 blocks).
+// 6 positions a step, 24 a block, 1366 blocks).
 constexpr int64_t kGroupNormApplySteps = 4;
-constexpr int64_t kGroupNormChunkBytes = int64_t{24} << 20;
 
 // Instance norm (one channel a group, C > 1) on the kernels ran 0.36x
 // (forward) and 0.43x (backward) Flax's XLA computation at (32, 64^2, 256)
@@ -53,11 +52,8 @@ GroupNormPlan PlanGroupNorm(int64_t n, int64_t spatial, int64_t channels, int64_
   const int64_t steps = (spatial + plan.threads_y - 1) / plan.threads_y;
   const int64_t sms = device.sm_count > 0 ? device.sm_count : kGroupNormDefaultSms;
   const int64_t target = kGroupNormBlocksPerSm * sms;
-  // Bytes of the inputs a sample: x, and dy in the backward.
-  const int64_t sample_bytes = std::max<int64_t>(2 * spatial * channels * bytes, 1);
-  plan.chunk_samples = std::max<int64_t>(1, kGroupNormChunkBytes / sample_bytes);
-  const int64_t chunk = std::max<int64_t>(1, std::min(n, plan.chunk_samples));
-  int64_t splits = (target + chunk - 1) / chunk;
+  plan.chunk_samples = std::max<int64_t>(n, 1);
+  int64_t splits = target / plan.chunk_samples;
   splits = std::min(splits, std::max<int64_t>(1, steps / kGroupNormMinRowSteps));
   plan.splits = std::max<int64_t>(splits, 1);
   plan.apply_rows = kGroupNormApplySteps * plan.threads_y;

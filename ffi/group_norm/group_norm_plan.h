@@ -20,8 +20,11 @@ namespace jax_dnn {
 // threads_x = C / vec is at most kGroupNormMaxThreadsX: the statistics
 // kernels keep one fp32 partial per element of a block step in shared memory
 // (2 x threads x vec floats, 32 KiB at 512 threads x 16 bytes of bf16).
+// threads_y = kGroupNormBlockThreads / threads_x (at least 1): 256-thread
+// blocks, so that 2-3 blocks share an SM (the kernels use 80-128 registers a
+// thread: a 512-thread block had an SM to itself, idle while it drained).
 constexpr int kGroupNormMaxThreadsX = 512;
-constexpr int kGroupNormBlockThreads = 512;
+constexpr int kGroupNormBlockThreads = 256;
 
 struct GroupNormPlan {
   bool supported = false;
@@ -40,18 +43,18 @@ struct GroupNormPlan {
   int64_t splits = 1;
   // Positions a block of the elementwise kernels (the forward's apply, dx).
   int64_t apply_rows = 1;
-  // Samples a chunk: the kernels run the statistics and the elementwise pass
-  // over one chunk, then the next, so that the elementwise pass finds the
-  // chunk's x (and dy) in L2: kGroupNormChunkBytes of inputs at most (half
-  // of an H100's or H200's 50 MiB L2; the outputs stream past it), at least
-  // one sample.
+  // Samples a chunk: the launchers run the statistics and the elementwise
+  // pass over one chunk, then the next. The plan takes the whole batch: chunks
+  // of 24 MiB (so that the second read of x came from L2) ran 0.57-0.96x XLA
+  // forward+backward against 0.72-1.26x for the whole batch (H200, bf16, the
+  // benchmark's shapes): each chunk's three launches cost more than L2 saved.
   int64_t chunk_samples = 1;
 };
 
 // x [n, spatial, channels] of `dtype`, `groups` dividing channels.
 //
 // splits: the statistics kernels aim at kGroupNormBlocksPerSm blocks an SM
-// over the samples of a chunk (N * G may be far fewer than the SMs: (8,
+// (rounded down, so that they all run at once) over the samples (N * G may be far fewer than the SMs: (8,
 // 64^2, 320) has 8 samples), and 132 SMs where no device is known (device.sm_count 0); a
 // block takes at least kGroupNormMinRowSteps steps of threads_y positions,
 // so that its partial sums (2 x C floats the backward) stay a small
