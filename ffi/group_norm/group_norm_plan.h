@@ -22,7 +22,9 @@ namespace jax_dnn {
 // (2 x threads x vec floats, 32 KiB at 512 threads x 16 bytes of bf16).
 // threads_y = kGroupNormBlockThreads / threads_x (at least 1): 256-thread
 // blocks, so that 2-3 blocks share an SM (the kernels use 80-128 registers a
-// thread: a 512-thread block had an SM to itself, idle while it drained).
+// thread: a 512-thread block had an SM to itself, idle while it drained;
+// 16 x 128^2 x 128 bf16 forward ran 0.80x XLA at 512 threads, 1.00x at 256,
+// H200).
 constexpr int kGroupNormMaxThreadsX = 512;
 constexpr int kGroupNormBlockThreads = 256;
 
