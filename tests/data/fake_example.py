@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from jax.sharding import NamedSharding, PartitionSpec
 
 import jax_dnn
@@ -37,16 +38,18 @@ def make_step(backend: str, size: str = "tiny", *, global_batch: int | None = No
   cfg = dict(SIZES[size], **overrides)
   batch_rows = global_batch or cfg["batch"]
   v, d = cfg["vocab"], cfg["width"]
-  ke, kw, ko, kt = jax.random.split(jax.random.key(seed), 4)
-  params = {"embed": jax.random.normal(ke, (v, d)), "scale": jnp.ones((d,)),
-            "shift": jnp.zeros((d,)), "w": jax.random.normal(kw, (d, d)) / d**0.5,
-            "b": jnp.zeros((d,)), "out": jax.random.normal(ko, (d, v)) / d**0.5}
-  tokens = jax.random.randint(kt, (batch_rows, cfg["steps"] + 1), 0, v, jnp.int32)
-  batch = {"tokens": tokens}
-  state = {"params": params, "step": jnp.zeros((), jnp.int32)}
+  rng = np.random.default_rng(seed)  # numpy: no compilation before the step's own
+  normal = lambda *shape: rng.standard_normal(shape, np.float32)  # noqa: E731
+  params = {"embed": normal(v, d), "scale": np.ones((d,), np.float32),
+            "shift": np.zeros((d,), np.float32), "w": normal(d, d) / d**0.5,
+            "b": np.zeros((d,), np.float32), "out": normal(d, v) / d**0.5}
+  batch = {"tokens": rng.integers(0, v, (batch_rows, cfg["steps"] + 1), dtype=np.int32)}
+  state = {"params": params, "step": np.zeros((), np.int32)}
   if mesh is not None:
     batch = jax.device_put(batch, NamedSharding(mesh, PartitionSpec("data")))
     state = jax.device_put(state, NamedSharding(mesh, PartitionSpec()))
+  else:
+    batch, state = jax.device_put(batch), jax.device_put(state)
 
   def loss_fn(p, batch):
     logits = _forward(backend, p, batch["tokens"][:, :-1], jnp.dtype(dtype))
