@@ -721,3 +721,13 @@ def test_models_weak_scaling(monkeypatch):
       modes=("2 devices", "4 devices"))
   models.run_models(models.FAMILY, [case], TINY, progress=Progress())
   assert seen == [(2, 32), (4, 64)]
+
+
+def test_cases_env_keeps_the_matching_labels(tmp_path, monkeypatch):
+  cases = {"norms": [Case("layer_norm", (8, 100), "bfloat16", "layer_norm 8x100 bf16"),
+                     Case("rms_norm", (8, 64), "bfloat16", "rms_norm 8x64 bf16", modes=("fwd",))]}
+  monkeypatch.setenv(harness.CASES_ENV, "^rms")
+  reporter, _ = _plain()
+  assert harness.run(["norms"], out=tmp_path, settings=TINY, cases=cases, reporter=reporter) == 0
+  rows = json.loads((tmp_path / "norms.json").read_text())["rows"]
+  assert {(r["case"], r["mode"]) for r in rows} == {("rms_norm 8x64 bf16", "fwd")}

@@ -34,6 +34,8 @@ Method, the same for every family:
   implementation, as max |a - b| / (1 + max |b|) over every output array.
 - A failure (cuDNN refusing a shape, XLA out of memory) is recorded with its
   reason and the run goes on.
+- $JAX_DNN_BENCH_CASES, a regular expression, keeps the cases whose label it
+  matches (re.search), e.g. "T131072" or "^gru": a long sweep split over runs.
 """
 
 from __future__ import annotations
@@ -43,6 +45,8 @@ import datetime
 import gc
 import importlib.metadata
 import math
+import os
+import re
 import statistics
 import time
 from collections.abc import Callable
@@ -52,6 +56,7 @@ import jax
 import jax.numpy as jnp
 
 MODES = ("fwd", "bwd", "fwd+bwd")
+CASES_ENV = "JAX_DNN_BENCH_CASES"  # a regular expression over case labels (module doc)
 PARTIAL_MODES = {"dgrad": 0, "wgrad": 1}  # mode -> the one argument its pullback differentiates
 UNIT_SCALE = {"GB/s": 1e9, "TFLOP/s": 1e12}  # unit -> bytes or FLOPs a second per unit
 TIME_UNITS = {"ms": 1e-3}  # unit -> seconds per unit: the rate is the time itself
@@ -375,6 +380,9 @@ def run(names, *, quick: bool = False, out=None, settings: Settings = Settings()
   families = [benchmark.load(name) for name in names]
   plan = [(f, list(cases[f.name]) if cases and f.name in cases else f.cases(quick))
           for f in families]
+  if os.environ.get(CASES_ENV):
+    pattern = re.compile(os.environ[CASES_ENV])
+    plan = [(f, [c for c in cs if pattern.search(c.label)]) for f, cs in plan]
   env = environment(quick, settings)
   reporter.header(env)
   ceilings, bad, written = {}, [], []
