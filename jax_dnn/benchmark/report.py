@@ -175,7 +175,8 @@ def plot(family, result: dict, path: Path) -> Path | None:
                                                            linestyle=":", linewidth=1)
     ax.set_xticks(range(len(xs)))
     ax.set_xticklabels([f"{x:g}" for x in xs], fontsize=7, rotation=45 if len(xs) > 6 else 0)
-    if timed:  # times across cases span decades
+    values = [v for pts in series.values() for v in pts.values()]
+    if timed and max(values) > 10 * min(values):  # times of different cases span decades
       ax.set_yscale("log")
     else:
       ax.set_ylim(bottom=0)
