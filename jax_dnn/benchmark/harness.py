@@ -24,11 +24,11 @@ Method, the same for every family:
   run, which timing one implementation after the other put into the ratios.
 - Rate: the case's bytes or FLOPs per application over that time; fraction:
   the rate over the ceiling measured in the same run (copy bandwidth or a
-  bf16 matmul's rate). A family whose unit is a time (recurrent networks,
-  whose cost is latency a step, and whole training steps) reports that time
-  as its rate, lower being faster, and measures no ceiling. A compute-bound family's memory-bound cases (depthwise
+  bf16 matmul's rate). A compute-bound family's memory-bound cases (depthwise
   convolution) also give their bytes: their rows add GB/s and the fraction of
-  the copy bandwidth.
+  the copy bandwidth. A family whose unit is a time (recurrent networks, whose
+  cost is latency a step; whole training steps) reports that time as its
+  rate, lower being faster, and measures no ceiling.
 - Correctness, in the same run: each implementation's outputs for the first
   input set (those of its first call) against the family's reference
   implementation, as max |a - b| / (1 + max |b|) over every output array.
@@ -114,7 +114,7 @@ class Family:
   impls: tuple[str, ...]  # "ours" first, then the peers
   reference: tuple[str, ...]  # implementations checked against, the first that ran
   cases: Callable[[bool], list[Case]]  # quick -> the cases to run
-  workload: Callable[[Case, Settings], Workload]
+  workload: Callable[[Case, Settings], Workload] | None  # None with a runner
   plot_point: Callable[[dict], tuple[str, float, str] | None]  # row -> (panel, x, variant)
   plot_x: str  # the plot's x-axis label
   bandwidth: bool = False  # some workloads give bytes: measure the copy ceiling too
