@@ -665,6 +665,8 @@ def test_models_end_to_end_on_cpu(tmp_path, monkeypatch):
   text = stream.getvalue()
   assert "skipping unet" in text and "has no make_step" in text
   assert "skipping lstm_lm" in text and "does not exist" in text
+  assert "[models 4/8] unet tiny (images) 2 devices: not run" in text
+  assert "[models 8/8] transformer tiny (tokens) 2 devices: ours" in text
   assert "ours items/s" in text and "xla / ours" in text and "ours scaling" in text
   assert (tmp_path / "out" / "models.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 

@@ -277,6 +277,9 @@ def run_models(family: harness.Family, cases_: list[harness.Case], settings: har
     module = load_example(directory / case.option("file"))
     if isinstance(module, str):
       progress.note(f"models: skipping {case.op}: {module}")
+      for mode in case.modes:  # the progress counts every mode
+        progress.start(family.name, f"{case.label} {mode}")
+        progress.done(family.name, [])
       continue
     counts = case.option("devices")
     per_device, base = case.option("batch"), {}

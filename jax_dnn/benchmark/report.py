@@ -114,6 +114,8 @@ def plain_table(title: str, headers: list[str], cells: list[list[str]], notes: l
 
 def step_summary(rows: list[dict]) -> str:
   """One line for a finished case and mode: each implementation's rate, ours' ratios."""
+  if not rows:
+    return "not run"
   parts = []
   for r in rows:
     if r["rate"] is None:
