@@ -113,7 +113,8 @@ def mode_name(devices: int) -> str:
 def cases(quick: bool) -> list[harness.Case]:
   """One case per model; its modes are the device counts."""
   size, counts = model_size(), device_counts(len(jax.devices()))
-  return [harness.Case(op=name, shape=(batch or 0,), dtype="bfloat16", label=f"{name} {size} ({MODELS[name][1]})",
+  return [harness.Case(op=name, shape=(batch or 0,), dtype="bfloat16",
+                       label=f"{name} {size} ({MODELS[name][1]})",
                        options=(("file", MODELS[name][0]), ("size", size), ("batch", batch),
                                 ("devices", counts)),
                        modes=tuple(mode_name(n) for n in counts))
