@@ -8,8 +8,10 @@ import io
 import json
 import math
 import os
+import shutil
 import subprocess
 import sys
+from pathlib import Path
 
 import jax
 import jax.numpy as jnp
@@ -18,7 +20,7 @@ import pytest
 import jax_dnn
 from jax_dnn import benchmark
 from jax_dnn.benchmark import __main__ as cli
-from jax_dnn.benchmark import attention, conv, harness, report, rowwise
+from jax_dnn.benchmark import attention, conv, harness, models, report, rnn, rowwise
 from jax_dnn.benchmark.harness import Case, Settings
 
 # Every call small and timed once: the plumbing, not the numbers.
@@ -62,7 +64,7 @@ def test_help_lists_every_family(capsys):
   assert e.value.code == 0
   text = capsys.readouterr().out
   for name in ("activations", "softmax", "norms", "attention", "conv", "pooling", "batch_norm",
-               "group_norm"):
+               "group_norm", "rnn", "models"):
     assert f"  {name} " in text
   assert "--quick" in text and "--out" in text
 
@@ -70,17 +72,17 @@ def test_help_lists_every_family(capsys):
 def test_family_names():
   assert benchmark.select([]) == list(benchmark.FAMILIES)
   assert benchmark.select(["norms", "softmax", "norms"]) == ["norms", "softmax"]
-  with pytest.raises(ValueError, match="unknown benchmark family 'rnn'; choose from "
+  with pytest.raises(ValueError, match="unknown benchmark family 'lstm'; choose from "
                                        "activations, softmax, norms, attention, conv, pooling, "
-                                       "batch_norm, group_norm"):
-    benchmark.select(["norms", "rnn"])
+                                       "batch_norm, group_norm, rnn, models"):
+    benchmark.select(["norms", "lstm"])
 
 
 def test_unknown_family_is_a_usage_error(capsys):
   with pytest.raises(SystemExit) as e:
-    cli.parse_args(["norms", "rnn"])
+    cli.parse_args(["norms", "lstm"])
   assert e.value.code == 2
-  assert "unknown benchmark family 'rnn'" in capsys.readouterr().err
+  assert "unknown benchmark family 'lstm'" in capsys.readouterr().err
 
 
 def test_every_registered_family_declares_itself():
@@ -88,7 +90,10 @@ def test_every_registered_family_declares_itself():
     family = benchmark.load(name)
     assert family.name == name
     assert family.impls[0] == "ours" and set(family.reference) <= set(family.impls)
-    assert harness.CEILINGS[family.ceiling][0] == family.unit
+    if family.ceiling is None:  # a time: no ceiling
+      assert family.unit in harness.TIME_UNITS
+    else:
+      assert harness.CEILINGS[family.ceiling][0] == family.unit
     full, quick = family.cases(False), family.cases(True)
     assert 0 < len(quick) < len(full)
     assert {c.label for c in quick} <= {c.label for c in full}
@@ -418,3 +423,313 @@ def test_conv_end_to_end_on_cpu(tmp_path):
   text = stream.getvalue()
   assert "ours GB/s" in text and "ours % copy" in text and "conv.json" in text
   assert "resnet50 3x3 s2 9x8 8->16 N=2 wgrad: ours" in text
+
+
+# The rnn family.
+
+
+def test_rnn_sweep_has_the_issues_networks():
+  full = rnn.cases(False)
+  nets = {(c.op, c.shape, c.option("layers"), c.option("bidirectional"), c.option("ragged"))
+          for c in full}
+  expected = {("lstm", s, 1, False, False) for s in ((16, 1024, 768), (64, 256, 512),
+                                                     (256, 128, 1024), (2, 131072, 128))}
+  expected.add(("lstm", (64, 256, 512), 2, False, False))
+  expected |= {("lstm", (b, 1000, h), 1, False, False) for h in (64, 128, 256)
+               for b in (8, 64, 256)}
+  expected.add(("lstm", (32, rnn.RAGGED_T, 1024), 3, True, True))
+  expected |= {(op, s, 1, False, False) for op in ("gru", "rnn_tanh")
+               for s in ((16, 1024, 768), (64, 256, 512))}
+  assert nets == expected
+  assert len(full) == 2 * len(expected)  # each network in bf16 and fp32
+  assert all(c.modes == ("fwd", "fwd+bwd") for c in full)
+  assert {(c.op, c.shape, c.dtype) for c in full} >= {("gru", (16, 1024, 768), "float32")}
+  (quick,) = rnn.cases(True)
+  assert (quick.op, quick.shape, quick.dtype) == ("lstm", (16, 1024, 768), "bfloat16")
+  assert quick.label == "lstm B16 T1024 H768 bf16"
+  ragged = next(c for c in full if c.option("ragged"))
+  lens = rnn.lengths(ragged)
+  assert lens.shape == (32,) and int(lens[0]) == rnn.RAGGED_T
+  assert int(lens.min()) >= rnn.RAGGED_T // 8 and len(set(lens.tolist())) > 8
+
+
+def test_rnn_scan_is_the_same_network():
+  """The scan against jax.experimental.rnn's own reference (LSTM, two ragged
+  bidirectional layers) and against jax_dnn's values and gradients (GRU, tanh
+  RNN, one ragged bidirectional layer; jax_dnn's reference path here)."""
+  from jax.experimental import rnn as jax_rnn  # pylint: disable=g-import-not-at-top
+  case = rnn.network("lstm", 3, 6, 8, "float32", layers=2, bidirectional=True, ragged=True)
+  (args,) = rnn.workload(case, TINY).args
+  lens = rnn.lengths(case)
+  assert int(lens.min()) < 6  # ragged
+  weights = jax_dnn.unpack_lstm_weights(args[3], 8, 8, 2, True)
+  ref = jax.jit(lambda *a: jax_rnn.lstm_ref(*a[:3], *weights, lens, 8, 8, 2, 0.0, True))(*args)
+  scan = jax.jit(lambda *a: rnn.scan_network("lstm", *a, lens, layers=2, bidirectional=True))(
+      *args)
+  for a, b in zip(scan, ref):
+    assert a.shape == b.shape and jnp.allclose(a, b, atol=1e-5)
+  work = rnn.workload(rnn.network("gru", 3, 6, 8, "float32", bidirectional=True, ragged=True),
+                      TINY)
+  (args,), (dy,) = work.args, work.cotangents
+
+  def value_and_grads(f):
+    return jax.jit(lambda *a: jax.vjp(f, *a)[1](dy) + (f(*a),))(*args)
+
+  for a, b in zip(value_and_grads(work.fns["ours"]), value_and_grads(work.fns["scan"])):
+    assert jnp.allclose(a, b, atol=1e-4)
+  work = rnn.workload(rnn.network("rnn_tanh", 3, 6, 8, "float32", ragged=True), TINY)
+  assert jnp.allclose(jax.jit(work.fns["ours"])(*work.args[0]),
+                      jax.jit(work.fns["scan"])(*work.args[0]), atol=1e-5)
+
+
+def test_rnn_cudnn_only_where_it_applies(monkeypatch):
+  lstm32 = rnn.network("lstm", 2, 4, 8, "float32")
+  assert "CUDA GPUs only" in rnn.workload(lstm32, TINY).fns["cudnn"]  # the CPU
+  calls = []
+  monkeypatch.setattr(rnn, "_cudnn_lstm", lambda: lambda *a: calls.append(a[5:]) or (a[0],))
+  work = rnn.workload(lstm32, TINY)
+  work.fns["cudnn"](*work.args[0])
+  assert calls == [(8, 8, 1, 0.0, False)]  # input_size, hidden_size, layers, dropout, bidir
+  assert "fp32 only" in rnn.workload(rnn.network("lstm", 2, 4, 8, "bfloat16"), TINY).fns["cudnn"]
+  assert "LSTM only" in rnn.workload(rnn.network("gru", 2, 4, 8, "float32"), TINY).fns["cudnn"]
+  assert rnn.tolerance("float32") == 1e-2 and rnn.tolerance("bfloat16") == 5e-2
+
+
+def test_rnn_end_to_end_on_cpu(tmp_path):
+  """ms and us a step, no ceiling, the peer's time over ours, the scan as reference."""
+  pytest.importorskip("matplotlib")
+  cases = [rnn.network("lstm", 3, 5, 8, "bfloat16", bidirectional=True, ragged=True)]
+  stream = io.StringIO()
+  reporter = report.Reporter(fancy=False, plots=True, stream=stream)
+  assert harness.run(["rnn"], out=tmp_path, settings=TINY, cases={"rnn": cases},
+                     reporter=reporter) == 0
+  data = json.loads((tmp_path / "rnn.json").read_text())
+  assert data["unit"] == "ms" and data["ceiling"] is None and data["ceilings"] == {}
+  assert [(r["case"], r["mode"], r["impl"]) for r in data["rows"]] == [
+      (c.label, m, i) for c in cases for m in c.modes for i in ("ours", "cudnn", "scan")]
+  for r in data["rows"]:
+    if r["impl"] == "cudnn":
+      assert r["ms"] is None and r["failure"]
+      continue
+    assert r["failure"] is None and r["rate"] == r["ms"] > 0 and r["fraction"] is None
+    assert r["us_step"] == pytest.approx(r["ms"] * 1e3 / r["shape"][1])
+    if r["impl"] == "ours":
+      assert r["ok"] and r["reference"] == "scan"
+      assert r["ratio"] == {"scan": pytest.approx(
+          next(s["ms"] for s in data["rows"] if s["impl"] == "scan" and s["case"] == r["case"]
+               and s["mode"] == r["mode"]) / r["ms"])}
+  text = stream.getvalue()
+  assert "ours us/step" in text and "scan / ours" in text and "cudnn / ours" in text
+  assert "% " not in text.split("ours us/step")[0].splitlines()[-1]  # no ceiling column
+  assert "X / ours: X's time over ours'" in text
+  assert "cudnn did not run" in text and "CUDA GPUs only" in text
+  assert not (tmp_path / "rnn.png").exists()  # these networks are not in the sweep's plot
+  for r in data["rows"]:  # as the sweep's first network
+    r["case"] = f"{rnn.all_cases()[0].label.rsplit(' ', 1)[0]} {r['case'].rsplit(' ', 1)[1]}"
+  assert report.plot(rnn.FAMILY, data, tmp_path / "x.png").read_bytes()[:8] == (
+      b"\x89PNG\r\n\x1a\n")
+
+
+# The models family (examples/ are other programs: a fake one stands in).
+
+FAKE = Path(__file__).parent / "data" / "fake_example.py"
+
+
+def _examples(tmp_path, **files) -> Path:
+  """tmp_path/examples with the fake as each named model's file, or the given text."""
+  directory = tmp_path / "examples"
+  directory.mkdir(parents=True, exist_ok=True)
+  for name, text in files.items():
+    target = directory / models.MODELS[name][0]
+    if text is None:
+      shutil.copy(FAKE, target)
+    else:
+      target.write_text(text.replace("FAKE", str(FAKE)))
+  return directory
+
+
+_WRAPPED = '''
+import importlib.util
+_spec = importlib.util.spec_from_file_location("_fake_base", r"FAKE")
+_base = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(_base)
+
+def make_step(backend, size="tiny", **kw):
+  {body}
+  return _base.make_step(backend, size, **kw)
+'''
+
+
+def test_models_selection():
+  assert models.selected(False, {}) == dict.fromkeys(models.MODELS)
+  assert models.selected(True, {}) == {"cnn": 64, "transformer": None}
+  assert models.selected(False, {models.ENV_MODELS: "transformer, cnn"}) == {
+      "transformer": None, "cnn": None}
+  assert models.selected(True, {models.ENV_MODELS: "cnn,unet"}) == {"cnn": 64, "unet": None}
+  with pytest.raises(ValueError, match="unknown model 'resnet'; choose from cnn, unet"):
+    models.selected(False, {models.ENV_MODELS: "cnn,resnet"})
+  assert models.model_size({}) == "realistic"
+  with pytest.raises(ValueError, match="choose from tiny, small, realistic"):
+    models.model_size({models.ENV_SIZE: "huge"})
+  assert models.device_counts(1, {}) == (1,) and models.device_counts(8, {}) == (1, 8)
+  assert models.device_counts(8, {models.ENV_DEVICES: "4,1,2"}) == (1, 2, 4)
+  for bad in ("16", "0,2", "two"):
+    with pytest.raises(ValueError, match="device counts from 1 to 8"):
+      models.device_counts(8, {models.ENV_DEVICES: bad})
+
+
+def test_models_cases(monkeypatch):
+  monkeypatch.delenv(models.ENV_MODELS, raising=False)
+  monkeypatch.delenv(models.ENV_SIZE, raising=False)
+  monkeypatch.delenv(models.ENV_DEVICES, raising=False)
+  full, quick = models.cases(False), models.cases(True)
+  assert [c.label for c in full] == ["cnn realistic (images)", "unet realistic (images)",
+                                     "lstm_lm realistic (tokens)",
+                                     "transformer realistic (tokens)"]
+  visible = len(jax.devices())  # conftest: 8 host devices
+  counts = (1, visible) if visible > 1 else (1,)
+  assert all(c.option("devices") == counts and c.modes == tuple(map(models.mode_name, counts))
+             for c in full)
+  assert models.mode_name(1) == "1 device" and models.mode_name(4) == "4 devices"
+  assert [(c.op, c.option("batch")) for c in quick] == [("cnn", 64), ("transformer", None)]
+  monkeypatch.setenv(models.ENV_SIZE, "tiny")
+  assert models.cases(True)[0].label == "cnn tiny (images)"
+
+
+def test_models_find_and_load_examples(tmp_path, monkeypatch):
+  monkeypatch.setattr(models, "CHECKOUT", tmp_path / "nowhere")
+  deep = tmp_path / "a" / "b"
+  deep.mkdir(parents=True)
+  directory, why = models.find_examples({}, cwd=deep)
+  assert directory is None and "JAX_DNN_EXAMPLES=DIR" in why and "train_cnn.py" in why
+  examples = _examples(tmp_path, cnn=None, unet="SIZES = {}\n", lstm_lm="import no_such_module\n")
+  assert models.find_examples({}, cwd=deep) == (examples, "found from the current directory")
+  (tmp_path / "elsewhere").mkdir()
+  assert models.find_examples({models.ENV_EXAMPLES: str(tmp_path / "elsewhere")}, cwd=deep)[0] == (
+      tmp_path / "elsewhere")
+  assert "is not a directory" in models.find_examples(
+      {models.ENV_EXAMPLES: str(tmp_path / "missing")}, cwd=deep)[1]
+  monkeypatch.setattr(models, "CHECKOUT", examples)
+  assert models.find_examples({}, cwd=Path(tmp_path.anchor)) == (
+      examples, "beside the jax_dnn package")
+  assert callable(models.load_example(examples / "train_cnn.py").make_step)
+  assert "has no make_step" in models.load_example(examples / "train_unet.py")
+  assert "importing" in models.load_example(examples / "train_lstm_lm.py") and (
+      "no_such_module" in models.load_example(examples / "train_lstm_lm.py"))
+  assert "does not exist" in models.load_example(examples / "train_transformer.py")
+
+
+def test_models_items_per_step():
+  images = {"image": jnp.zeros((6, 8, 8, 3)), "label": jnp.zeros((6,), jnp.int32)}
+  tokens = {"lengths": jnp.zeros((4,), jnp.int32), "tokens": jnp.zeros((4, 9), jnp.int32),
+            "weights": jnp.zeros((4, 9))}
+  assert models.items_per_step(images, "images") == models.batch_size(images) == 6
+  assert models.items_per_step(tokens, "tokens") == 36 and models.batch_size(tokens) == 4
+
+
+def test_models_end_to_end_on_cpu(tmp_path, monkeypatch):
+  """A fake model timed with both backends on 1 and 2 host devices (weak
+  scaling: the batch a device fixed), one without make_step and two missing
+  skipped with a message; table, JSON and plot."""
+  pytest.importorskip("matplotlib")
+  if len(jax.devices()) < 2:
+    pytest.skip("needs 2 devices (conftest gives 8 host devices)")
+  monkeypatch.setenv(models.ENV_EXAMPLES, str(_examples(tmp_path, transformer=None,
+                                                        unet="SIZES = {}\n")))
+  monkeypatch.setenv(models.ENV_SIZE, "tiny")
+  monkeypatch.setenv(models.ENV_DEVICES, "1,2")
+  monkeypatch.delenv(models.ENV_MODELS, raising=False)
+  stream = io.StringIO()
+  reporter = report.Reporter(fancy=False, plots=True, stream=stream)
+  assert harness.run(["models"], out=tmp_path / "out", settings=TINY, reporter=reporter) == 0
+  data = json.loads((tmp_path / "out" / "models.json").read_text())
+  assert data["unit"] == "ms" and data["ceilings"] == {}
+  assert [(r["case"], r["mode"], r["impl"]) for r in data["rows"]] == [
+      ("transformer tiny (tokens)", mode, impl)
+      for mode in ("1 device", "2 devices") for impl in ("ours", "xla")]
+  by = {(r["op"], r["devices"], r["impl"]): r for r in data["rows"]}
+  for r in data["rows"]:
+    assert r["failure"] is None and r["ms"] > 0 and r["rate"] == r["ms"]
+    assert r["global_batch"] == 4 * r["devices"]  # the fake's tiny batch, 4 a device
+    assert r["items"] == r["global_batch"] * 9  # tokens: the [B, 9] ids
+    assert r["throughput"] == pytest.approx(r["items"] / (r["ms"] * 1e-3))
+    assert r["loss_last"] < r["loss_first"]  # the fake learns: steps ran on the returned state
+    assert r["applications"] == TINY.rounds * TINY.min_calls
+    if r["devices"] == 1:
+      assert r["efficiency"] is None
+    else:
+      assert r["efficiency"] == pytest.approx(by[(r["op"], 1, r["impl"])]["ms"] / r["ms"])
+    if r["impl"] == "ours":
+      assert r["ok"] and r["reference"] == "xla" and r["error"] < 1e-2
+      assert set(r["ratio"]) == {"xla"}
+  text = stream.getvalue()
+  assert "skipping unet" in text and "has no make_step" in text
+  assert "skipping lstm_lm" in text and "does not exist" in text
+  assert "[models 4/8] unet tiny (images) 2 devices: not run" in text
+  assert "[models 8/8] transformer tiny (tokens) 2 devices: ours" in text
+  assert "ours items/s" in text and "xla / ours" in text and "ours scaling" in text
+  assert (tmp_path / "out" / "models.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_models_failures_are_recorded(tmp_path, monkeypatch):
+  """A peer that fails is noted; ours disagreeing with the peer's first loss fails the run."""
+  monkeypatch.setenv(models.ENV_SIZE, "tiny")
+  monkeypatch.setenv(models.ENV_MODELS, "cnn")
+  monkeypatch.setenv(models.ENV_DEVICES, "1")
+  xla_fails = _WRAPPED.format(body='if backend == "xla": raise RuntimeError("no xla here")')
+  monkeypatch.setenv(models.ENV_EXAMPLES, str(_examples(tmp_path / "a", cnn=xla_fails)))
+  reporter, stream = _plain()
+  assert harness.run(["models"], settings=TINY, reporter=reporter) == 0
+  assert "xla did not run (1x): RuntimeError: no xla here" in stream.getvalue()
+  other_seed = _WRAPPED.format(body='kw["seed"] = 1 if backend == "jax_dnn" else 0')
+  monkeypatch.setenv(models.ENV_EXAMPLES, str(_examples(tmp_path / "b", cnn=other_seed)))
+  reporter, stream = _plain()
+  assert harness.run(["models"], settings=TINY, reporter=reporter) == 1
+  assert "FAILED: ours, cnn tiny (images) 1 device: error" in stream.getvalue()
+
+
+def test_models_weak_scaling(monkeypatch):
+  """The global batch grows with the devices from the first count's; efficiency = t1 / tn."""
+  seen = []
+
+  def fake_run(family, case, module, devices, global_batch, settings):
+    seen.append((devices, global_batch))
+    batch = global_batch or 32
+    return [dict(impl=impl, ms=10.0 * (1 + 0.1 * (devices > 1)) * (2 if impl == "xla" else 1),
+                 global_batch=batch, efficiency=None) for impl in family.impls]
+
+  class Progress:
+    def note(self, text):
+      pass
+
+    def start(self, family, what):
+      pass
+
+    def done(self, family, rows):
+      pass
+
+  monkeypatch.setattr(models, "run_devices", fake_run)
+  monkeypatch.setattr(models, "find_examples", lambda: (FAKE.parent, "here"))
+  monkeypatch.setattr(models, "load_example", lambda path: object())
+  case = Case("cnn", (0,), "bfloat16", "cnn", options=(
+      ("file", "fake_example.py"), ("size", "tiny"), ("batch", None), ("devices", (1, 2, 4))),
+      modes=("1 device", "2 devices", "4 devices"))
+  rows = models.run_models(models.FAMILY, [case], TINY, progress=Progress())
+  assert seen == [(1, None), (2, 64), (4, 128)]
+  assert [r["efficiency"] for r in rows] == [None, None] + [pytest.approx(1 / 1.1)] * 4
+  seen.clear()
+  case = Case("cnn", (16,), "bfloat16", "cnn", options=(
+      ("file", "fake_example.py"), ("size", "tiny"), ("batch", 16), ("devices", (2, 4))),
+      modes=("2 devices", "4 devices"))
+  models.run_models(models.FAMILY, [case], TINY, progress=Progress())
+  assert seen == [(2, 32), (4, 64)]
+
+
+def test_cases_env_keeps_the_matching_labels(tmp_path, monkeypatch):
+  cases = {"norms": [Case("layer_norm", (8, 100), "bfloat16", "layer_norm 8x100 bf16"),
+                     Case("rms_norm", (8, 64), "bfloat16", "rms_norm 8x64 bf16", modes=("fwd",))]}
+  monkeypatch.setenv(harness.CASES_ENV, "^rms")
+  reporter, _ = _plain()
+  assert harness.run(["norms"], out=tmp_path, settings=TINY, cases=cases, reporter=reporter) == 0
+  rows = json.loads((tmp_path / "norms.json").read_text())["rows"]
+  assert {(r["case"], r["mode"]) for r in rows} == {("rms_norm 8x64 bf16", "fwd")}

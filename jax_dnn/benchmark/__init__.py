@@ -3,8 +3,9 @@ JAX reaches it), one op family per module.
 
 A family is one module here that defines `FAMILY`, a `harness.Family`: its
 cases (the full sweep and the --quick subset), how to build one case's inputs
-and each implementation's function, its unit (GB/s or TFLOP/s) and the
-measured ceiling its rates are a fraction of (copy bandwidth or matmul rate).
+and each implementation's function, its unit (GB/s or TFLOP/s, or ms where
+the time itself is the measure) and the measured ceiling its rates are a
+fraction of (copy bandwidth or matmul rate; none for a time).
 A new family (convolutions, pooling, recurrent nets) adds that module and one
 line to FAMILIES below. Family modules import JAX and jax_dnn; they are
 imported only when they run, so `--help` and name checks stay light.
@@ -29,6 +30,11 @@ FAMILIES = {
                    "batch norm + ReLU (training) vs flax.nnx.BatchNorm + relu, GB/s"),
     "group_norm": ("jax_dnn.benchmark.group_norm",
                    "group norm + SiLU and instance norm vs flax.nnx, GB/s"),
+    "rnn": ("jax_dnn.benchmark.rnn",
+            "lstm/gru/rnn vs cuDNN (jax.experimental.rnn) and a lax.scan, ms"),
+    "models": ("jax_dnn.benchmark.models",
+               "examples/ training steps, jax_dnn vs Flax/XLA, 1 and all GPUs, ms "
+               "(JAX_DNN_BENCH_MODELS=cnn,unet,lstm_lm,transformer; JAX_DNN_EXAMPLES=DIR)"),
 }
 
 

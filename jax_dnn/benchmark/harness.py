@@ -26,12 +26,16 @@ Method, the same for every family:
   the rate over the ceiling measured in the same run (copy bandwidth or a
   bf16 matmul's rate). A compute-bound family's memory-bound cases (depthwise
   convolution) also give their bytes: their rows add GB/s and the fraction of
-  the copy bandwidth.
+  the copy bandwidth. A family whose unit is a time (recurrent networks, whose
+  cost is latency a step; whole training steps) reports that time as its
+  rate, lower being faster, and measures no ceiling.
 - Correctness, in the same run: each implementation's outputs for the first
   input set (those of its first call) against the family's reference
   implementation, as max |a - b| / (1 + max |b|) over every output array.
 - A failure (cuDNN refusing a shape, XLA out of memory) is recorded with its
   reason and the run goes on.
+- $JAX_DNN_BENCH_CASES, a regular expression, keeps the cases whose label it
+  matches (re.search), e.g. "T131072" or "^gru": a long sweep split over runs.
 """
 
 from __future__ import annotations
@@ -41,6 +45,8 @@ import datetime
 import gc
 import importlib.metadata
 import math
+import os
+import re
 import statistics
 import time
 from collections.abc import Callable
@@ -50,8 +56,10 @@ import jax
 import jax.numpy as jnp
 
 MODES = ("fwd", "bwd", "fwd+bwd")
+CASES_ENV = "JAX_DNN_BENCH_CASES"  # a regular expression over case labels (module doc)
 PARTIAL_MODES = {"dgrad": 0, "wgrad": 1}  # mode -> the one argument its pullback differentiates
 UNIT_SCALE = {"GB/s": 1e9, "TFLOP/s": 1e12}  # unit -> bytes or FLOPs a second per unit
+TIME_UNITS = {"ms": 1e-3}  # unit -> seconds per unit: the rate is the time itself
 
 
 @dataclasses.dataclass(frozen=True)
@@ -101,15 +109,19 @@ class Workload:
 class Family:
   """What a family module declares (as FAMILY) to plug into the benchmark."""
   name: str
-  unit: str  # a key of UNIT_SCALE
-  ceiling: str  # a key of CEILINGS, in the same unit
+  unit: str  # a key of UNIT_SCALE or TIME_UNITS
+  ceiling: str | None  # a key of CEILINGS, in the same unit; None for a time unit
   impls: tuple[str, ...]  # "ours" first, then the peers
   reference: tuple[str, ...]  # implementations checked against, the first that ran
   cases: Callable[[bool], list[Case]]  # quick -> the cases to run
-  workload: Callable[[Case, Settings], Workload]
+  workload: Callable[[Case, Settings], Workload] | None  # None with a runner
   plot_point: Callable[[dict], tuple[str, float, str] | None]  # row -> (panel, x, variant)
   plot_x: str  # the plot's x-axis label
   bandwidth: bool = False  # some workloads give bytes: measure the copy ceiling too
+  annotate: Callable[[dict], dict] | None = None  # row -> fields added to it (e.g. us a step)
+  columns: tuple[tuple[str, str, str, str], ...] = ()  # table: (header, impl, row key, format)
+  # Times whole programs rather than ops: run_family's signature, returns the rows.
+  runner: Callable[..., list[dict]] | None = None
 
 
 def input_sets(nbytes: int, settings: Settings) -> int:
@@ -178,6 +190,15 @@ def _programs(fn, mode: str):
   raise ValueError(f"unknown mode {mode!r}; modes are {MODES + tuple(PARTIAL_MODES)}")
 
 
+def rate_of(unit: str, work: float | None, seconds: float | None) -> float | None:
+  """One application's rate in `unit`: work / seconds, or for a time unit the time."""
+  if not seconds:
+    return None
+  if unit in TIME_UNITS:
+    return seconds / TIME_UNITS[unit]
+  return work / seconds / UNIT_SCALE[unit]
+
+
 def short_reason(e: Exception) -> str:
   lines = [ln.strip() for ln in str(e).splitlines() if ln.strip()]
   return f"{type(e).__name__}: {lines[0][:160] if lines else ''}"
@@ -238,7 +259,7 @@ def run_mode(family: Family, case: Case, work: Workload, mode: str,
       except Exception as e:  # noqa: BLE001
         failures.setdefault(impl, short_reason(e))
     t = seconds.get(impl)
-    rate = work.work[mode] / t / UNIT_SCALE[family.unit] if t else None
+    rate = rate_of(family.unit, work.work.get(mode), t)
     rows.append(dict(
         case.fields(), case=case.label, mode=mode, impl=impl,
         ms=t * 1e3 if t else None, rate=rate, unit=family.unit,
@@ -251,6 +272,8 @@ def run_mode(family: Family, case: Case, work: Workload, mode: str,
     if family.bandwidth:
       gbps = work.bytes[mode] / t / 1e9 if t and work.bytes else None
       rows[-1].update(gbps=gbps, copy_fraction=gbps / copy if gbps and copy else None)
+    if family.annotate is not None:
+      rows[-1].update(family.annotate(rows[-1]))
   return rows
 
 
@@ -357,18 +380,23 @@ def run(names, *, quick: bool = False, out=None, settings: Settings = Settings()
   families = [benchmark.load(name) for name in names]
   plan = [(f, list(cases[f.name]) if cases and f.name in cases else f.cases(quick))
           for f in families]
+  if os.environ.get(CASES_ENV):
+    pattern = re.compile(os.environ[CASES_ENV])
+    plan = [(f, [c for c in cs if pattern.search(c.label)]) for f, cs in plan]
   env = environment(quick, settings)
   reporter.header(env)
   ceilings, bad, written = {}, [], []
   with reporter.progress([(f.name, sum(len(c.modes) for c in cs)) for f, cs in plan]) as progress:
     for family, family_cases in plan:
-      for name in [family.ceiling] + (["copy"] if family.bandwidth else []):
+      for name in [c for c in (family.ceiling,) if c] + (["copy"] if family.bandwidth else []):
         if name not in ceilings:
           progress.note(f"measuring the {name} ceiling")
           ceilings[name] = measure_ceiling(name, settings)
           progress.note(f"{name} ceiling: {ceilings[name]['value']:.0f} {ceilings[name]['unit']}")
-      rows = run_family(family, family_cases, settings, ceilings[family.ceiling]["value"],
-                        progress, ceilings["copy"]["value"] if family.bandwidth else None)
+      runner = family.runner or run_family
+      rows = runner(family, family_cases, settings,
+                    ceilings[family.ceiling]["value"] if family.ceiling else None,
+                    progress, ceilings["copy"]["value"] if family.bandwidth else None)
       result = dict(family=family.name, unit=family.unit, ceiling=family.ceiling, **env,
                     ceilings=dict(ceilings), rows=rows)
       progress.table(family, result)

@@ -15,7 +15,8 @@ import sys
 from pathlib import Path
 
 EXTRA = 'the bench extra adds them: pip install ".[bench]" in the source tree'
-RATE_FORMAT = {"GB/s": ".0f", "TFLOP/s": ".1f"}
+RATE_FORMAT = {"GB/s": ".0f", "TFLOP/s": ".1f", "ms": ".2f"}
+TIME_UNITS = ("ms",)  # units whose rate is a time (lower is faster); harness.TIME_UNITS
 
 
 def missing_extras() -> list[str]:
@@ -40,12 +41,16 @@ def _fmt(x, spec: str) -> str:
 # The table.
 
 
-def table(result: dict) -> tuple[str, list[str], list[list[str]], list[str]]:
+def table(result: dict, columns=()) -> tuple[str, list[str], list[list[str]], list[str]]:
   """(title, headers, cells, notes) of a family's result: one line per case
-  and mode, each implementation's rate, ours' fraction of the ceiling, ours'
-  GB/s and fraction of the copy bandwidth where rows give them, ours' ratio
-  to each peer (its rate over theirs) and ours' correctness error."""
+  and mode, each implementation's rate, ours' fraction of the ceiling (where
+  the family has one), ours' GB/s and fraction of the copy bandwidth where
+  rows give them, the family's own `columns` ((header, impl, row key,
+  format) each), ours' ratio to each peer (its rate over theirs; for a time
+  unit, shown as the peer's time over ours) and ours' correctness error."""
   unit, rows = result["unit"], result["rows"]
+  timed = unit in TIME_UNITS
+  ceiling_name = result.get("ceiling")
   impls = list(dict.fromkeys(r["impl"] for r in rows))
   peers = [i for i in impls if i != "ours"]
   lines: dict[tuple[str, str], dict[str, dict]] = {}
@@ -53,9 +58,11 @@ def table(result: dict) -> tuple[str, list[str], list[list[str]], list[str]]:
     lines.setdefault((r["case"], r["mode"]), {})[r["impl"]] = r
   spec = RATE_FORMAT.get(unit, ".1f")
   bandwidth = any(r.get("gbps") is not None for r in rows)
-  headers = (["case", "mode"] + [f"{i} {unit}" for i in impls] + [f"ours % {result['ceiling']}"]
+  headers = (["case", "mode"] + [f"{i} {unit}" for i in impls]
+             + ([f"ours % {ceiling_name}"] if ceiling_name else [])
              + (["ours GB/s", "ours % copy"] if bandwidth else [])
-             + [f"ours / {p}" for p in peers] + ["error"])
+             + [c[0] for c in columns]
+             + [f"{p} / ours" if timed else f"ours / {p}" for p in peers] + ["error"])
   cells = []
   for (case, mode), by_impl in lines.items():
     ours = by_impl.get("ours", {})
@@ -63,15 +70,20 @@ def table(result: dict) -> tuple[str, list[str], list[list[str]], list[str]]:
     error = _fmt(ours.get("error"), ".1e") + (" NO" if ours.get("ok") is False else "")
     cells.append([case, mode]
                  + [_fmt(by_impl.get(i, {}).get("rate"), spec) for i in impls]
-                 + [_fmt(None if fraction is None else 100 * fraction, ".0f")]
+                 + ([_fmt(None if fraction is None else 100 * fraction, ".0f")]
+                    if ceiling_name else [])
                  + ([_fmt(ours.get("gbps"), ".0f"),
                      _fmt(None if ours.get("copy_fraction") is None
                           else 100 * ours["copy_fraction"], ".0f")] if bandwidth else [])
+                 + [_fmt(by_impl.get(impl, {}).get(key), fmt)
+                    for _, impl, key, fmt in columns]
                  + [_fmt(ours.get("ratio", {}).get(p), ".2f") for p in peers] + [error])
-  ceiling = result["ceilings"][result["ceiling"]]
-  title = (f"{result['family']} on {result['device']}: {unit}; ceiling {ceiling['value']:{spec}} "
-           f"{ceiling['unit']} ({ceiling['what']})")
-  return title, headers, cells, _notes(rows)
+  title = f"{result['family']} on {result['device']}: {unit}"
+  if ceiling_name:
+    ceiling = result["ceilings"][ceiling_name]
+    title += (f"; ceiling {ceiling['value']:{spec}} {ceiling['unit']} ({ceiling['what']})")
+  notes = (["X / ours: X's time over ours' (> 1: ours is faster)"] if timed and peers else [])
+  return title, headers, cells, notes + _notes(rows)
 
 
 def _notes(rows: list[dict]) -> list[str]:
@@ -102,6 +114,8 @@ def plain_table(title: str, headers: list[str], cells: list[list[str]], notes: l
 
 def step_summary(rows: list[dict]) -> str:
   """One line for a finished case and mode: each implementation's rate, ours' ratios."""
+  if not rows:
+    return "not run"
   parts = []
   for r in rows:
     if r["rate"] is None:
@@ -110,7 +124,9 @@ def step_summary(rows: list[dict]) -> str:
       parts.append(f"{r['impl']} {r['rate']:{RATE_FORMAT.get(r['unit'], '.1f')}} {r['unit']}")
   ours = next((r for r in rows if r["impl"] == "ours"), None)
   if ours and ours["ratio"]:
-    parts.append(" ".join(f"ours/{p} {x:.2f}" for p, x in ours["ratio"].items()))
+    timed = ours["unit"] in TIME_UNITS
+    parts.append(" ".join(f"{p}/ours {x:.2f}" if timed else f"ours/{p} {x:.2f}"
+                          for p, x in ours["ratio"].items()))
   if ours and ours["error"] is not None:
     parts.append(f"error {ours['error']:.1e}{' NO' if ours['ok'] is False else ''}")
   return ", ".join(parts)
@@ -146,7 +162,8 @@ def plot(family, result: dict, path: Path) -> Path | None:
   nrows = math.ceil(len(points) / ncols)
   fig = Figure(figsize=(4.6 * ncols, 3.4 * nrows + 0.6))
   axes = list(fig.subplots(nrows, ncols, squeeze=False).flat)
-  ceiling = result["ceilings"][result["ceiling"]]
+  ceiling = result["ceilings"][result["ceiling"]] if result.get("ceiling") else None
+  timed = result["unit"] in TIME_UNITS
   handles = {}
   for ax, (panel, series) in zip(axes, points.items()):
     xs = sorted({x for pts in series.values() for x in pts})
@@ -155,11 +172,16 @@ def plot(family, result: dict, path: Path) -> Path | None:
       handles[label], = ax.plot([xs.index(x) for x in sorted(pts)], [pts[x] for x in sorted(pts)],
                                 color=f"C{impls.index(impl)}", marker="o", markersize=3,
                                 linestyle=("-", "--", ":", "-.")[variants.index(variant) % 4])
-    handles[f"{result['ceiling']} ceiling"] = ax.axhline(ceiling["value"], color="0.5",
-                                                         linestyle=":", linewidth=1)
+    if ceiling is not None:
+      handles[f"{result['ceiling']} ceiling"] = ax.axhline(ceiling["value"], color="0.5",
+                                                           linestyle=":", linewidth=1)
     ax.set_xticks(range(len(xs)))
     ax.set_xticklabels([f"{x:g}" for x in xs], fontsize=7, rotation=45 if len(xs) > 6 else 0)
-    ax.set_ylim(bottom=0)
+    values = [v for pts in series.values() for v in pts.values()]
+    if timed and max(values) > 10 * min(values):  # times of different cases span decades
+      ax.set_yscale("log")
+    else:
+      ax.set_ylim(bottom=0)
     ax.grid(alpha=0.3)
     ax.set_title(panel, fontsize=10)
     ax.set_xlabel(family.plot_x, fontsize=8)
@@ -200,7 +222,7 @@ class _PlainProgress:
                         f"{step_summary(rows)}")
 
   def table(self, family, result: dict):
-    self.reporter.print_table(result)
+    self.reporter.print_table(result, family.columns)
 
 
 class _RichProgress(_PlainProgress):
@@ -263,8 +285,8 @@ class Reporter:
     with progress.Progress(*columns, console=self.console) as bar:
       yield _RichProgress(self, totals, bar)
 
-  def print_table(self, result: dict):
-    title, headers, cells, notes = table(result)
+  def print_table(self, result: dict, columns=()):
+    title, headers, cells, notes = table(result, columns)
     if self.console is None:
       self.print("\n" + plain_table(title, headers, cells, notes) + "\n")
       return
