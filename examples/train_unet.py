@@ -104,6 +104,10 @@ BACKENDS = {
 # ---------------------------------------------------------------------------
 # The model.
 
+# DDPM's initialization: Glorot-uniform kernels everywhere.
+_KERNEL_INIT = nnx.initializers.variance_scaling(1.0, "fan_avg", "uniform")
+
+
 @dataclasses.dataclass(frozen=True)
 class Ctx:
   layers: Layers
@@ -112,8 +116,12 @@ class Ctx:
 
   def conv(self, cin, cout, kernel=3, stride=1, *, rngs):
     return self.layers.conv(cin, cout, (kernel, kernel), strides=stride,
-                            padding=[(kernel // 2, kernel // 2)] * 2, dtype=self.dtype,
-                            param_dtype=jnp.float32, rngs=rngs)
+                            padding=((kernel // 2, kernel // 2),) * 2, dtype=self.dtype,
+                            param_dtype=jnp.float32, kernel_init=_KERNEL_INIT, rngs=rngs)
+
+  def linear(self, din, dout, *, rngs):
+    return nnx.Linear(din, dout, dtype=self.dtype, param_dtype=jnp.float32,
+                      kernel_init=_KERNEL_INIT, rngs=rngs)
 
   def norm_silu(self, channels, *, rngs):
     return self.layers.group_norm_silu(channels, self.groups, self.dtype, rngs)
@@ -134,11 +142,11 @@ class ResBlock(nnx.Module):
   def __init__(self, ctx, cin, cout, temb_dim, *, heads=None, rngs):
     self.norm1 = ctx.norm_silu(cin, rngs=rngs)
     self.conv1 = ctx.conv(cin, cout, rngs=rngs)
-    self.temb = nnx.Linear(temb_dim, cout, dtype=ctx.dtype, param_dtype=jnp.float32, rngs=rngs)
+    self.temb = ctx.linear(temb_dim, cout, rngs=rngs)
     self.norm2 = ctx.norm_silu(cout, rngs=rngs)
     # Zero-initialized last convolution: each block starts as the identity
     # (DDPM's init), so a deep stack trains from the first step.
-    self.conv2 = ctx.layers.conv(cout, cout, (3, 3), padding=[(1, 1)] * 2, dtype=ctx.dtype,
+    self.conv2 = ctx.layers.conv(cout, cout, (3, 3), padding=((1, 1),) * 2, dtype=ctx.dtype,
                                  param_dtype=jnp.float32,
                                  kernel_init=nnx.initializers.zeros_init(), rngs=rngs)
     self.skip = ctx.conv(cin, cout, 1, rngs=rngs) if cin != cout else None
@@ -159,7 +167,8 @@ class AttnBlock(nnx.Module):
     self.norm = ctx.layers.group_norm(channels, ctx.groups, dtype=ctx.dtype, rngs=rngs)
     # keep_rngs=False: no dropout, so the layer carries no PRNG state.
     self.attn = ctx.layers.attention(heads, channels, dtype=ctx.dtype, param_dtype=jnp.float32,
-                                     decode=False, keep_rngs=False, rngs=rngs)
+                                     kernel_init=_KERNEL_INIT, decode=False, keep_rngs=False,
+                                     rngs=rngs)
 
   def __call__(self, x):
     b, h, w, c = x.shape
@@ -177,8 +186,8 @@ class UNet(nnx.Module):
     self.dtype = dtype
     self.channels = channels
     temb_dim = 4 * channels
-    self.temb1 = nnx.Linear(channels, temb_dim, dtype=dtype, param_dtype=jnp.float32, rngs=rngs)
-    self.temb2 = nnx.Linear(temb_dim, temb_dim, dtype=dtype, param_dtype=jnp.float32, rngs=rngs)
+    self.temb1 = ctx.linear(channels, temb_dim, rngs=rngs)
+    self.temb2 = ctx.linear(temb_dim, temb_dim, rngs=rngs)
     self.conv_in = ctx.conv(in_channels, channels, rngs=rngs)
 
     def block(cin, cout, resolution):
@@ -209,7 +218,8 @@ class UNet(nnx.Module):
         # 4x4 kernel at stride 2: every output pixel sees 2x2 input pixels (a
         # 2x2 kernel sees one, a checkerboard).
         up.append(ctx.layers.conv_transpose(c, c, (4, 4), strides=(2, 2), padding="SAME",
-                                            dtype=dtype, param_dtype=jnp.float32, rngs=rngs))
+                                            dtype=dtype, param_dtype=jnp.float32,
+                                            kernel_init=_KERNEL_INIT, rngs=rngs))
         res *= 2
     self.up = nnx.List(up)
     self.norm_out = ctx.norm_silu(c, rngs=rngs)
