@@ -5,8 +5,9 @@ benchmark's contract on a 1-device mesh, float16's loss scaling skips an
 overflowing step, and the digits load offline.
 
 Each example compiles one training step per backend (fp32), shared between
-tests through module-scoped fixtures, and the CNN one more in fp16:
-compiling dominates the time.
+tests through module-scoped fixtures: compiling dominates the time. The
+float16 loss scaling, shared by both examples (train_cnn.make_trainer), runs
+on a small net of the same layers.
 """
 
 import importlib.util
@@ -84,6 +85,7 @@ def _runs(module):
     state, loss = step(state, batch)
     if backend == "jax_dnn":
       out.update(batch=batch, random_loss=float(loss), mesh=mesh,
+                 after_random_step=_leaves(state["model"]),
                  replicated=all(x.sharding.is_fully_replicated and x.sharding.mesh == mesh
                                 for x in jax.tree.leaves(state["model"])),
                  changed=any(not np.array_equal(a, np.asarray(b)) for a, b in
@@ -131,15 +133,38 @@ def _check_make_step(module, out, image_size, classes=None):
   assert out["changed"], "the step left every parameter as it was"
 
 
-def _check_fp16_loss_scaling(module):
+class _SmallNet(nnx.Module):
+  """Conv + fused BatchNorm/ReLU + pooling + Linear in float16: the
+  example's layers and Trainer at a size whose fp16 step compiles in
+  seconds on CPU (the ResNet's takes ~15 s there)."""
+
+  def __init__(self, rngs):
+    import jax_dnn.nn  # pylint: disable=import-outside-toplevel
+    self.conv = jax_dnn.nn.Conv(3, 8, (3, 3), use_bias=False, dtype=jnp.float16, rngs=rngs)
+    self.bn = jax_dnn.nn.BatchNorm(8, dtype=jnp.float16, rngs=rngs)
+    self.head = nnx.Linear(8, 10, dtype=jnp.float16, rngs=rngs)
+
+  def __call__(self, x):
+    y = self.bn(self.conv(x.astype(jnp.float16)), use_running_average=False, activation="relu")
+    return self.head(jnp.mean(y, axis=(1, 2))).astype(jnp.float32)
+
+
+def test_fp16_loss_scaling(cnn):
   """A scale of 2^30 overflows fp16's backward: the step is skipped (every
-  array of the model and optimizer state unchanged) and the scale halved.
-  At 2^4 the same compiled step updates the parameters and counts a good
-  step."""
-  trainer, _ = module.build("jax_dnn", "tiny", dtype="float16", loss_scale=2.0**30,
-                            growth_interval=1000)
-  batch = jax.device_put(next(module.batches("tiny")), jax.sharding.NamedSharding(
-      trainer.mesh, jax.sharding.PartitionSpec("data")))
+  array of the model and optimizer state, batch statistics included,
+  unchanged) and the scale halved. At 2^4 the same compiled step updates the
+  parameters and counts a good step; after growth_interval good steps the
+  scale doubles."""
+  import jax_dnn  # pylint: disable=import-outside-toplevel
+
+  def loss_fn(model, batch, key):
+    del key
+    return cnn.cross_entropy(jax_dnn.log_softmax, model(batch["image"]), batch["label"])
+
+  trainer = cnn.make_trainer(_SmallNet(nnx.Rngs(0)), cnn.make_optimizer("sgd", 0.1, 0.0),
+                             loss_fn, mesh=cnn.data_mesh(),
+                             loss_scale=cnn.LossScale(2.0**30, growth_interval=2))
+  batch = next(cnn.batches("tiny"))
   before = _leaves(trainer.state["model"])
   state, loss = trainer.step(trainer.state, batch)
   assert np.isfinite(float(loss))
@@ -151,11 +176,20 @@ def _check_fp16_loss_scaling(module):
   state["loss_scale"] = {"scale": jnp.float32(2.0**4), "good_steps": jnp.int32(0)}
   state, loss = trainer.step(state, batch)
   assert np.isfinite(float(loss))
-  assert float(state["loss_scale"]["scale"]) == 2.0**4
-  assert int(state["loss_scale"]["good_steps"]) == 1
+  assert (float(state["loss_scale"]["scale"]), int(state["loss_scale"]["good_steps"])) == (16, 1)
   after = _leaves(state["model"])
   assert all(np.all(np.isfinite(a)) for a in after if a.dtype.kind == "f")
   assert any(not np.array_equal(a, b) for a, b in zip(before, after))
+  state, _ = trainer.step(state, batch)
+  assert (float(state["loss_scale"]["scale"]), int(state["loss_scale"]["good_steps"])) == (32, 0)
+
+
+def test_cnn_low_precision_keeps_fp32_parameters(cnn):
+  """--dtype sets the layers' compute dtype; parameters stay fp32."""
+  model = nnx.eval_shape(lambda: cnn.ResNet(depth=18, width=4, dtype=jnp.float16,
+                                            rngs=nnx.Rngs(0)))
+  assert model.stem_conv.dtype == jnp.float16 and model.stem_bn.dtype == jnp.float16
+  assert model.stem_conv.kernel.dtype == jnp.float32  # fp32 parameters
 
 
 def _check_same_state(a, b):
@@ -170,35 +204,39 @@ def _check_same_state(a, b):
 # train_cnn.py
 
 
-def test_cnn_forward_backends_agree(cnn):
-  """ResNet-50's bottlenecks and ImageNet stem (max pool), which the
+def test_cnn_forward_backends_agree(cnn, monkeypatch):
+  """Bottleneck blocks and the ImageNet stem (max pool), which the
   training runs (ResNet-18, CIFAR stem) do not reach, in training and
   evaluation mode (running averages), fp32: the same logits from the same
   parameters."""
-  x = jax.random.uniform(jax.random.key(0), (4, 32, 32, 3), minval=-1, maxval=1)
-
-  def logits(state, graphdef):
-    model = nnx.merge(graphdef, state)
-    train = model(x, train=True)  # also moves the running averages
-    return train, model(x, train=False)
-
   import jax_dnn.nn  # pylint: disable=import-outside-toplevel
-  models = {b: cnn.ResNet(backend=b, depth=50, width=2, imagenet_stem=True, dtype=jnp.float32,
-                          rngs=nnx.Rngs(1)) for b in ("jax_dnn", "xla")}
+  # ResNet-50's bottlenecks with one block a stage (a quarter of its 16): the
+  # same code, a quarter of the compile.
+  monkeypatch.setitem(cnn._RESNETS, 14, ((1, 1, 1, 1), True))  # pylint: disable=protected-access
+  make = lambda b: cnn.ResNet(backend=b, depth=14, width=2, imagenet_stem=True,
+                              dtype=jnp.float32, rngs=nnx.Rngs(1))
   # jax_dnn's layers where it has drop-ins, Flax's in the other.
+  models = {b: nnx.eval_shape(lambda b=b: make(b)) for b in ("jax_dnn", "xla")}
   assert isinstance(models["jax_dnn"].stem_conv, jax_dnn.nn.Conv)
   assert isinstance(models["jax_dnn"].blocks[0].bn3, jax_dnn.nn.BatchNorm)
   assert not isinstance(models["xla"].stem_conv, jax_dnn.nn.Conv)
   assert not isinstance(models["xla"].blocks[0].bn3, jax_dnn.nn.BatchNorm)
-  _check_same_state(*(nnx.state(m) for m in models.values()))
 
-  y = {}
-  for b, model in models.items():
-    graphdef, state = nnx.split(model)
-    y[b] = jax.jit(logits, static_argnums=1)(state, graphdef)
+  def init_and_run(b):
+    model = make(b)
+    state = jax.tree.map(jnp.copy, nnx.state(model))  # the initial values, before the forward
+    x = jax.random.uniform(jax.random.key(0), (4, 32, 32, 3), minval=-1, maxval=1)
+    train = model(x, train=True)  # also moves the running averages
+    return state, (train, model(x, train=False))
+
+  # Both models built and run in one program: one compile, not one per
+  # initializer shape.
+  out = jax.jit(lambda: {b: init_and_run(b) for b in models})()
+  _check_same_state(out["jax_dnn"][0], out["xla"][0])
+  y = {b: logits for b, (_, logits) in out.items()}
   for a, b in zip(y["jax_dnn"], y["xla"]):
     # fp32 sums of <= 7*7*3 or 3*3*16 products in different orders (~1e-6
-    # relative), through 53 layers each renormalized by batch norm.
+    # relative), through 18 layers each renormalized by batch norm.
     np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-4)
 
 
@@ -217,13 +255,6 @@ def test_cnn_backends_agree(cnn_runs):
 
 def test_cnn_make_step_on_a_mesh(cnn, cnn_runs):
   _check_make_step(cnn, cnn_runs, cnn.SIZES["tiny"]["image_size"], classes=10)
-
-
-def test_cnn_fp16_loss_scaling(cnn):
-  # train_unet.py trains through the same Trainer (train_cnn.make_trainer),
-  # so this covers its float16 runs too; a second fp16 compile would cost
-  # CI ~15 s for no path of its own.
-  _check_fp16_loss_scaling(cnn)
 
 
 def test_cnn_bad_arguments(cnn):
@@ -317,3 +348,18 @@ def test_batches_deterministic(image_data):
   (_, y_train), _ = image_data._digits()  # pylint: disable=protected-access
   np.testing.assert_array_equal(np.sort(epoch), np.sort(y_train))
   assert next(image_data.train_batches(2 * n + 1, 8))["image"].shape == (2 * n + 1, 8, 8, 3)
+
+
+@pytest.mark.skipif(len(jax.devices()) < 2, reason="needs 2 devices (conftest gives 8 CPU ones)")
+def test_cnn_data_parallel_matches_one_device(cnn, cnn_runs):
+  """One step on the same global batch (make_step's random batch, the same
+  values whatever the mesh) split over 2 devices and on 1 (the fixture's):
+  the batch norm's statistics are the global batch's under jit + sharding,
+  so the loss, parameters and running averages agree (fp32; sums in another
+  order across devices: ~1e-6 relative)."""
+  mesh = jax.sharding.Mesh(np.array(jax.devices()[:2]), ("data",))
+  step, state, batch = cnn.make_step("jax_dnn", "tiny", mesh=mesh, dtype="float32")
+  state, loss = step(state, batch)
+  assert float(loss) == pytest.approx(cnn_runs["random_loss"], rel=1e-5)
+  for a, b in zip(cnn_runs["after_random_step"], _leaves(state["model"])):
+    np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-5)
