@@ -76,7 +76,7 @@ SIZES = {
 # (blocks per stage, bottleneck?) by depth, as in He et al. 2016, table 1.
 _RESNETS = {18: ((2, 2, 2, 2), False), 34: ((3, 4, 6, 3), False),
             50: ((3, 4, 6, 3), True), 101: ((3, 4, 23, 3), True)}
-_DTYPES = {"bfloat16": jnp.bfloat16, "float16": jnp.float16, "float32": jnp.float32}
+DTYPES = {"bfloat16": jnp.bfloat16, "float16": jnp.float16, "float32": jnp.float32}
 
 
 # ---------------------------------------------------------------------------
@@ -129,8 +129,7 @@ class Ctx:
   dtype: Any
 
   def conv(self, cin, cout, kernel, stride=1, *, rngs):
-    # He-normal over fan-out (torchvision's ResNet init; a plain normal, whose
-    # CPU compile is a fraction of the truncated normal's); no bias before a
+    # He-normal over fan-out (torchvision's ResNet init); no bias before a
     # batch norm, whose own bias makes it redundant. Padding k // 2 on each
     # side (not "SAME", which pads (0, 1) at stride 2) as in the reference
     # ResNet.
@@ -417,7 +416,7 @@ def add_common_flags(ap, sizes):
   ap.add_argument("--steps", type=int, default=300)
   ap.add_argument("--batch", type=int, default=None,
                   help="global batch, split over every visible device (default: the size's)")
-  ap.add_argument("--dtype", choices=sorted(_DTYPES), default="bfloat16",
+  ap.add_argument("--dtype", choices=sorted(DTYPES), default="bfloat16",
                   help="compute dtype; parameters stay float32 (float16: dynamic loss scaling)")
   ap.add_argument("--seed", type=int, default=0)
   ap.add_argument("--optimizer", choices=["sgd", "adamw"], default=None)
@@ -433,7 +432,8 @@ def print_setup(args, mesh):
         f"backend {args.backend}, dtype {args.dtype}", flush=True)
 
 
-def _config(sizes, size, global_batch, overrides):
+def config_for(sizes, size, global_batch, overrides):
+  """sizes[size] with the overrides that are not None and the global batch."""
   if size not in sizes:
     raise ValueError(f"size must be one of {sorted(sizes)}, got {size!r}")
   cfg = dict(sizes[size], **{k: v for k, v in overrides.items() if v is not None})
@@ -448,12 +448,12 @@ def _config(sizes, size, global_batch, overrides):
 def build(backend="jax_dnn", size="tiny", *, global_batch=None, mesh=None, seed=0,
           dtype="bfloat16", **overrides):
   """(Trainer, config, model loss function) for the ResNet of `size`."""
-  cfg = _config(SIZES, size, global_batch, overrides)
+  cfg = config_for(SIZES, size, global_batch, overrides)
   mesh = data_mesh(mesh)
   check_batch(cfg["batch"], mesh)
   model = ResNet(backend=backend, depth=cfg["depth"], width=cfg["width"],
                  classes=cfg["classes"], imagenet_stem=cfg["image_size"] >= 128,
-                 dtype=_DTYPES[dtype], rngs=nnx.Rngs(seed))
+                 dtype=DTYPES[dtype], rngs=nnx.Rngs(seed))
   log_softmax = BACKENDS[backend].log_softmax
 
   def loss_fn(model, batch, key):
@@ -484,7 +484,7 @@ def make_step(backend: str, size: str = "tiny", *, global_batch: int | None = No
 
 def batches(size: str = "tiny", *, global_batch: int | None = None, seed: int = 0):
   """The digits at the size's resolution: {"image", "label"} numpy batches."""
-  cfg = _config(SIZES, size, global_batch, {})
+  cfg = config_for(SIZES, size, global_batch, {})
   return image_data.train_batches(cfg["batch"], cfg["image_size"], seed=seed)
 
 

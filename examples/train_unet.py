@@ -278,13 +278,13 @@ def denoising_loss(model, x0, key):
 def build(backend="jax_dnn", size="tiny", *, global_batch=None, mesh=None, seed=0,
           dtype="bfloat16", **overrides):
   """(Trainer, config) for the UNet of `size`."""
-  cfg = train_cnn._config(SIZES, size, global_batch, overrides)  # pylint: disable=protected-access
+  cfg = train_cnn.config_for(SIZES, size, global_batch, overrides)
   mesh = train_cnn.data_mesh(mesh)
   train_cnn.check_batch(cfg["batch"], mesh)
   model = UNet(backend=backend, image_size=cfg["image_size"], channels=cfg["channels"],
                mults=tuple(cfg["mults"]), blocks=cfg["blocks"], groups=cfg["groups"],
                heads=cfg["heads"], attn_resolution=cfg["attn_resolution"],
-               dtype=train_cnn._DTYPES[dtype], rngs=nnx.Rngs(seed))  # pylint: disable=protected-access
+               dtype=train_cnn.DTYPES[dtype], rngs=nnx.Rngs(seed))
 
   def loss_fn(model, batch, key):
     return denoising_loss(model, batch["image"], key)
@@ -315,7 +315,7 @@ def make_step(backend: str, size: str = "tiny", *, global_batch: int | None = No
 
 def batches(size: str = "tiny", *, global_batch: int | None = None, seed: int = 0):
   """The digits at the size's resolution: {"image"} numpy batches."""
-  cfg = train_cnn._config(SIZES, size, global_batch, {})  # pylint: disable=protected-access
+  cfg = train_cnn.config_for(SIZES, size, global_batch, {})
   for batch in image_data.train_batches(cfg["batch"], cfg["image_size"], seed=seed):
     yield {"image": batch["image"]}
 
@@ -329,11 +329,13 @@ def evaluate_loss(trainer, image_size, batch, seed=0):
     return denoising_loss(model, images, key)
 
   images, _ = image_data.test_set(image_size)
+  if len(images) < batch:  # a global batch beyond the split: repeat it
+    images = np.resize(images, (batch,) + images.shape[1:])
   total, n_batches = 0.0, len(images) // batch
   for i in range(n_batches):
     chunk = train_cnn.shard_batch(images[i * batch:(i + 1) * batch], trainer.mesh)
     total += float(loss(trainer.state["model"], chunk, jax.random.key(seed + 100 + i)))
-  return total / max(n_batches, 1)
+  return total / n_batches
 
 
 def main(argv=None) -> float:
