@@ -11,7 +11,8 @@ own segment: attention is causal and stays within a segment, positions
 restart at each segment's start, and a segment's last byte carries no loss,
 so no excerpt sees another. The pieces, jax_dnn / --backend xla:
   attention   jax_dnn.dot_product_attention (is_causal, q/kv_segment_ids) /
-              jax.nn.dot_product_attention (is_causal, a mask from the segment ids)
+              jax.nn.dot_product_attention (is_causal, a mask from the segment ids;
+              XLA's attention, or cuDNN's with --xla-attention cudnn on a GPU)
   norms       jax_dnn.nn.RMSNorm or LayerNorm (--norm) / nnx.RMSNorm or nnx.LayerNorm
   MLP         bias + GELU (tanh form) fused by jax_dnn.bias_act / jax.nn.gelu in fp32
   loss        jax_dnn.log_softmax / jax.nn.log_softmax
@@ -60,8 +61,8 @@ NORMS = {("jax_dnn", "rms"): jax_dnn.nn.RMSNorm, ("jax_dnn", "layer"): jax_dnn.n
 class Attention(nnx.Module):
   """Causal self-attention within segments; N heads of Hd = D / N."""
 
-  def __init__(self, dim, heads, *, backend, dtype, rngs):
-    self.backend, self.heads = backend, heads
+  def __init__(self, dim, heads, *, backend, xla_attention, dtype, rngs):
+    self.backend, self.heads, self.xla_attention = backend, heads, xla_attention
     self.qkv = nnx.Linear(dim, 3 * dim, use_bias=False, dtype=dtype, rngs=rngs)
     self.out = nnx.Linear(dim, dim, use_bias=False, dtype=dtype, rngs=rngs)
 
@@ -76,7 +77,8 @@ class Attention(nnx.Module):
       # segment 0, sees padding; it carries no loss). Never a fully masked
       # row (a token sees itself), where the two attentions would differ.
       mask = (segment_ids[:, :, None] == segment_ids[:, None, :])[:, None]
-      o = jax.nn.dot_product_attention(q, k, v, mask=mask, is_causal=True)
+      o = jax.nn.dot_product_attention(q, k, v, mask=mask, is_causal=True,
+                                       implementation=self.xla_attention)
     return self.out(o.reshape(b, t, d))
 
 
@@ -101,10 +103,11 @@ class MLP(nnx.Module):
 class Block(nnx.Module):
   """Pre-norm residual block: x + attn(norm(x)), then x + mlp(norm(x))."""
 
-  def __init__(self, dim, heads, *, backend, norm, dtype, rngs):
+  def __init__(self, dim, heads, *, backend, norm, xla_attention, dtype, rngs):
     norm_cls = NORMS[(backend, norm)]
     self.norm1 = norm_cls(dim, dtype=dtype, rngs=rngs)
-    self.attn = Attention(dim, heads, backend=backend, dtype=dtype, rngs=rngs)
+    self.attn = Attention(dim, heads, backend=backend, xla_attention=xla_attention,
+                          dtype=dtype, rngs=rngs)
     self.norm2 = norm_cls(dim, dtype=dtype, rngs=rngs)
     self.mlp = MLP(dim, backend=backend, dtype=dtype, rngs=rngs)
 
@@ -116,12 +119,14 @@ class Block(nnx.Module):
 class Transformer(nnx.Module):
   """Byte and learned position embeddings -> blocks -> norm -> V logits."""
 
-  def __init__(self, *, backend, norm, seq_len, dim, heads, layers, dtype, rngs):
+  def __init__(self, *, backend, norm, xla_attention, seq_len, dim, heads, layers, dtype,
+               rngs):
     self.log_softmax = {"jax_dnn": jax_dnn.log_softmax, "xla": jax.nn.log_softmax}[backend]
     self.embed = nnx.Embed(text_data.VOCAB, dim, dtype=dtype, rngs=rngs)
     self.pos_embed = nnx.Embed(seq_len, dim, dtype=dtype, rngs=rngs)
-    self.blocks = nnx.List([Block(dim, heads, backend=backend, norm=norm, dtype=dtype,
-                                  rngs=rngs) for _ in range(layers)])
+    self.blocks = nnx.List([Block(dim, heads, backend=backend, norm=norm,
+                                  xla_attention=xla_attention, dtype=dtype, rngs=rngs)
+                            for _ in range(layers)])
     self.norm = NORMS[(backend, norm)](dim, dtype=dtype, rngs=rngs)
     self.head = nnx.Linear(dim, text_data.VOCAB, dtype=dtype, rngs=rngs)
 
@@ -148,7 +153,9 @@ def loss_fn(model: Transformer, batch) -> jax.Array:
 def _config(size, global_batch, overrides):
   if size not in SIZES:
     raise ValueError(f"size must be one of {sorted(SIZES)}, got {size!r}")
-  cfg = dict(SIZES[size], norm="rms")
+  # norm: "rms" or "layer"; xla_attention: jax.nn.dot_product_attention's
+  # implementation for --backend xla ("xla", or "cudnn" on a GPU).
+  cfg = dict(SIZES[size], norm="rms", xla_attention="xla")
   unknown = set(overrides) - set(cfg)
   if unknown:
     raise TypeError(f"unknown hyper-parameters {sorted(unknown)}; known: {sorted(cfg)}")
@@ -167,9 +174,9 @@ def build(backend: str, size: str = "tiny", *, seed: int = 0, dtype: str = "bflo
     raise ValueError(f"backend must be 'jax_dnn' or 'xla', got {backend!r}")
   cfg = _config(size, None, overrides)
   # bf16 compute, fp32 parameters (each layer's param_dtype default).
-  model = Transformer(backend=backend, norm=cfg["norm"], seq_len=cfg["seq_len"],
-                      dim=cfg["dim"], heads=cfg["heads"], layers=cfg["layers"],
-                      dtype=jnp.dtype(dtype), rngs=nnx.Rngs(seed))
+  model = Transformer(backend=backend, norm=cfg["norm"], xla_attention=cfg["xla_attention"],
+                      seq_len=cfg["seq_len"], dim=cfg["dim"], heads=cfg["heads"],
+                      layers=cfg["layers"], dtype=jnp.dtype(dtype), rngs=nnx.Rngs(seed))
   tx = optax.chain(optax.clip_by_global_norm(1.0),
                    optax.adamw(cfg["learning_rate"], weight_decay=0.01))
   return model, nnx.Optimizer(model, tx, wrt=nnx.Param), cfg
@@ -227,6 +234,8 @@ def main(argv=None) -> float:
   ap.add_argument("--backend", choices=["jax_dnn", "xla"], default="jax_dnn")
   ap.add_argument("--size", choices=sorted(SIZES), default="small")
   ap.add_argument("--norm", choices=["rms", "layer"], default="rms")
+  ap.add_argument("--xla-attention", choices=["xla", "cudnn"], default="xla",
+                  help="jax.nn.dot_product_attention's implementation for --backend xla")
   ap.add_argument("--steps", type=int, default=500)
   ap.add_argument("--batch", type=int, default=None, help="global batch (default: the size's)")
   ap.add_argument("--dtype", choices=["bfloat16", "float32"], default="bfloat16")
@@ -245,7 +254,8 @@ def main(argv=None) -> float:
         f"{cfg['heads']} heads, {args.norm} norm, batch {cfg['batch']} x {cfg['seq_len']} "
         f"tokens, {args.dtype}")
   step, state, _ = make_step(args.backend, args.size, global_batch=args.batch, mesh=mesh,
-                             seed=args.seed, dtype=args.dtype, norm=args.norm)
+                             seed=args.seed, dtype=args.dtype, norm=args.norm,
+                             xla_attention=args.xla_attention)
   place = (lambda b: b) if mesh is None else (lambda b: jax.device_put(b, _shardings(mesh)[1]))
   data = batches(args.size, global_batch=args.batch, seed=args.seed)
   losses, start = [], None

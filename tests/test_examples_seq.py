@@ -6,6 +6,7 @@ parallel step matches the one-device step."""
 
 import importlib.util
 import pathlib
+import re
 import socket
 
 from flax import nnx
@@ -13,6 +14,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+
+import jax_dnn
 
 _EXAMPLES = pathlib.Path(__file__).resolve().parent.parent / "examples"
 
@@ -233,3 +236,26 @@ def test_transformer_main(capsys):
                            "--backend", "xla", "--norm", "layer"])
   out = capsys.readouterr().out
   assert np.isfinite(loss) and "step time" in out and "step     2" in out
+
+
+# --- on a GPU the steps run jax_dnn's kernels ----------------------------------
+
+
+@pytest.mark.skipif(not jax_dnn.has_cuda_kernels(),
+                    reason="lowering to the kernels needs the extension built with CUDA")
+@pytest.mark.parametrize("name, overrides, ops", [
+    ("lstm_lm", {"cell": "lstm"}, ["rnn", "softmax"]),
+    ("lstm_lm", {"cell": "gru"}, ["rnn", "softmax"]),
+    ("transformer", {"norm": "rms"}, ["attention", "bias_act", "rms_norm", "softmax"]),
+    ("transformer", {"norm": "layer"}, ["attention", "bias_act", "layer_norm", "softmax"]),
+])
+def test_cuda_lowering_of_the_step_calls_the_kernels(name, overrides, ops):
+  """The jax_dnn step lowered for CUDA calls each op's forward and backward
+  kernel (none of them falls back to its reference)."""
+  module = {"lstm_lm": lstm_lm, "transformer": transformer}[name]
+  step, state, batch = module.make_step("jax_dnn", "tiny", **overrides)
+  text = step.trace(state, batch).lower(lowering_platforms=("cuda",)).as_text()
+  called = set(re.findall(r"@jax_dnn_(\w+)_(?:fwd|bwd)\b", text))
+  assert called == set(ops)
+  for op in ops:
+    assert f"@jax_dnn_{op}_fwd" in text and f"@jax_dnn_{op}_bwd" in text
