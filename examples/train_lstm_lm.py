@@ -213,6 +213,17 @@ def generate(model: CharRNN, prompt: bytes, length: int, temperature: float = 0.
   return bytes(np.asarray(out, np.uint8)).decode("utf-8", errors="replace")
 
 
+@functools.partial(jax.jit, static_argnums=0)
+def _eval_loss(graphdef, state, batch):
+  model, _ = nnx.merge(graphdef, state)
+  return loss_fn(model, batch)
+
+
+def evaluate(graphdef, state, data, count: int, place=lambda b: b) -> float:
+  """Mean loss over `count` batches of `data`, without training."""
+  return float(np.mean([_eval_loss(graphdef, state, place(next(data))) for _ in range(count)]))
+
+
 def main(argv=None) -> float:
   ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
   ap.add_argument("--backend", choices=["jax_dnn", "xla"], default="jax_dnn")
@@ -223,6 +234,8 @@ def main(argv=None) -> float:
   ap.add_argument("--dtype", choices=["bfloat16", "float32"], default="bfloat16")
   ap.add_argument("--seed", type=int, default=0)
   ap.add_argument("--log-every", type=int, default=50)
+  ap.add_argument("--eval-batches", type=int, default=10,
+                  help="validation batches evaluated after training")
   ap.add_argument("--sample-every", type=int, default=250)
   ap.add_argument("--sample-length", type=int, default=200)
   args = ap.parse_args(argv)
@@ -263,6 +276,9 @@ def main(argv=None) -> float:
     print(f"step time {ms:.2f} ms ({args.steps - 1} steps after the first)")
   final = float(np.mean(losses[-min(10, len(losses)):]))
   print(f"final loss (mean of the last {min(10, len(losses))} steps) {final:.4f}")
+  validation = batches(args.size, global_batch=args.batch, seed=args.seed, split="validation")
+  print(f"validation loss ({args.eval_batches} batches of held-out files) "
+        f"{evaluate(graphdef, state, validation, args.eval_batches, place):.4f}")
   return final
 
 

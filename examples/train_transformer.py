@@ -25,6 +25,7 @@ Letters: B batch, T tokens a row, D model width, N heads, Hd head width, V = 256
 from __future__ import annotations
 
 import argparse
+import functools
 import pathlib
 import sys
 import time
@@ -198,6 +199,12 @@ def make_step(backend: str, size: str = "tiny", *, global_batch: int | None = No
   """(step, state, batch): see EXAMPLES_CONTRACT. Data parallel over `mesh`'s
   "data" axis: the batch is split, parameters and optimizer state replicated
   (XLA all-reduces the gradients)."""
+  return _make_step(backend, size, global_batch=global_batch, mesh=mesh, seed=seed,
+                    dtype=dtype, **overrides)[1:]
+
+
+def _make_step(backend, size, *, global_batch, mesh, seed, dtype, **overrides):
+  """make_step's (step, state, batch) after the graphdef of (model, optimizer)."""
   cfg = _config(size, global_batch, overrides)
   model, optimizer, _ = build(backend, size, seed=seed, dtype=dtype, **overrides)
   graphdef, state = nnx.split((model, optimizer))
@@ -212,13 +219,13 @@ def make_step(backend: str, size: str = "tiny", *, global_batch: int | None = No
   batch = text_data.packed_batch(rng, text_data.random_documents(rng), cfg["batch"],
                                  cfg["seq_len"])
   if mesh is None:
-    return jax.jit(step, donate_argnums=0), state, jax.tree.map(jnp.asarray, batch)
+    return graphdef, jax.jit(step, donate_argnums=0), state, jax.tree.map(jnp.asarray, batch)
   replicated, split = _shardings(mesh)
   state = jax.device_put(state, replicated)
   batch = jax.device_put(batch, split)
   state_sharding = jax.tree.map(lambda _: replicated, state)
-  return (jax.jit(step, donate_argnums=0, in_shardings=(state_sharding, split),
-                  out_shardings=(state_sharding, replicated)), state, batch)
+  return (graphdef, jax.jit(step, donate_argnums=0, in_shardings=(state_sharding, split),
+                            out_shardings=(state_sharding, replicated)), state, batch)
 
 
 def batches(size: str = "tiny", *, global_batch: int | None = None, seed: int = 0,
@@ -227,6 +234,17 @@ def batches(size: str = "tiny", *, global_batch: int | None = None, seed: int = 
   cfg = _config(size, global_batch, {})
   return text_data.stream(text_data.packed_batch, text_data.documents(split), cfg["batch"],
                           cfg["seq_len"], seed)
+
+
+@functools.partial(jax.jit, static_argnums=0)
+def _eval_loss(graphdef, state, batch):
+  model, _ = nnx.merge(graphdef, state)
+  return loss_fn(model, batch)
+
+
+def evaluate(graphdef, state, data, count: int, place=lambda b: b) -> float:
+  """Mean loss over `count` batches of `data`, without training."""
+  return float(np.mean([_eval_loss(graphdef, state, place(next(data))) for _ in range(count)]))
 
 
 def main(argv=None) -> float:
@@ -241,6 +259,8 @@ def main(argv=None) -> float:
   ap.add_argument("--dtype", choices=["bfloat16", "float32"], default="bfloat16")
   ap.add_argument("--seed", type=int, default=0)
   ap.add_argument("--log-every", type=int, default=50)
+  ap.add_argument("--eval-batches", type=int, default=10,
+                  help="validation batches evaluated after training")
   args = ap.parse_args(argv)
 
   cfg = _config(args.size, args.batch, {})
@@ -253,9 +273,9 @@ def main(argv=None) -> float:
   print(f"backend {args.backend}, {cfg['layers']} layers, width {cfg['dim']}, "
         f"{cfg['heads']} heads, {args.norm} norm, batch {cfg['batch']} x {cfg['seq_len']} "
         f"tokens, {args.dtype}")
-  step, state, _ = make_step(args.backend, args.size, global_batch=args.batch, mesh=mesh,
-                             seed=args.seed, dtype=args.dtype, norm=args.norm,
-                             xla_attention=args.xla_attention)
+  graphdef, step, state, _ = _make_step(args.backend, args.size, global_batch=args.batch,
+                                        mesh=mesh, seed=args.seed, dtype=args.dtype,
+                                        norm=args.norm, xla_attention=args.xla_attention)
   place = (lambda b: b) if mesh is None else (lambda b: jax.device_put(b, _shardings(mesh)[1]))
   data = batches(args.size, global_batch=args.batch, seed=args.seed)
   losses, start = [], None
@@ -271,6 +291,9 @@ def main(argv=None) -> float:
     print(f"step time {ms:.2f} ms ({args.steps - 1} steps after the first)")
   final = float(np.mean(losses[-min(10, len(losses)):]))
   print(f"final loss (mean of the last {min(10, len(losses))} steps) {final:.4f}")
+  validation = batches(args.size, global_batch=args.batch, seed=args.seed, split="validation")
+  print(f"validation loss ({args.eval_batches} batches of held-out files) "
+        f"{evaluate(graphdef, state, validation, args.eval_batches, place):.4f}")
   return final
 
 

@@ -190,9 +190,10 @@ def test_lstm_lm_data_parallel():
 
 def test_lstm_lm_main(capsys):
   loss = lstm_lm.main(["--size", "tiny", "--steps", "3", "--log-every", "1",
-                       "--sample-every", "3", "--sample-length", "8"])
+                       "--sample-every", "3", "--sample-length", "8", "--eval-batches", "1"])
   out = capsys.readouterr().out
   assert np.isfinite(loss) and "step time" in out and "sample (temperature 0.8)" in out
+  assert "validation loss" in out
 
 
 # --- the Transformer -----------------------------------------------------------
@@ -233,9 +234,10 @@ def test_transformer_data_parallel():
 
 def test_transformer_main(capsys):
   loss = transformer.main(["--size", "tiny", "--steps", "3", "--log-every", "1",
-                           "--backend", "xla", "--norm", "layer"])
+                           "--backend", "xla", "--norm", "layer", "--eval-batches", "1"])
   out = capsys.readouterr().out
   assert np.isfinite(loss) and "step time" in out and "step     2" in out
+  assert "validation loss" in out
 
 
 # --- on a GPU the steps run jax_dnn's kernels ----------------------------------
