@@ -261,18 +261,20 @@ def main(argv=None) -> float:
       text = generate(model, b"def ", args.sample_length, temperature, seed=args.seed)
       print(f"--- sample (temperature {temperature}) ---\n{text}\n---")
 
-  losses, start = [], None
+  losses, seconds = [], 0.0
   for i in range(args.steps):
-    state, loss = step(state, place(next(data)))
-    losses.append(float(loss))  # syncs: the step time below includes this transfer
-    if i == 0:
-      start = time.perf_counter()  # after the first step's compile
+    batch = place(next(data))
+    start = time.perf_counter()
+    state, loss = step(state, batch)
+    losses.append(float(loss))  # waits for the step
+    if i > 0:  # the first step compiles
+      seconds += time.perf_counter() - start
     if i % args.log_every == 0 or i == args.steps - 1:
       print(f"step {i:5d}  loss {losses[-1]:.4f}")
     if args.sample_every and (i + 1) % args.sample_every == 0:
       show_samples()
   if args.steps > 1:
-    ms = (time.perf_counter() - start) / (args.steps - 1) * 1e3
+    ms = seconds / (args.steps - 1) * 1e3
     print(f"step time {ms:.2f} ms ({args.steps - 1} steps after the first)")
   final = float(np.mean(losses[-min(10, len(losses)):]))
   print(f"final loss (mean of the last {min(10, len(losses))} steps) {final:.4f}")
