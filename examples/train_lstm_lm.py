@@ -1,0 +1,288 @@
+"""A character-level language model on the Python standard library's source:
+byte embedding -> stacked LSTM (or GRU) layers -> projection to 256 logits.
+Prints a falling loss, the step time and text sampled from the model.
+
+    python examples/train_lstm_lm.py                      # jax_dnn, size small
+    python examples/train_lstm_lm.py --backend xla        # flax.nnx.RNN's scan
+    python examples/train_lstm_lm.py --size tiny --steps 200 --cell gru
+
+Each layer is jax_dnn.nn.RNN over a Flax cell (nnx.OptimizedLSTMCell or
+nnx.GRUCell): the cell holds the parameters and jax_dnn runs the whole
+sequence as one recurrence. `--backend xla` wraps the same cells in
+flax.nnx.RNN (a scan over the cell), so both backends start from the same
+parameter tree and values. Sequences are ragged (text_data.ragged_batch):
+each row has its own length, the recurrence takes them as seq_lengths and
+padded steps carry no loss. Samples run the cells step by step (greedy and
+at a temperature), which is the same computation as the RNN layers.
+
+Letters: B batch, T steps, E embedding width, H hidden width, V = 256 bytes.
+"""
+
+from __future__ import annotations
+
+import argparse
+import functools
+import pathlib
+import sys
+import time
+
+from flax import nnx
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+
+import jax_dnn
+import jax_dnn.nn
+
+_HERE = str(pathlib.Path(__file__).resolve().parent)
+if _HERE not in sys.path:  # text_data.py sits beside this file
+  sys.path.insert(0, _HERE)
+import text_data  # pylint: disable=g-import-not-at-top,wrong-import-position
+
+SIZES = {
+    # CPU CI: a few seconds to compile, well under a second a step.
+    "tiny": {"batch": 8, "steps": 32, "embed": 16, "hidden": 32, "layers": 2,
+             "learning_rate": 1e-2},
+    "small": {"batch": 64, "steps": 128, "embed": 128, "hidden": 512, "layers": 2,
+              "learning_rate": 2e-3},
+    # The issue's benchmark size: batch 64 x 256 steps, hidden 1024.
+    "realistic": {"batch": 64, "steps": 256, "embed": 512, "hidden": 1024, "layers": 2,
+                  "learning_rate": 1e-3},
+}
+
+CELLS = {"lstm": nnx.OptimizedLSTMCell, "gru": nnx.GRUCell}
+
+
+class CharRNN(nnx.Module):
+  """Embedding -> `layers` recurrent layers -> Linear to V logits."""
+
+  def __init__(self, *, backend: str, cell: str, embed: int, hidden: int, layers: int,
+               dtype, rngs: nnx.Rngs):
+    # jax_dnn.nn.RNN subclasses nnx.RNN and takes the same cell, so the two
+    # backends build identical parameter trees from the same rngs.
+    rnn = {"jax_dnn": jax_dnn.nn.RNN, "xla": nnx.RNN}[backend]
+    self.log_softmax = {"jax_dnn": jax_dnn.log_softmax, "xla": jax.nn.log_softmax}[backend]
+    self.embed = nnx.Embed(text_data.VOCAB, embed, dtype=dtype, rngs=rngs)
+    widths = [embed] + [hidden] * layers
+    self.layers = nnx.List([
+        rnn(CELLS[cell](widths[i], hidden, dtype=dtype, rngs=rngs), rngs=rngs)
+        for i in range(layers)])
+    self.head = nnx.Linear(hidden, text_data.VOCAB, dtype=dtype, rngs=rngs)
+
+  def __call__(self, tokens, seq_lengths=None):
+    """tokens [B, T] int -> log-probabilities [B, T, V] float32."""
+    x = self.embed(tokens)
+    for layer in self.layers:
+      x = layer(x, seq_lengths=seq_lengths)
+    return self.log_softmax(self.head(x).astype(jnp.float32))
+
+  def step(self, carries, token):
+    """One step through the cells: token [B] -> (carries, log-probs [B, V])."""
+    x = self.embed(token)
+    new = []
+    for layer, carry in zip(self.layers, carries):
+      carry, x = layer.cell(carry, x)
+      new.append(carry)
+    return new, self.log_softmax(self.head(x).astype(jnp.float32))
+
+  def initial_carries(self, batch: int):
+    return [layer.cell.initialize_carry((batch, layer.cell.in_features), layer.rngs)
+            for layer in self.layers]
+
+
+def loss_fn(model: CharRNN, batch) -> jax.Array:
+  """Mean next-byte cross-entropy over the valid steps (t < seq_lengths)."""
+  logp = model(batch["tokens"], batch["seq_lengths"])
+  nll = -jnp.take_along_axis(logp, batch["targets"][..., None], axis=-1)[..., 0]
+  steps = batch["tokens"].shape[1]
+  valid = jnp.arange(steps)[None, :] < batch["seq_lengths"][:, None]
+  return jnp.sum(jnp.where(valid, nll, 0.0)) / jnp.maximum(jnp.sum(valid), 1)
+
+
+def _config(size, global_batch, overrides):
+  if size not in SIZES:
+    raise ValueError(f"size must be one of {sorted(SIZES)}, got {size!r}")
+  cfg = dict(SIZES[size], cell="lstm")
+  unknown = set(overrides) - set(cfg)
+  if unknown:
+    raise TypeError(f"unknown hyper-parameters {sorted(unknown)}; known: {sorted(cfg)}")
+  cfg.update(overrides)
+  if global_batch is not None:
+    cfg["batch"] = global_batch
+  return cfg
+
+
+def build(backend: str, size: str = "tiny", *, seed: int = 0, dtype: str = "bfloat16",
+          **overrides):
+  """(model, optimizer, config) for a backend and size."""
+  if backend not in ("jax_dnn", "xla"):
+    raise ValueError(f"backend must be 'jax_dnn' or 'xla', got {backend!r}")
+  cfg = _config(size, None, overrides)
+  # bf16 compute, fp32 parameters (each layer's param_dtype default).
+  model = CharRNN(backend=backend, cell=cfg["cell"], embed=cfg["embed"], hidden=cfg["hidden"],
+                  layers=cfg["layers"], dtype=jnp.dtype(dtype), rngs=nnx.Rngs(seed))
+  tx = optax.chain(optax.clip_by_global_norm(1.0),
+                   optax.adamw(cfg["learning_rate"], weight_decay=0.01))
+  return model, nnx.Optimizer(model, tx, wrt=nnx.Param), cfg
+
+
+def _shardings(mesh):
+  """(replicated, batch-split) shardings over a 1-D "data" mesh. The mesh's
+  axis is taken as Auto (jax.make_mesh's default is Explicit): the model code
+  is plain, and XLA partitions it from the shardings of its inputs."""
+  P = jax.sharding.PartitionSpec  # pylint: disable=invalid-name
+  mesh = jax.sharding.Mesh(mesh.devices, mesh.axis_names,
+                           axis_types=(jax.sharding.AxisType.Auto,) * len(mesh.axis_names))
+  return (jax.sharding.NamedSharding(mesh, P()), jax.sharding.NamedSharding(mesh, P("data")))
+
+
+def make_step(backend: str, size: str = "tiny", *, global_batch: int | None = None,
+              mesh: jax.sharding.Mesh | None = None, seed: int = 0, dtype: str = "bfloat16",
+              **overrides):
+  """(step, state, batch): see EXAMPLES_CONTRACT. Data parallel over `mesh`'s
+  "data" axis: the batch is split, parameters and optimizer state replicated
+  (XLA all-reduces the gradients)."""
+  return _make_step(backend, size, global_batch=global_batch, mesh=mesh, seed=seed,
+                    dtype=dtype, **overrides)[1:]
+
+
+def _make_step(backend, size, *, global_batch, mesh, seed, dtype, **overrides):
+  """make_step's (step, state, batch) after the graphdef of (model, optimizer)."""
+  cfg = _config(size, global_batch, overrides)
+  model, optimizer, _ = build(backend, size, seed=seed, dtype=dtype, **overrides)
+  graphdef, state = nnx.split((model, optimizer))
+
+  def step(state, batch):
+    model, optimizer = nnx.merge(graphdef, state)
+    loss, grads = nnx.value_and_grad(loss_fn)(model, batch)
+    optimizer.update(model, grads)
+    return nnx.state((model, optimizer)), loss
+
+  rng = np.random.default_rng(seed)
+  batch = text_data.ragged_batch(rng, text_data.random_documents(rng), cfg["batch"],
+                                 cfg["steps"])
+  if mesh is None:
+    return graphdef, jax.jit(step, donate_argnums=0), state, jax.tree.map(jnp.asarray, batch)
+  replicated, split = _shardings(mesh)
+  state = jax.device_put(state, replicated)
+  batch = jax.device_put(batch, split)
+  state_sharding = jax.tree.map(lambda _: replicated, state)
+  return (graphdef, jax.jit(step, donate_argnums=0, in_shardings=(state_sharding, split),
+                            out_shardings=(state_sharding, replicated)), state, batch)
+
+
+def batches(size: str = "tiny", *, global_batch: int | None = None, seed: int = 0,
+            split: str = "train"):
+  """Endless ragged batches of the standard library's source (make_step's structure)."""
+  cfg = _config(size, global_batch, {})
+  return text_data.stream(text_data.ragged_batch, text_data.documents(split), cfg["batch"],
+                          cfg["steps"], seed)
+
+
+@functools.partial(jax.jit, static_argnums=(0, 3))
+def _generate(graphdef, state, prompt, length, temperature, key):
+  """prompt [P] int32 -> P + length bytes: the prompt through the cells, then
+  `length` samples (greedy where temperature == 0)."""
+  model = nnx.merge(graphdef, state)
+  carries = model.initial_carries(1)
+
+  def feed(carries, token):
+    carries, logp = model.step(carries, token[None])
+    return carries, logp[0]
+
+  carries, logps = jax.lax.scan(feed, carries, prompt)
+
+  def sample(loop, key):
+    carries, logp = loop
+    greedy = jnp.argmax(logp)
+    drawn = jax.random.categorical(key, logp / jnp.maximum(temperature, 1e-6))
+    token = jnp.where(temperature > 0, drawn, greedy).astype(jnp.int32)
+    carries, logp = feed(carries, token)
+    return (carries, logp), token
+
+  _, tokens = jax.lax.scan(sample, (carries, logps[-1]), jax.random.split(key, length))
+  return jnp.concatenate([prompt, tokens])
+
+
+def generate(model: CharRNN, prompt: bytes, length: int, temperature: float = 0.0,
+             seed: int = 0) -> str:
+  graphdef, state = nnx.split(model)
+  out = _generate(graphdef, state, jnp.asarray(np.frombuffer(prompt, np.uint8), jnp.int32),
+                  length, jnp.float32(temperature), jax.random.key(seed))
+  return bytes(np.asarray(out, np.uint8)).decode("utf-8", errors="replace")
+
+
+@functools.partial(jax.jit, static_argnums=0)
+def _eval_loss(graphdef, state, batch):
+  model, _ = nnx.merge(graphdef, state)
+  return loss_fn(model, batch)
+
+
+def evaluate(graphdef, state, data, count: int, place=lambda b: b) -> float:
+  """Mean loss over `count` batches of `data`, without training."""
+  return float(np.mean([_eval_loss(graphdef, state, place(next(data))) for _ in range(count)]))
+
+
+def main(argv=None) -> float:
+  ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+  ap.add_argument("--backend", choices=["jax_dnn", "xla"], default="jax_dnn")
+  ap.add_argument("--size", choices=sorted(SIZES), default="small")
+  ap.add_argument("--cell", choices=sorted(CELLS), default="lstm")
+  ap.add_argument("--steps", type=int, default=500)
+  ap.add_argument("--batch", type=int, default=None, help="global batch (default: the size's)")
+  ap.add_argument("--dtype", choices=["bfloat16", "float32"], default="bfloat16")
+  ap.add_argument("--seed", type=int, default=0)
+  ap.add_argument("--log-every", type=int, default=50)
+  ap.add_argument("--eval-batches", type=int, default=10,
+                  help="validation batches evaluated after training")
+  ap.add_argument("--sample-every", type=int, default=250)
+  ap.add_argument("--sample-length", type=int, default=200)
+  args = ap.parse_args(argv)
+
+  cfg = _config(args.size, args.batch, {})
+  # Data parallel over as many devices as split the batch evenly (all, for
+  # the sizes' batches on 1, 2, 4 or 8 GPUs).
+  count = max(n for n in range(1, jax.device_count() + 1) if cfg["batch"] % n == 0)
+  devices = jax.devices()[:count]
+  mesh = jax.make_mesh((count,), ("data",), devices=devices) if count > 1 else None
+  print(f"devices: {devices}; jax_dnn kernels built: {jax_dnn.has_cuda_kernels()}")
+  print(f"backend {args.backend}, {args.cell} x {cfg['layers']}, hidden {cfg['hidden']}, "
+        f"batch {cfg['batch']} x {cfg['steps']} steps, {args.dtype}")
+  graphdef, step, state, _ = _make_step(args.backend, args.size, global_batch=args.batch,
+                                        mesh=mesh, seed=args.seed, dtype=args.dtype,
+                                        cell=args.cell)
+  place = (lambda b: b) if mesh is None else (lambda b: jax.device_put(b, _shardings(mesh)[1]))
+  data = batches(args.size, global_batch=args.batch, seed=args.seed)
+
+  def show_samples():
+    model, _ = nnx.merge(graphdef, state)
+    for temperature in (0.0, 0.8):
+      text = generate(model, b"def ", args.sample_length, temperature, seed=args.seed)
+      print(f"--- sample (temperature {temperature}) ---\n{text}\n---")
+
+  losses, seconds = [], 0.0
+  for i in range(args.steps):
+    batch = place(next(data))
+    start = time.perf_counter()
+    state, loss = step(state, batch)
+    losses.append(float(loss))  # waits for the step
+    if i > 0:  # the first step compiles
+      seconds += time.perf_counter() - start
+    if i % args.log_every == 0 or i == args.steps - 1:
+      print(f"step {i:5d}  loss {losses[-1]:.4f}")
+    if args.sample_every and (i + 1) % args.sample_every == 0:
+      show_samples()
+  if args.steps > 1:
+    ms = seconds / (args.steps - 1) * 1e3
+    print(f"step time {ms:.2f} ms ({args.steps - 1} steps after the first)")
+  final = float(np.mean(losses[-min(10, len(losses)):]))
+  print(f"final loss (mean of the last {min(10, len(losses))} steps) {final:.4f}")
+  validation = batches(args.size, global_batch=args.batch, seed=args.seed, split="validation")
+  print(f"validation loss ({args.eval_batches} batches of held-out files) "
+        f"{evaluate(graphdef, state, validation, args.eval_batches, place):.4f}")
+  return final
+
+
+if __name__ == "__main__":
+  main()
