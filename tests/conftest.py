@@ -3,7 +3,14 @@ reference path) and once on a CUDA GPU (our kernels; marker `gpu`, skipped
 visibly where no CUDA device is present). JAX gets 8 CPU devices, for
 test_sharding.py."""
 
-import jax
+import os
+
+# Under pytest-xdist (`-n auto`) several processes share a GPU: none takes
+# XLA's default 75% of its memory up front.
+if os.environ.get("PYTEST_XDIST_WORKER"):
+  os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
+
+import jax  # pylint: disable=g-import-not-at-top,wrong-import-position
 
 # test_sharding.py splits ops over a mesh of 8 host devices. Set before any
 # backend starts; elsewhere the default device stays the first one.
