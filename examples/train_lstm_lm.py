@@ -24,7 +24,6 @@ import argparse
 import functools
 import pathlib
 import sys
-import time
 
 from flax import nnx
 import jax
@@ -39,6 +38,7 @@ _HERE = str(pathlib.Path(__file__).resolve().parent)
 if _HERE not in sys.path:  # text_data.py sits beside this file
   sys.path.insert(0, _HERE)
 import text_data  # pylint: disable=g-import-not-at-top,wrong-import-position
+import text_training  # pylint: disable=g-import-not-at-top,wrong-import-position
 
 SIZES = {
     # CPU CI: a few seconds to compile, well under a second a step.
@@ -127,16 +127,6 @@ def build(backend: str, size: str = "tiny", *, seed: int = 0, dtype: str = "bflo
   return model, nnx.Optimizer(model, tx, wrt=nnx.Param), cfg
 
 
-def _shardings(mesh):
-  """(replicated, batch-split) shardings over a 1-D "data" mesh. The mesh's
-  axis is taken as Auto (jax.make_mesh's default is Explicit): the model code
-  is plain, and XLA partitions it from the shardings of its inputs."""
-  P = jax.sharding.PartitionSpec  # pylint: disable=invalid-name
-  mesh = jax.sharding.Mesh(mesh.devices, mesh.axis_names,
-                           axis_types=(jax.sharding.AxisType.Auto,) * len(mesh.axis_names))
-  return (jax.sharding.NamedSharding(mesh, P()), jax.sharding.NamedSharding(mesh, P("data")))
-
-
 def make_step(backend: str, size: str = "tiny", *, global_batch: int | None = None,
               mesh: jax.sharding.Mesh | None = None, seed: int = 0, dtype: str = "bfloat16",
               **overrides):
@@ -151,25 +141,10 @@ def _make_step(backend, size, *, global_batch, mesh, seed, dtype, **overrides):
   """make_step's (step, state, batch) after the graphdef of (model, optimizer)."""
   cfg = _config(size, global_batch, overrides)
   model, optimizer, _ = build(backend, size, seed=seed, dtype=dtype, **overrides)
-  graphdef, state = nnx.split((model, optimizer))
-
-  def step(state, batch):
-    model, optimizer = nnx.merge(graphdef, state)
-    loss, grads = nnx.value_and_grad(loss_fn)(model, batch)
-    optimizer.update(model, grads)
-    return nnx.state((model, optimizer)), loss
-
   rng = np.random.default_rng(seed)
   batch = text_data.ragged_batch(rng, text_data.random_documents(rng), cfg["batch"],
                                  cfg["steps"])
-  if mesh is None:
-    return graphdef, jax.jit(step, donate_argnums=0), state, jax.tree.map(jnp.asarray, batch)
-  replicated, split = _shardings(mesh)
-  state = jax.device_put(state, replicated)
-  batch = jax.device_put(batch, split)
-  state_sharding = jax.tree.map(lambda _: replicated, state)
-  return (graphdef, jax.jit(step, donate_argnums=0, in_shardings=(state_sharding, split),
-                            out_shardings=(state_sharding, replicated)), state, batch)
+  return text_training.jit_step(model, optimizer, loss_fn, batch, mesh)
 
 
 def batches(size: str = "tiny", *, global_batch: int | None = None, seed: int = 0,
@@ -213,17 +188,6 @@ def generate(model: CharRNN, prompt: bytes, length: int, temperature: float = 0.
   return bytes(np.asarray(out, np.uint8)).decode("utf-8", errors="replace")
 
 
-@functools.partial(jax.jit, static_argnums=0)
-def _eval_loss(graphdef, state, batch):
-  model, _ = nnx.merge(graphdef, state)
-  return loss_fn(model, batch)
-
-
-def evaluate(graphdef, state, data, count: int, place=lambda b: b) -> float:
-  """Mean loss over `count` batches of `data`, without training."""
-  return float(np.mean([_eval_loss(graphdef, state, place(next(data))) for _ in range(count)]))
-
-
 def main(argv=None) -> float:
   ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
   ap.add_argument("--backend", choices=["jax_dnn", "xla"], default="jax_dnn")
@@ -241,48 +205,31 @@ def main(argv=None) -> float:
   args = ap.parse_args(argv)
 
   cfg = _config(args.size, args.batch, {})
-  # Data parallel over as many devices as split the batch evenly (all, for
-  # the sizes' batches on 1, 2, 4 or 8 GPUs).
-  count = max(n for n in range(1, jax.device_count() + 1) if cfg["batch"] % n == 0)
-  devices = jax.devices()[:count]
-  mesh = jax.make_mesh((count,), ("data",), devices=devices) if count > 1 else None
+  mesh, devices = text_training.data_mesh(cfg["batch"])
   print(f"devices: {devices}; jax_dnn kernels built: {jax_dnn.has_cuda_kernels()}")
   print(f"backend {args.backend}, {args.cell} x {cfg['layers']}, hidden {cfg['hidden']}, "
         f"batch {cfg['batch']} x {cfg['steps']} steps, {args.dtype}")
   graphdef, step, state, _ = _make_step(args.backend, args.size, global_batch=args.batch,
                                         mesh=mesh, seed=args.seed, dtype=args.dtype,
                                         cell=args.cell)
-  place = (lambda b: b) if mesh is None else (lambda b: jax.device_put(b, _shardings(mesh)[1]))
-  data = batches(args.size, global_batch=args.batch, seed=args.seed)
+  place = text_training.placer(mesh)
 
-  def show_samples():
+  def show_samples(i, state):
+    if not args.sample_every or (i + 1) % args.sample_every:
+      return
     model, _ = nnx.merge(graphdef, state)
     for temperature in (0.0, 0.8):
       text = generate(model, b"def ", args.sample_length, temperature, seed=args.seed)
       print(f"--- sample (temperature {temperature}) ---\n{text}\n---")
 
-  losses, seconds = [], 0.0
-  for i in range(args.steps):
-    batch = place(next(data))
-    start = time.perf_counter()
-    state, loss = step(state, batch)
-    losses.append(float(loss))  # waits for the step
-    if i > 0:  # the first step compiles
-      seconds += time.perf_counter() - start
-    if i % args.log_every == 0 or i == args.steps - 1:
-      print(f"step {i:5d}  loss {losses[-1]:.4f}")
-    if args.sample_every and (i + 1) % args.sample_every == 0:
-      show_samples()
-  if args.steps > 1:
-    ms = seconds / (args.steps - 1) * 1e3
-    print(f"step time {ms:.2f} ms ({args.steps - 1} steps after the first)")
-  final = float(np.mean(losses[-min(10, len(losses)):]))
-  print(f"final loss (mean of the last {min(10, len(losses))} steps) {final:.4f}")
+  state, final = text_training.train(step, state,
+                                     batches(args.size, global_batch=args.batch, seed=args.seed),
+                                     place, steps=args.steps, log_every=args.log_every,
+                                     every=show_samples)
   validation = batches(args.size, global_batch=args.batch, seed=args.seed, split="validation")
-  print(f"validation loss ({args.eval_batches} batches of held-out files) "
-        f"{evaluate(graphdef, state, validation, args.eval_batches, place):.4f}")
+  loss = text_training.evaluate(loss_fn, graphdef, state, validation, args.eval_batches, place)
+  print(f"validation loss ({args.eval_batches} batches of held-out files) {loss:.4f}")
   return final
-
 
 if __name__ == "__main__":
   main()

@@ -25,10 +25,8 @@ Letters: B batch, T tokens a row, D model width, N heads, Hd head width, V = 256
 from __future__ import annotations
 
 import argparse
-import functools
 import pathlib
 import sys
-import time
 
 from flax import nnx
 import jax
@@ -43,6 +41,7 @@ _HERE = str(pathlib.Path(__file__).resolve().parent)
 if _HERE not in sys.path:  # text_data.py sits beside this file
   sys.path.insert(0, _HERE)
 import text_data  # pylint: disable=g-import-not-at-top,wrong-import-position
+import text_training  # pylint: disable=g-import-not-at-top,wrong-import-position
 
 SIZES = {
     # CPU CI: a few seconds to compile, well under a second a step.
@@ -183,16 +182,6 @@ def build(backend: str, size: str = "tiny", *, seed: int = 0, dtype: str = "bflo
   return model, nnx.Optimizer(model, tx, wrt=nnx.Param), cfg
 
 
-def _shardings(mesh):
-  """(replicated, batch-split) shardings over a 1-D "data" mesh. The mesh's
-  axis is taken as Auto (jax.make_mesh's default is Explicit): the model code
-  is plain, and XLA partitions it from the shardings of its inputs."""
-  P = jax.sharding.PartitionSpec  # pylint: disable=invalid-name
-  mesh = jax.sharding.Mesh(mesh.devices, mesh.axis_names,
-                           axis_types=(jax.sharding.AxisType.Auto,) * len(mesh.axis_names))
-  return (jax.sharding.NamedSharding(mesh, P()), jax.sharding.NamedSharding(mesh, P("data")))
-
-
 def make_step(backend: str, size: str = "tiny", *, global_batch: int | None = None,
               mesh: jax.sharding.Mesh | None = None, seed: int = 0, dtype: str = "bfloat16",
               **overrides):
@@ -207,25 +196,10 @@ def _make_step(backend, size, *, global_batch, mesh, seed, dtype, **overrides):
   """make_step's (step, state, batch) after the graphdef of (model, optimizer)."""
   cfg = _config(size, global_batch, overrides)
   model, optimizer, _ = build(backend, size, seed=seed, dtype=dtype, **overrides)
-  graphdef, state = nnx.split((model, optimizer))
-
-  def step(state, batch):
-    model, optimizer = nnx.merge(graphdef, state)
-    loss, grads = nnx.value_and_grad(loss_fn)(model, batch)
-    optimizer.update(model, grads)
-    return nnx.state((model, optimizer)), loss
-
   rng = np.random.default_rng(seed)
   batch = text_data.packed_batch(rng, text_data.random_documents(rng), cfg["batch"],
                                  cfg["seq_len"])
-  if mesh is None:
-    return graphdef, jax.jit(step, donate_argnums=0), state, jax.tree.map(jnp.asarray, batch)
-  replicated, split = _shardings(mesh)
-  state = jax.device_put(state, replicated)
-  batch = jax.device_put(batch, split)
-  state_sharding = jax.tree.map(lambda _: replicated, state)
-  return (graphdef, jax.jit(step, donate_argnums=0, in_shardings=(state_sharding, split),
-                            out_shardings=(state_sharding, replicated)), state, batch)
+  return text_training.jit_step(model, optimizer, loss_fn, batch, mesh)
 
 
 def batches(size: str = "tiny", *, global_batch: int | None = None, seed: int = 0,
@@ -234,17 +208,6 @@ def batches(size: str = "tiny", *, global_batch: int | None = None, seed: int = 
   cfg = _config(size, global_batch, {})
   return text_data.stream(text_data.packed_batch, text_data.documents(split), cfg["batch"],
                           cfg["seq_len"], seed)
-
-
-@functools.partial(jax.jit, static_argnums=0)
-def _eval_loss(graphdef, state, batch):
-  model, _ = nnx.merge(graphdef, state)
-  return loss_fn(model, batch)
-
-
-def evaluate(graphdef, state, data, count: int, place=lambda b: b) -> float:
-  """Mean loss over `count` batches of `data`, without training."""
-  return float(np.mean([_eval_loss(graphdef, state, place(next(data))) for _ in range(count)]))
 
 
 def main(argv=None) -> float:
@@ -264,11 +227,7 @@ def main(argv=None) -> float:
   args = ap.parse_args(argv)
 
   cfg = _config(args.size, args.batch, {})
-  # Data parallel over as many devices as split the batch evenly (all, for
-  # the sizes' batches on 1, 2, 4 or 8 GPUs).
-  count = max(n for n in range(1, jax.device_count() + 1) if cfg["batch"] % n == 0)
-  devices = jax.devices()[:count]
-  mesh = jax.make_mesh((count,), ("data",), devices=devices) if count > 1 else None
+  mesh, devices = text_training.data_mesh(cfg["batch"])
   print(f"devices: {devices}; jax_dnn kernels built: {jax_dnn.has_cuda_kernels()}")
   print(f"backend {args.backend}, {cfg['layers']} layers, width {cfg['dim']}, "
         f"{cfg['heads']} heads, {args.norm} norm, batch {cfg['batch']} x {cfg['seq_len']} "
@@ -276,28 +235,14 @@ def main(argv=None) -> float:
   graphdef, step, state, _ = _make_step(args.backend, args.size, global_batch=args.batch,
                                         mesh=mesh, seed=args.seed, dtype=args.dtype,
                                         norm=args.norm, xla_attention=args.xla_attention)
-  place = (lambda b: b) if mesh is None else (lambda b: jax.device_put(b, _shardings(mesh)[1]))
-  data = batches(args.size, global_batch=args.batch, seed=args.seed)
-  losses, seconds = [], 0.0
-  for i in range(args.steps):
-    batch = place(next(data))
-    start = time.perf_counter()
-    state, loss = step(state, batch)
-    losses.append(float(loss))  # waits for the step
-    if i > 0:  # the first step compiles
-      seconds += time.perf_counter() - start
-    if i % args.log_every == 0 or i == args.steps - 1:
-      print(f"step {i:5d}  loss {losses[-1]:.4f}")
-  if args.steps > 1:
-    ms = seconds / (args.steps - 1) * 1e3
-    print(f"step time {ms:.2f} ms ({args.steps - 1} steps after the first)")
-  final = float(np.mean(losses[-min(10, len(losses)):]))
-  print(f"final loss (mean of the last {min(10, len(losses))} steps) {final:.4f}")
+  place = text_training.placer(mesh)
+  state, final = text_training.train(step, state,
+                                     batches(args.size, global_batch=args.batch, seed=args.seed),
+                                     place, steps=args.steps, log_every=args.log_every)
   validation = batches(args.size, global_batch=args.batch, seed=args.seed, split="validation")
-  print(f"validation loss ({args.eval_batches} batches of held-out files) "
-        f"{evaluate(graphdef, state, validation, args.eval_batches, place):.4f}")
+  loss = text_training.evaluate(loss_fn, graphdef, state, validation, args.eval_batches, place)
+  print(f"validation loss ({args.eval_batches} batches of held-out files) {loss:.4f}")
   return final
-
 
 if __name__ == "__main__":
   main()

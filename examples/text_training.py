@@ -1,0 +1,98 @@
+"""The training machinery the two text examples (train_lstm_lm.py,
+train_transformer.py) share: the data-parallel mesh and shardings, the
+jitted step over (model, optimizer), the training loop with its step time,
+and the validation loss. Each example keeps its model, loss and batches.
+"""
+
+from __future__ import annotations
+
+import functools
+import time
+
+from flax import nnx
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+
+def data_mesh(global_batch: int):
+  """(mesh or None, devices): data parallel over as many devices as split the
+  batch evenly (all, for the sizes' batches on 1, 2, 4 or 8 GPUs)."""
+  count = max(n for n in range(1, jax.device_count() + 1) if global_batch % n == 0)
+  devices = jax.devices()[:count]
+  return (jax.make_mesh((count,), ("data",), devices=devices) if count > 1 else None), devices
+
+
+def shardings(mesh):
+  """(replicated, batch-split) shardings over a 1-D "data" mesh. The mesh's
+  axis is taken as Auto (jax.make_mesh's default is Explicit): the model code
+  is plain, and XLA partitions it from the shardings of its inputs."""
+  P = jax.sharding.PartitionSpec  # pylint: disable=invalid-name
+  mesh = jax.sharding.Mesh(mesh.devices, mesh.axis_names,
+                           axis_types=(jax.sharding.AxisType.Auto,) * len(mesh.axis_names))
+  return (jax.sharding.NamedSharding(mesh, P()), jax.sharding.NamedSharding(mesh, P("data")))
+
+
+def placer(mesh):
+  """A batch's placement: split over `mesh`'s "data" axis, or as it is."""
+  return (lambda b: b) if mesh is None else (lambda b: jax.device_put(b, shardings(mesh)[1]))
+
+
+def jit_step(model, optimizer, loss_fn, batch, mesh):
+  """(graphdef, step, state, batch): `state, loss = step(state, batch)` one
+  jitted training step of (model, optimizer) on `loss_fn(model, batch)`. Data
+  parallel over `mesh`: the batch split, parameters and optimizer state
+  replicated (XLA all-reduces the gradients)."""
+  graphdef, state = nnx.split((model, optimizer))
+
+  def step(state, batch):
+    model, optimizer = nnx.merge(graphdef, state)
+    loss, grads = nnx.value_and_grad(loss_fn)(model, batch)
+    optimizer.update(model, grads)
+    return nnx.state((model, optimizer)), loss
+
+  if mesh is None:
+    return graphdef, jax.jit(step, donate_argnums=0), state, jax.tree.map(jnp.asarray, batch)
+  replicated, split = shardings(mesh)
+  state = jax.device_put(state, replicated)
+  batch = jax.device_put(batch, split)
+  state_sharding = jax.tree.map(lambda _: replicated, state)
+  return (graphdef, jax.jit(step, donate_argnums=0, in_shardings=(state_sharding, split),
+                            out_shardings=(state_sharding, replicated)), state, batch)
+
+
+@functools.partial(jax.jit, static_argnums=(0, 1))
+def _eval_loss(loss_fn, graphdef, state, batch):
+  model, _ = nnx.merge(graphdef, state)
+  return loss_fn(model, batch)
+
+
+def evaluate(loss_fn, graphdef, state, data, count: int, place=lambda b: b) -> float:
+  """Mean loss over `count` batches of `data`, without training."""
+  return float(np.mean([_eval_loss(loss_fn, graphdef, state, place(next(data)))
+                        for _ in range(count)]))
+
+
+def train(step, state, data, place, *, steps: int, log_every: int, every=None):
+  """Runs `steps` steps on batches of `data`, printing the loss every
+  `log_every` steps and the step time (the steps alone, after the first,
+  which compiles); `every(i, state)` after each step where given. Returns
+  (state, the mean loss of the last 10 steps)."""
+  losses, seconds = [], 0.0
+  for i in range(steps):
+    batch = place(next(data))
+    start = time.perf_counter()
+    state, loss = step(state, batch)
+    losses.append(float(loss))  # waits for the step
+    if i > 0:  # the first step compiles
+      seconds += time.perf_counter() - start
+    if i % log_every == 0 or i == steps - 1:
+      print(f"step {i:5d}  loss {losses[-1]:.4f}")
+    if every is not None:
+      every(i, state)
+  if steps > 1:
+    print(f"step time {seconds / (steps - 1) * 1e3:.2f} ms ({steps - 1} steps after the first)")
+  last = min(10, len(losses))
+  final = float(np.mean(losses[-last:]))
+  print(f"final loss (mean of the last {last} steps) {final:.4f}")
+  return state, final
