@@ -1,6 +1,7 @@
 // The recurrence's backward as one persistent kernel (rnn.h for the math and
 // layouts, rnn_plan.h for the sizes). Letters as there; U units a block,
-// Bp / GHp: B / G H padded to 16. Steps run in reverse processing order.
+// Bp: B padded to 16, GHp: G H padded to 64 bytes. Steps run in reverse
+// processing order.
 //
 // Block j owns the hidden units [j U, (j + 1) U), as in the forward, and
 // holds the columns W_hh[:, j U + u] (G H x U, stored [U, GHp] with G H
@@ -13,14 +14,14 @@
 //      step) form the gate gradients of its units; write dgx (and the
 //      GRU's dgh_n) and publish dgh = the gradient w.r.t. hh, rounded to the
 //      input dtype as the matmul's operand, to the exchange buffer [Bp, GHp];
-//   2. grid barrier;
+//   2. grid barrier (rnn_common.cuh GridArrive / GridWait): while it waits,
+//      the block stores its deferred dgx, prefetches dy and the states two
+//      steps ahead into L2 and loads the next step's first cell inputs;
 //   3. dh_{t-1} = dgh_t W_hh[:, its units] (+ u dh for the GRU) with
 //      mma.sync over K = G H, for the rows active at this step.
 // One barrier a step: the exchange buffer is double-buffered (as in the
 // forward), and step 1 touches only the block's own rows of shared memory.
 // Rows not active at a step (s >= len) publish zeros and keep dh / dc.
-// The next step's dy and states rows are prefetched into L2, and a thread's
-// first cell inputs of the next step load before this step's matmul.
 #include <cooperative_groups.h>
 
 #include "ffi/rnn/rnn.h"
@@ -33,7 +34,6 @@ namespace cg = cooperative_groups;
 using rnn::ChunkMatmul;
 using rnn::Mma;
 using rnn::RedSum;
-using rnn::RowLength;
 using rnn::StepTime;
 
 // What the cell's backward reads of row b, unit `unit` at processing step
@@ -48,22 +48,23 @@ struct BwdCellIn {
 // Loads BwdCellIn where the row is active at s and the unit below H (the
 // caller skips the others before using it).
 template <typename T, int G>
-__device__ __forceinline__ void LoadBwdCellIn(const RnnBwdParams& p, int64_t b, int64_t unit,
-                                              int64_t s, BwdCellIn<G>& in) {
+__device__ __forceinline__ void LoadBwdCellIn(const RnnBwdParams& p, const rnn::Lengths& lens, int64_t b,
+                                              int64_t unit, int64_t s, BwdCellIn<G>& in) {
   constexpr int S = G == 1 ? 1 : 5;
   const int64_t B = p.batch, H = p.hidden;
-  const int64_t len = RowLength(p.seq_lengths, b, p.seq_len);
+  const int64_t len = lens[b];
   if (s < 0 || s >= len || unit >= H) return;
   const int64_t t = StepTime(s, len, p.reverse);
-  in.dy = ToFloat(static_cast<const T*>(p.dy)[(t * B + b) * H + unit]);
+  in.dy = rnn::LoadNc(static_cast<const T*>(p.dy) + (t * B + b) * H + unit);
   const float* st = p.states + (t * B + b) * S * H + unit;
 #pragma unroll
-  for (int k = 0; k < S; ++k) in.st[k] = st[k * H];
+  for (int k = 0; k < S; ++k) in.st[k] = rnn::LoadNc(st + k * H);
   if constexpr (G != 1) {
     const bool first = p.reverse ? t == len - 1 : t == 0;
     const int64_t tprev = p.reverse ? t + 1 : t - 1;
     const T* init = static_cast<const T*>(G == 4 ? p.c0 : p.h0);
-    in.prev = first ? ToFloat(init[b * H + unit]) : p.states[((tprev * B + b) * S + 4) * H + unit];
+    in.prev = first ? rnn::LoadNc(init + b * H + unit)
+                    : rnn::LoadNc(p.states + ((tprev * B + b) * S + 4) * H + unit);
   }
 }
 
@@ -85,6 +86,7 @@ __global__ void __launch_bounds__(kRnnThreads, 1)
                    int64_t{blockIdx.x} * U * l.bwd_pitch
              : reinterpret_cast<T*>(smem);
   float* red = reinterpret_cast<float*>(smem + l.bwd_red_offset);
+  rnn::Lengths lens{nullptr, p.seq_lengths, T_};
   float* dh =  // [Bp, U]
       v.global_state ? reinterpret_cast<float*>(static_cast<unsigned char*>(p.workspace) +
                                                 l.bwd_state_ws_offset) +
@@ -95,6 +97,7 @@ __global__ void __launch_bounds__(kRnnThreads, 1)
   const T* dy = static_cast<const T*>(p.dy);
   const bool relu = p.kind == RnnKind::kRnnRelu;
 
+  lens.Load(B, v.global_state ? nullptr : reinterpret_cast<int*>(smem + l.bwd_lens_offset));
   // Weight columns (read along G H: the loads of a warp cover U adjacent
   // units of a row), initial dh / dc, zero padding of the exchange buffers
   // (rows >= B by each block for its columns, columns [G H, GHp) by block 0).
@@ -119,36 +122,47 @@ __global__ void __launch_bounds__(kRnnThreads, 1)
     for (int64_t i = tid; i < 2 * l.bp * pad; i += kRnnThreads)
       ex[i / pad * l.ghp + GH + i % pad] = FromFloat<T>(0.f);
   }
+  unsigned long long* arrived = reinterpret_cast<unsigned long long*>(
+      static_cast<unsigned char*>(p.workspace) + l.bwd_barrier_offset);
+  if (blockIdx.x == 0 && tid == 0) *arrived = 0;
   grid.sync();  // also orders the streamed variant's global weight copy
 
+  // dy and the states rows of processing step s into L2 (two steps ahead).
+  auto prefetch = [&](int64_t s) {
+    if (s < 0) return;
+    for (int64_t i = tid; i < B * (S + 1); i += kRnnThreads) {
+      const int64_t b = i / (S + 1), k = i % (S + 1), len = lens[b];
+      if (s >= len) continue;
+      const int64_t t1 = StepTime(s, len, p.reverse);
+      if (k == S)
+        rnn::PrefetchL2(dy + (t1 * B + b) * H + unit0);
+      else
+        rnn::PrefetchL2(p.states + ((t1 * B + b) * S + k) * H + unit0);
+    }
+  };
   // The cell inputs of the thread's first (row, unit) of the next step,
-  // loaded before the matmul of the step before so that their latency hides
-  // behind it (one pair a thread at B * U <= 256); further pairs load in
-  // the cell loop.
+  // loaded during the barrier before it (one pair a thread at B * U <= 256);
+  // further pairs load in the cell loop.
   const bool has_first = tid < B * U;
   BwdCellIn<G> in_first;
-  if (has_first) LoadBwdCellIn<T, G>(p, tid / U, unit0 + tid % U, T_ - 1, in_first);
+  if (has_first) LoadBwdCellIn<T, G>(p, lens, tid / U, unit0 + tid % U, T_ - 1, in_first);
+  prefetch(T_ - 2);
+  // dgx (and the GRU's dgh_n) of the thread's first (row, unit), stored
+  // after the block's arrival at the step's barrier.
+  float* dgx_late = nullptr;
+  float dgx_late_v[G];
+  float dghn_late_v = 0.f;
+  int64_t dghn_late_i = 0;
 
   for (int64_t sp = 0; sp < T_; ++sp) {
     const int64_t s = T_ - 1 - sp;
     T* buf = ex + (sp & 1) * ex_size;
-    if (s > 0) {  // the next step's dy and states rows into L2
-      for (int64_t i = tid; i < B * (S + 1); i += kRnnThreads) {
-        const int64_t b = i / (S + 1), k = i % (S + 1), len = RowLength(p.seq_lengths, b, T_);
-        if (s - 1 >= len) continue;
-        const int64_t t1 = StepTime(s - 1, len, p.reverse);
-        if (k == S)
-          rnn::PrefetchL2(dy + (t1 * B + b) * H + unit0);
-        else
-          rnn::PrefetchL2(p.states + ((t1 * B + b) * S + k) * H + unit0);
-      }
-    }
 
     // 1. The cell's gradients for the block's units.
     for (int64_t i = tid; i < B * U; i += kRnnThreads) {
       const int64_t b = i / U, unit = unit0 + i % U;
       if (unit >= H) continue;
-      const int64_t len = RowLength(p.seq_lengths, b, T_);
+      const int64_t len = lens[b];
       if (s >= len) {  // padded step: no gradient, nothing to pass back
         float* dgx = p.dgx + (s * B + b) * GH + unit;
 #pragma unroll
@@ -157,6 +171,7 @@ __global__ void __launch_bounds__(kRnnThreads, 1)
           buf[b * l.ghp + g * H + unit] = FromFloat<T>(0.f);
         }
         if (G == 3) p.dgh_n[(s * B + b) * H + unit] = 0.f;
+        if (i == tid) dgx_late = nullptr;
         continue;
       }
       const int64_t t = StepTime(s, len, p.reverse);
@@ -164,7 +179,7 @@ __global__ void __launch_bounds__(kRnnThreads, 1)
       if (i == tid)
         in = in_first;
       else
-        LoadBwdCellIn<T, G>(p, b, unit, s, in);
+        LoadBwdCellIn<T, G>(p, lens, b, unit, s, in);
       const float* st = in.st;
       const float d = dh[i] + in.dy;
       float dz[G], dgh[G];
@@ -190,35 +205,52 @@ __global__ void __launch_bounds__(kRnnThreads, 1)
         dgh[0] = dz[0];
         dgh[1] = dz[1];
         dgh[2] = dn * r;
-        p.dgh_n[(t * B + b) * H + unit] = dgh[2];
         aux[i] = d * z;
       } else {
         const float h = st[0];
         dz[0] = relu ? (h > 0.f ? d : 0.f) : d * (1.f - h * h);
         dgh[0] = dz[0];
       }
-      float* dgx = p.dgx + (t * B + b) * GH + unit;
 #pragma unroll
-      for (int g = 0; g < G; ++g) {
-        dgx[g * H] = dz[g];
-        buf[b * l.ghp + g * H + unit] = FromFloat<T>(dgh[g]);
+      for (int g = 0; g < G; ++g) buf[b * l.ghp + g * H + unit] = FromFloat<T>(dgh[g]);
+      float* dgx = p.dgx + (t * B + b) * GH + unit;
+      if (i == tid) {  // stored after the arrival
+        dgx_late = dgx;
+#pragma unroll
+        for (int g = 0; g < G; ++g) dgx_late_v[g] = dz[g];
+        dghn_late_v = dgh[G - 1];
+        dghn_late_i = (t * B + b) * H + unit;
+      } else {
+#pragma unroll
+        for (int g = 0; g < G; ++g) dgx[g * H] = dz[g];
+        if (G == 3) p.dgh_n[(t * B + b) * H + unit] = dgh[2];
       }
     }
-    grid.sync();
-    if (has_first && s > 0) LoadBwdCellIn<T, G>(p, tid / U, unit0 + tid % U, s - 1, in_first);
+    __syncthreads();
+    rnn::GridArrive(arrived);
+    if (dgx_late != nullptr) {
+#pragma unroll
+      for (int g = 0; g < G; ++g) dgx_late[g * H] = dgx_late_v[g];
+      if (G == 3) p.dgh_n[dghn_late_i] = dghn_late_v;
+      dgx_late = nullptr;
+    }
+    prefetch(s - 2);
+    if (has_first && s > 0)
+      LoadBwdCellIn<T, G>(p, lens, tid / U, unit0 + tid % U, s - 1, in_first);
+    rnn::GridWait(arrived, static_cast<unsigned long long>(sp + 1) * gridDim.x);
 
     // 2. dh_{t-1} = dgh_t W_hh[:, units] for the rows active at this step.
     for (int64_t m0 = 0; m0 < l.bp; m0 += kRnnChunkRows) {
       const int64_t chunk = l.bp - m0 < kRnnChunkRows ? l.bp - m0 : kRnnChunkRows;
       const int mtiles = static_cast<int>(chunk / 16);
       ChunkMatmul<T, U / 8>(buf + m0 * l.ghp, l.ghp, mtiles, w, l.bwd_pitch,
-                            l.ghp / Mma<T>::kK, red, kLdr);
+                            l.ghp / rnn::PairElems<T>(), red, kLdr);
       __syncthreads();
       const int64_t rows = B - m0 < kRnnChunkRows ? B - m0 : kRnnChunkRows;
       for (int64_t i = tid; i < rows * U; i += kRnnThreads) {
         const int rl = static_cast<int>(i / U), u = static_cast<int>(i % U);
         const int64_t b = m0 + rl;
-        if (unit0 + u >= H || s >= RowLength(p.seq_lengths, b, T_)) continue;
+        if (unit0 + u >= H || s >= lens[b]) continue;
         const float sum = RedSum(red, kLdr, mtiles, rl, u);
         dh[b * U + u] = G == 3 ? sum + aux[b * U + u] : sum;
       }

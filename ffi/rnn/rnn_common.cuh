@@ -7,7 +7,8 @@
 // before, so read with ld.global.cg: L1 is not coherent across SMs), the
 // block's weight slice W_slice [N, K] with K contiguous (shared memory, or
 // the streamed variant's global copy: a generic pointer either way), which
-// is the col-major B operand of mma.sync.
+// is the col-major B operand of mma.sync. Both are read in 16-byte vectors
+// (see ChunkMatmul), so K and the rows' pitches are multiples of 64 bytes.
 #pragma once
 
 #include <cuda_bf16.h>
@@ -34,21 +35,7 @@ struct Mma;
 
 template <typename T>
 struct Mma16 {  // bf16 / f16: m16n8k16
-  static constexpr int kK = 16;
-  __device__ __forceinline__ static void LoadA(const T* a, int64_t lda, uint32_t (&f)[4]) {
-    const int lane = threadIdx.x & 31;
-    const T* p = a + (lane >> 2) * lda + (lane & 3) * 2;
-    f[0] = __ldcg(reinterpret_cast<const unsigned*>(p));
-    f[1] = __ldcg(reinterpret_cast<const unsigned*>(p + 8 * lda));
-    f[2] = __ldcg(reinterpret_cast<const unsigned*>(p + 8));
-    f[3] = __ldcg(reinterpret_cast<const unsigned*>(p + 8 * lda + 8));
-  }
-  __device__ __forceinline__ static void LoadB(const T* w, int64_t ldw, uint32_t (&f)[2]) {
-    const int lane = threadIdx.x & 31;
-    const T* p = w + (lane >> 2) * ldw + (lane & 3) * 2;
-    f[0] = *reinterpret_cast<const uint32_t*>(p);
-    f[1] = *reinterpret_cast<const uint32_t*>(p + 8);
-  }
+  __device__ __forceinline__ static uint32_t Operand(uint32_t word) { return word; }
 };
 
 template <>
@@ -85,20 +72,8 @@ __device__ __forceinline__ uint32_t ToTf32(float v) {
 
 template <>
 struct Mma<float> {
-  static constexpr int kK = 8;
-  __device__ __forceinline__ static void LoadA(const float* a, int64_t lda, uint32_t (&f)[4]) {
-    const int lane = threadIdx.x & 31;
-    const float* p = a + (lane >> 2) * lda + (lane & 3);
-    f[0] = ToTf32(__ldcg(p));
-    f[1] = ToTf32(__ldcg(p + 8 * lda));
-    f[2] = ToTf32(__ldcg(p + 4));
-    f[3] = ToTf32(__ldcg(p + 8 * lda + 4));
-  }
-  __device__ __forceinline__ static void LoadB(const float* w, int64_t ldw, uint32_t (&f)[2]) {
-    const int lane = threadIdx.x & 31;
-    const float* p = w + (lane >> 2) * ldw + (lane & 3);
-    f[0] = ToTf32(p[0]);
-    f[1] = ToTf32(p[4]);
+  __device__ __forceinline__ static uint32_t Operand(uint32_t word) {
+    return ToTf32(__uint_as_float(word));
   }
   __device__ __forceinline__ static void Run(float (&c)[4], const uint32_t (&a)[4],
                                              const uint32_t (&b)[2]) {
@@ -114,46 +89,85 @@ struct Mma<float> {
 // warp takes one (tile, K slice) item, ksplit slices of K a tile.
 __device__ __forceinline__ int KSplit(int mtiles) { return kRnnWarps / mtiles; }
 
+// Elements of T in 64 bytes: the K granule of the matmul (a pair of
+// k-steps, see ChunkMatmul), to which K and the row pitches are padded.
+template <typename T>
+constexpr int PairElems() {
+  return 64 / static_cast<int>(sizeof(T));
+}
+
 // A block's matmul over one chunk of rows: partial sums of A[rows, K]
 // W_slice^T for the NT * 8 columns into red [ksplit, mtiles * 16, ldr]
 // (fp32), to be added over the ksplit slices by RedSum. A's rows and K
-// are padded with zeros to 16 (the exchange buffers and the weight slices
-// are zeroed there), so no bounds checks.
+// are padded with zeros (the exchange buffers and the weight slices are
+// zeroed there), so no bounds checks.
+//
+// K goes in pairs of k-steps, 64 bytes of a row, of which lane q (= lane %
+// 4) loads the 16 bytes at 16 q as one vector: rows g and g + 8 of A
+// (ld.global.cg.v4) and row g of the weight slice. Its 4 words are the
+// fragments' k-slots of both k-steps (words 0, 1 of the first, 2, 3 of the
+// second), so the k-steps see the columns in another order than the
+// fragment layout's, the same for A and B: the dot products are unchanged.
+// The vectors use whole 32-byte sectors, where the layout's own 4-byte
+// reads use half of each (two reads a sector, L2 serving both).
+// Each block starts its warps' K slices at a different pair (blockIdx
+// rotates them), so that the ~100 blocks reading one exchange buffer at
+// once spread over L2's slices instead of queueing on the same lines.
 template <typename T, int NT>
 __device__ __forceinline__ void ChunkMatmul(const T* a, int64_t lda, int mtiles, const T* w,
-                                            int64_t ldw, int64_t k_steps, float* red, int ldr) {
+                                            int64_t ldw, int64_t k_pairs, float* red, int ldr) {
+  constexpr int kPair = PairElems<T>(), kVec = kPair / 4;  // elements a pair, a vector
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   const int ksplit = KSplit(mtiles);
   if (warp >= mtiles * ksplit) return;
   const int mt = warp % mtiles, part = warp / mtiles;
-  const int64_t per = (k_steps + ksplit - 1) / ksplit;
+  const int64_t per = (k_pairs + ksplit - 1) / ksplit;
   const int64_t k0 = part * per;
-  const int64_t k1 = k0 + per < k_steps ? k0 + per : k_steps;
+  const int64_t n = (k0 + per < k_pairs ? k0 + per : k_pairs) - k0;  // pairs of this warp
   float acc[NT][4];
 #pragma unroll
   for (int nt = 0; nt < NT; ++nt) acc[nt][0] = acc[nt][1] = acc[nt][2] = acc[nt][3] = 0.f;
-  const T* arow = a + int64_t{mt} * 16 * lda;
-  // Unrolled so that several A loads (L2 round trips) are in flight: a
-  // warp's K slice is often 6 k-steps (H = 768 over 8 warps), so up to 8 at
-  // once; fewer where 8+ column tiles keep 32+ accumulators and B fragments
-  // live (255 registers and spills at N = 128 unrolled by 4).
-  constexpr int kUnroll = NT <= 4 ? 8 : NT < 8 ? 4 : 2;
-#pragma unroll kUnroll
-  for (int64_t ks = k0; ks < k1; ++ks) {
-    const int64_t k = ks * Mma<T>::kK;
-    uint32_t fa[4];
-    Mma<T>::LoadA(arow + k, lda, fa);
+  const int g = lane >> 2, q = lane & 3;
+  const T* a_lo = a + (int64_t{mt} * 16 + g) * lda + q * kVec;
+  const T* a_hi = a_lo + 8 * lda;
+  const T* w_q = w + int64_t{g} * ldw + q * kVec;
+  const int64_t rot = n > 0 ? blockIdx.x % n : 0;
+  // Pairs whose A vectors load together (several L2 round trips in
+  // flight), fewer where more column tiles keep more accumulators live.
+  constexpr int kBatch = NT <= 2 ? 6 : NT <= 4 ? 4 : 2;
+  for (int64_t j0 = 0; j0 < n; j0 += kBatch) {
+    uint4 lo[kBatch], hi[kBatch];
 #pragma unroll
-    for (int nt = 0; nt < NT; ++nt) {
-      uint32_t fb[2];
-      Mma<T>::LoadB(w + int64_t{nt} * 8 * ldw + k, ldw, fb);
-      Mma<T>::Run(acc[nt], fa, fb);
+    for (int j = 0; j < kBatch; ++j) {
+      if (j0 + j >= n) break;
+      int64_t kp = j0 + j + rot;
+      kp = k0 + (kp >= n ? kp - n : kp);
+      lo[j] = __ldcg(reinterpret_cast<const uint4*>(a_lo + kp * kPair));
+      hi[j] = __ldcg(reinterpret_cast<const uint4*>(a_hi + kp * kPair));
+    }
+#pragma unroll
+    for (int j = 0; j < kBatch; ++j) {
+      if (j0 + j >= n) break;
+      int64_t kp = j0 + j + rot;
+      kp = k0 + (kp >= n ? kp - n : kp);
+#pragma unroll
+      for (int nt = 0; nt < NT; ++nt) {
+        const uint4 wv = *reinterpret_cast<const uint4*>(w_q + int64_t{nt} * 8 * ldw + kp * kPair);
+        const uint32_t a0[4] = {Mma<T>::Operand(lo[j].x), Mma<T>::Operand(hi[j].x),
+                                Mma<T>::Operand(lo[j].y), Mma<T>::Operand(hi[j].y)};
+        const uint32_t b0[2] = {Mma<T>::Operand(wv.x), Mma<T>::Operand(wv.y)};
+        Mma<T>::Run(acc[nt], a0, b0);
+        const uint32_t a1[4] = {Mma<T>::Operand(lo[j].z), Mma<T>::Operand(hi[j].z),
+                                Mma<T>::Operand(lo[j].w), Mma<T>::Operand(hi[j].w)};
+        const uint32_t b1[2] = {Mma<T>::Operand(wv.z), Mma<T>::Operand(wv.w)};
+        Mma<T>::Run(acc[nt], a1, b1);
+      }
     }
   }
-  const int row = part * mtiles * 16 + mt * 16 + (lane >> 2);
+  const int row = part * mtiles * 16 + mt * 16 + g;
 #pragma unroll
   for (int nt = 0; nt < NT; ++nt) {
-    const int col = nt * 8 + (lane & 3) * 2;
+    const int col = nt * 8 + q * 2;
     *reinterpret_cast<float2*>(red + row * ldr + col) = make_float2(acc[nt][0], acc[nt][1]);
     *reinterpret_cast<float2*>(red + (row + 8) * ldr + col) = make_float2(acc[nt][2], acc[nt][3]);
   }
@@ -176,33 +190,80 @@ __device__ __forceinline__ void PrefetchL2(const void* p) {
 // Accurate (not fast-math) nonlinearities, as the fp32 reference computes them.
 __device__ __forceinline__ float Sigmoid(float x) { return 1.f / (1.f + expf(-x)); }
 
-// Row b's valid length, clamped to [0, T].
-__device__ __forceinline__ int64_t RowLength(const int32_t* seq_lengths, int64_t b, int64_t t) {
-  const int64_t len = seq_lengths[b];
-  return len < 0 ? 0 : len > t ? t : len;
-}
+// The rows' valid lengths, clamped to [0, T]: a copy in shared memory
+// [B], read every step, where the global array's line left L1 within a few
+// steps and cost an L2 round trip (~700 cycles) at the head of each step's
+// chain of dependent loads; the variants with the per-row state in the
+// workspace (large batches, where B ints may not fit) read the global one.
+struct Lengths {
+  const int* smem;  // nullptr: read `global`
+  const int32_t* global;
+  int64_t t;
+
+  // Fills the shared copy (the whole block; a barrier before first use).
+  __device__ __forceinline__ void Load(int64_t batch, int* dst) {
+    smem = dst;
+    if (dst == nullptr) return;
+    for (int64_t b = threadIdx.x; b < batch; b += blockDim.x) dst[b] = static_cast<int>(Clamp(b));
+  }
+  __device__ __forceinline__ int64_t Clamp(int64_t b) const {
+    const int64_t len = global[b];
+    return len < 0 ? 0 : len > t ? t : len;
+  }
+  __device__ __forceinline__ int64_t operator[](int64_t b) const {
+    return smem != nullptr ? smem[b] : Clamp(b);
+  }
+};
 
 // The time index row b visits at processing step s (s < len).
 __device__ __forceinline__ int64_t StepTime(int64_t s, int64_t len, bool reverse) {
   return reverse ? len - 1 - s : s;
 }
 
-// Loads / stores of one element of the input dtype, widened to fp32.
+// One read-only element (the kernel's inputs), widened to fp32, as an
+// asm volatile load: the compiler keeps it where it is written, ahead of
+// the step's matmul (mma.sync is asm volatile too), instead of sinking it
+// to its use after the matmul, which exposed its whole latency (an L2 or
+// HBM round trip, ~1000 cycles) in every step.
 template <typename T>
-__device__ __forceinline__ float LoadF(const T* p) {
-  return ToFloat(*p);
+__device__ __forceinline__ float LoadNc(const T* p) {
+  if constexpr (sizeof(T) == 4) {
+    float v;
+    asm volatile("ld.global.nc.f32 %0, [%1];" : "=f"(v) : "l"(p));
+    return v;
+  } else {
+    unsigned short v;
+    asm volatile("ld.global.nc.u16 %0, [%1];" : "=h"(v) : "l"(p));
+    return ToFloat(*reinterpret_cast<const T*>(&v));
+  }
 }
-template <typename T>
-__device__ __forceinline__ float LoadCgF(const T* p);
-template <>
-__device__ __forceinline__ float LoadCgF<float>(const float* p) { return __ldcg(p); }
-template <>
-__device__ __forceinline__ float LoadCgF<__nv_bfloat16>(const __nv_bfloat16* p) {
-  return __bfloat162float(__ldcg(p));
+
+// A grid barrier a step, split in two. The caller has just passed a
+// __syncthreads() (so the block's exchange writes precede thread 0's fence);
+// GridArrive publishes them and counts the block in; GridWait returns once
+// every block has arrived `target` times in all. Between the two a block
+// does what depends on no other block: the stores of its own outputs of the
+// step and the next step's input loads, which cg::grid_group::sync() would
+// put in series with the barrier's fence and polling (LSTM B = 16, H = 768
+// bf16 on an H200: the barrier ~2100 cycles a step, the stores and loads
+// ~1000 more). The counter (the workspace's, 64-bit: it only grows) is zeroed
+// before the kernel's one cooperative grid.sync().
+__device__ __forceinline__ void GridArrive(unsigned long long* counter) {
+  if (threadIdx.x == 0) {
+    __threadfence();
+    atomicAdd(counter, 1ull);
+  }
 }
-template <>
-__device__ __forceinline__ float LoadCgF<__half>(const __half* p) {
-  return __half2float(__ldcg(p));
+
+__device__ __forceinline__ void GridWait(const unsigned long long* counter,
+                                         unsigned long long target) {
+  if (threadIdx.x == 0) {
+    unsigned long long v;
+    do {
+      asm volatile("ld.acquire.gpu.global.u64 %0, [%1];" : "=l"(v) : "l"(counter) : "memory");
+    } while (v < target);
+  }
+  __syncthreads();
 }
 
 // One cooperative launch of KernelOf<T, G, U>::Get() (all blocks

@@ -1,6 +1,6 @@
 // The recurrence's forward as one persistent kernel (rnn.h for the math and
 // layouts, rnn_plan.h for the sizes). Letters as there; U units a block,
-// N = G * U its gate rows, Bp / Hp: B / H padded to 16.
+// N = G * U its gate rows, Bp: B padded to 16, Hp: H padded to 64 bytes.
 //
 // Block j owns hidden units [j U, (j + 1) U) and all G gates of them, so the
 // cell math is local. Its weight rows W_hh[g H + j U + u, :] (N x H) stay in
@@ -11,17 +11,17 @@
 //      form hh = h_{t-1} W_slice^T with mma.sync (fp32 accumulation),
 //      batch rows as M (chunks of kRnnChunkRows), split over the 8 warps;
 //   2. add b_hh and gx_t and apply the cell in fp32 (c or the GRU's h kept
-//      in shared memory across steps); write y, the states and this
-//      block's slice of h_t to the other exchange buffer;
-//   3. grid barrier. The double buffer makes one barrier a step enough: a
-//      block writes buffer (s + 1) % 2 at step s only after every block
-//      passed the barrier that ended step s - 1, i.e. finished reading it.
-// The barrier is cooperative_groups' grid.sync(): the launch is cooperative
-// (all blocks co-resident, or the launch fails instead of hanging), and its
-// counter is the driver's, so the workspace holds no state to reset.
+//      in shared memory across steps); write this block's slice of h_t to
+//      the other exchange buffer, and y and the states;
+//   3. grid barrier (rnn_common.cuh GridArrive / GridWait): while it waits,
+//      the block stores its deferred outputs, prefetches gx two steps ahead
+//      into L2 and loads the next step's first gx. The double buffer makes
+//      one barrier a step enough: a block writes buffer (s + 1) % 2 at step
+//      s only after every block passed the barrier that ended step s - 1,
+//      i.e. finished reading it.
+// The launch is cooperative (all blocks co-resident, or the launch fails
+// instead of hanging): every block waits on every other each step.
 // Frozen rows (s >= len) copy their h to the next buffer and write zeros.
-// gx of the next step is prefetched into L2 at the start of each step, and
-// a thread's first gx of a step is loaded before the step's matmul.
 //
 // Per step and block: Bp * Hp input-dtype elements of h read from L2 (24 KiB
 // at B = 16, H = 768 bf16), N * Hp * 2 B mma operands from shared memory.
@@ -37,21 +37,20 @@ namespace cg = cooperative_groups;
 using rnn::ChunkMatmul;
 using rnn::Mma;
 using rnn::RedSum;
-using rnn::RowLength;
 using rnn::Sigmoid;
 using rnn::StepTime;
 
 // gx_t [G] of row b, unit `unit` at processing step s (zeros where the
 // row is frozen or the unit past H: the caller does not use them then).
 template <typename T, int G>
-__device__ __forceinline__ void GatherGx(const RnnFwdParams& p, int64_t b, int64_t unit,
-                                         int64_t s, float (&xg)[G]) {
-  const int64_t len = RowLength(p.seq_lengths, b, p.seq_len);
+__device__ __forceinline__ void GatherGx(const RnnFwdParams& p, const rnn::Lengths& lens, int64_t b,
+                                         int64_t unit, int64_t s, float (&xg)[G]) {
+  const int64_t len = lens[b];
   const bool live = s < len && unit < p.hidden;
   const T* gxr = static_cast<const T*>(p.gx) +
                  (StepTime(s, len, p.reverse) * p.batch + b) * G * p.hidden + unit;
 #pragma unroll
-  for (int g = 0; g < G; ++g) xg[g] = live ? ToFloat(gxr[g * p.hidden]) : 0.f;
+  for (int g = 0; g < G; ++g) xg[g] = live ? rnn::LoadNc(gxr + g * p.hidden) : 0.f;
 }
 
 template <typename T, int G, int U>
@@ -74,6 +73,7 @@ __global__ void __launch_bounds__(kRnnThreads, 1)
              : reinterpret_cast<T*>(smem);
   float* red = reinterpret_cast<float*>(smem + l.fwd_red_offset);
   float* bias = reinterpret_cast<float*>(smem + l.fwd_bias_offset);    // [N]
+  rnn::Lengths lens{nullptr, p.seq_lengths, T_};
   float* state =  // [Bp, U]
       v.global_state ? reinterpret_cast<float*>(static_cast<unsigned char*>(p.workspace) +
                                                 l.fwd_state_ws_offset) +
@@ -87,6 +87,7 @@ __global__ void __launch_bounds__(kRnnThreads, 1)
   T* y = static_cast<T*>(p.y);
   const bool relu = p.kind == RnnKind::kRnnRelu;
 
+  lens.Load(B, v.global_state ? nullptr : reinterpret_cast<int*>(smem + l.fwd_lens_offset));
   // Weight slice, bias, initial state, exchange buffer 0 (h0) and the zero
   // padding of both buffers (rows >= B by each block for its units, columns
   // [H, Hp) by block 0; nothing writes them later).
@@ -115,90 +116,134 @@ __global__ void __launch_bounds__(kRnnThreads, 1)
     for (int64_t i = tid; i < 2 * l.bp * pad; i += kRnnThreads)
       ex[i / pad * l.hp + H + i % pad] = FromFloat<T>(0.f);
   }
+  unsigned long long* arrived = reinterpret_cast<unsigned long long*>(
+      static_cast<unsigned char*>(p.workspace) + l.fwd_barrier_offset);
+  if (blockIdx.x == 0 && tid == 0) *arrived = 0;
   grid.sync();  // also orders the streamed variant's global weight copy
+
+  // gx of processing step s into L2 (two steps ahead of its use).
+  auto prefetch = [&](int64_t s) {
+    if (s >= T_) return;
+    for (int64_t i = tid; i < B * G; i += kRnnThreads) {
+      const int64_t b = i / G, len = lens[b];
+      if (s < len) rnn::PrefetchL2(gx + (StepTime(s, len, p.reverse) * B + b) * GH + i % G * H + unit0);
+    }
+  };
+  // gx of the thread's first (row, unit) of a chunk, loaded ahead (for the
+  // first chunk, during the barrier before its step; for others, before the
+  // chunk's matmul): one pair a thread at B * U <= 256 (e.g. B = 16, U = 8).
+  const int64_t rows0 = B < kRnnChunkRows ? B : kRnnChunkRows;
+  float xg_first[G];
+  if (tid < rows0 * U) GatherGx<T, G>(p, lens, tid / U, unit0 + tid % U, 0, xg_first);
+  prefetch(1);
+  // The outputs of the thread's first (row, unit) of the last chunk, stored
+  // after the block's arrival at the step's barrier.
+  T* y_late = nullptr;
+  T y_late_v;
+  float* st_late = nullptr;
+  float st_late_v[S];
 
   for (int64_t s = 0; s < T_; ++s) {
     const T* cur = ex + (s & 1) * ex_size;
     T* nxt = ex + ((s + 1) & 1) * ex_size;
-    if (s + 1 < T_) {
-      for (int64_t i = tid; i < B * G; i += kRnnThreads) {
-        const int64_t b = i / G, len = RowLength(p.seq_lengths, b, T_);
-        if (s + 1 < len)
-          rnn::PrefetchL2(gx + (StepTime(s + 1, len, p.reverse) * B + b) * GH + i % G * H + unit0);
-      }
-    }
     for (int64_t m0 = 0; m0 < l.bp; m0 += kRnnChunkRows) {
       const int64_t chunk = l.bp - m0 < kRnnChunkRows ? l.bp - m0 : kRnnChunkRows;
       const int mtiles = static_cast<int>(chunk / 16);
       const int64_t rows = B - m0 < kRnnChunkRows ? B - m0 : kRnnChunkRows;
-      // gx of the thread's first (row, unit) of the chunk, loaded before the
-      // matmul so that its latency hides behind it (one pair a thread at
-      // B * U <= 256, e.g. B = 16, U = 8); further pairs load in the loop.
-      float xg_first[G];
-      if (tid < rows * U) GatherGx<T, G>(p, m0 + tid / U, unit0 + tid % U, s, xg_first);
-      ChunkMatmul<T, N / 8>(cur + m0 * l.hp, l.hp, mtiles, w, l.fwd_pitch, l.hp / Mma<T>::kK, red,
-                            kLdr);
+      if (m0 > 0 && tid < rows * U)
+        GatherGx<T, G>(p, lens, m0 + tid / U, unit0 + tid % U, s, xg_first);
+      ChunkMatmul<T, N / 8>(cur + m0 * l.hp, l.hp, mtiles, w, l.fwd_pitch,
+                            l.hp / rnn::PairElems<T>(), red, kLdr);
       __syncthreads();
       for (int64_t i = tid; i < rows * U; i += kRnnThreads) {
         const int rl = static_cast<int>(i / U), u = static_cast<int>(i % U);
         const int64_t b = m0 + rl, unit = unit0 + u;
         if (unit >= H) continue;
-        const int64_t len = RowLength(p.seq_lengths, b, T_);
+        const int64_t len = lens[b];
+        float out[S];  // the states slots of (t, b, unit)
+        T hv;          // h_t, y's value and the exchange's
+        int64_t t;
         if (s >= len) {  // frozen: zeros at t = s, h carried to the next buffer
-          y[(s * B + b) * H + unit] = FromFloat<T>(0.f);
-          float* st = p.states + (s * B + b) * S * H + unit;
+          t = s;
 #pragma unroll
-          for (int k = 0; k < S; ++k) st[k * H] = 0.f;
+          for (int k = 0; k < S; ++k) out[k] = 0.f;
           nxt[b * l.hp + unit] = __ldcg(cur + b * l.hp + unit);
-          continue;
-        }
-        const int64_t t = StepTime(s, len, p.reverse);
-        float hh[G], xg[G];
-        if (i == tid) {
-#pragma unroll
-          for (int g = 0; g < G; ++g) xg[g] = xg_first[g];
+          hv = FromFloat<T>(0.f);
         } else {
-          GatherGx<T, G>(p, b, unit, s, xg);
-        }
+          t = StepTime(s, len, p.reverse);
+          float hh[G], xg[G];
+          if (i == tid) {
 #pragma unroll
-        for (int g = 0; g < G; ++g)
-          hh[g] = RedSum(red, kLdr, mtiles, rl, g * U + u) + bias[g * U + u];
+            for (int g = 0; g < G; ++g) xg[g] = xg_first[g];
+          } else {
+            GatherGx<T, G>(p, lens, b, unit, s, xg);
+          }
+#pragma unroll
+          for (int g = 0; g < G; ++g)
+            hh[g] = RedSum(red, kLdr, mtiles, rl, g * U + u) + bias[g * U + u];
+          float& carry = state[b * U + u];
+          float h;
+          if constexpr (G == 4) {
+            const float ig = Sigmoid(xg[0] + hh[0]), fg = Sigmoid(xg[1] + hh[1]);
+            const float gg = tanhf(xg[2] + hh[2]), og = Sigmoid(xg[3] + hh[3]);
+            const float c = fg * carry + ig * gg;
+            carry = c;
+            h = og * tanhf(c);
+            out[0] = ig;
+            out[1] = fg;
+            out[2] = gg;
+            out[3] = og;
+            out[4] = c;
+          } else if constexpr (G == 3) {
+            const float r = Sigmoid(xg[0] + hh[0]), z = Sigmoid(xg[1] + hh[1]);
+            const float n = tanhf(xg[2] + r * hh[2]);
+            h = (1.f - z) * n + z * carry;
+            carry = h;
+            out[0] = r;
+            out[1] = z;
+            out[2] = n;
+            out[3] = hh[2];
+            out[4] = h;
+          } else {
+            const float a = xg[0] + hh[0];
+            h = relu ? fmaxf(a, 0.f) : tanhf(a);
+            out[0] = h;
+          }
+          hv = FromFloat<T>(h);
+          nxt[b * l.hp + unit] = hv;
+        }
+        T* yp = y + (t * B + b) * H + unit;
         float* st = p.states + (t * B + b) * S * H + unit;
-        float& carry = state[b * U + u];
-        float h;
-        if constexpr (G == 4) {
-          const float ig = Sigmoid(xg[0] + hh[0]), fg = Sigmoid(xg[1] + hh[1]);
-          const float gg = tanhf(xg[2] + hh[2]), og = Sigmoid(xg[3] + hh[3]);
-          const float c = fg * carry + ig * gg;
-          carry = c;
-          h = og * tanhf(c);
-          st[0] = ig;
-          st[H] = fg;
-          st[2 * H] = gg;
-          st[3 * H] = og;
-          st[4 * H] = c;
-        } else if constexpr (G == 3) {
-          const float r = Sigmoid(xg[0] + hh[0]), z = Sigmoid(xg[1] + hh[1]);
-          const float n = tanhf(xg[2] + r * hh[2]);
-          h = (1.f - z) * n + z * carry;
-          carry = h;
-          st[0] = r;
-          st[H] = z;
-          st[2 * H] = n;
-          st[3 * H] = hh[2];
-          st[4 * H] = h;
+        if (i == tid) {  // stored after the arrival (an earlier chunk's now)
+          if (y_late != nullptr) {
+            *y_late = y_late_v;
+#pragma unroll
+            for (int k = 0; k < S; ++k) st_late[k * H] = st_late_v[k];
+          }
+          y_late = yp;
+          y_late_v = hv;
+          st_late = st;
+#pragma unroll
+          for (int k = 0; k < S; ++k) st_late_v[k] = out[k];
         } else {
-          const float a = xg[0] + hh[0];
-          h = relu ? fmaxf(a, 0.f) : tanhf(a);
-          st[0] = h;
+          *yp = hv;
+#pragma unroll
+          for (int k = 0; k < S; ++k) st[k * H] = out[k];
         }
-        const T hv = FromFloat<T>(h);
-        y[(t * B + b) * H + unit] = hv;
-        nxt[b * l.hp + unit] = hv;
       }
       __syncthreads();  // red is rewritten by the next chunk
     }
-    grid.sync();
+    rnn::GridArrive(arrived);
+    if (y_late != nullptr) {
+      *y_late = y_late_v;
+#pragma unroll
+      for (int k = 0; k < S; ++k) st_late[k * H] = st_late_v[k];
+      y_late = nullptr;
+    }
+    prefetch(s + 2);
+    if (s + 1 < T_ && tid < rows0 * U)
+      GatherGx<T, G>(p, lens, tid / U, unit0 + tid % U, s + 1, xg_first);
+    rnn::GridWait(arrived, static_cast<unsigned long long>(s + 1) * gridDim.x);
   }
 
   const T* last = ex + (T_ & 1) * ex_size;

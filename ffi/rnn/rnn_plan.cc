@@ -29,27 +29,35 @@ RnnLayout RnnLayoutFor(RnnKind kind, DType dtype, int64_t batch, int64_t hidden,
   const int64_t bytes = DTypeBytes(dtype);
   RnnLayout l{};
   l.bp = RoundUp(std::max<int64_t>(batch, 1), 16);
-  l.hp = RoundUp(std::max<int64_t>(hidden, 1), 16);
-  l.ghp = RoundUp(std::max<int64_t>(g * hidden, 1), 16);
+  // K in 64-byte granules: the matmul reads A and B rows in 16-byte vectors,
+  // four lanes a 64-byte pair of k-steps (rnn_common.cuh ChunkMatmul).
+  const int64_t granule = 64 / bytes;
+  l.hp = RoundUp(std::max<int64_t>(hidden, 1), granule);
+  l.ghp = RoundUp(std::max<int64_t>(g * hidden, 1), granule);
   l.blocks = (hidden + u - 1) / u;
-  // Rows padded by 16 bytes: a row pitch of 4 (mod 8) words puts the 8 rows
-  // an mma B fragment reads (4 words each) in distinct banks.
-  l.fwd_pitch = l.hp + 16 / bytes;
-  l.bwd_pitch = l.ghp + 16 / bytes;
+  // Weight rows 64 bytes past a multiple of 128: a 16-byte B load's
+  // quarter-warp reads two rows x 64 bytes, then in distinct banks.
+  l.fwd_pitch = (RoundUp(l.hp * bytes, 128) + 64) / bytes;
+  l.bwd_pitch = (RoundUp(l.ghp * bytes, 128) + 64) / bytes;
   const int64_t fwd_w = n * l.fwd_pitch * bytes;
   const int64_t bwd_w = u * l.bwd_pitch * bytes;
   // Partial sums of the matmul: kRnnChunkRows rows x (columns + 4) floats
   // (the 4: the C fragments' 8 rows land in different banks).
   const int64_t fwd_red = kRnnChunkRows * (n + 4) * 4;
   const int64_t bwd_red = kRnnChunkRows * (u + 4) * 4;
+  // The rows' lengths, int32 [B], read every step (from global memory where
+  // the state is in the workspace: B may be too large for shared memory).
+  const int64_t lens = variant.global_state ? 0 : RoundUp(std::max<int64_t>(batch, 1) * 4, 16);
   l.fwd_red_offset = variant.streamed ? 0 : RoundUp(fwd_w, 16);
   l.fwd_bias_offset = l.fwd_red_offset + fwd_red;
-  l.fwd_state_offset = l.fwd_bias_offset + RoundUp(n * 4, 16);
+  l.fwd_lens_offset = l.fwd_bias_offset + RoundUp(n * 4, 16);
+  l.fwd_state_offset = l.fwd_lens_offset + lens;
   // Forward: c (LSTM) or h (GRU) in fp32 a row and unit.
   const int64_t fwd_state = l.bp * u * 4;
   l.fwd_smem_bytes = l.fwd_state_offset + (variant.global_state ? 0 : fwd_state);
   l.bwd_red_offset = variant.streamed ? 0 : RoundUp(bwd_w, 16);
-  l.bwd_state_offset = l.bwd_red_offset + bwd_red;
+  l.bwd_lens_offset = l.bwd_red_offset + bwd_red;
+  l.bwd_state_offset = l.bwd_lens_offset + lens;
   // Backward: dh and (LSTM) dc or (GRU) the direct part u * dh, fp32.
   const int64_t bwd_state = 2 * l.bp * u * 4;
   l.bwd_smem_bytes = l.bwd_state_offset + (variant.global_state ? 0 : bwd_state);
@@ -61,8 +69,13 @@ RnnLayout RnnLayoutFor(RnnKind kind, DType dtype, int64_t batch, int64_t hidden,
       l.fwd_weights_offset + RoundUp(variant.streamed ? l.blocks * fwd_w : 0, 256);
   l.bwd_state_ws_offset =
       l.bwd_weights_offset + RoundUp(variant.streamed ? l.blocks * bwd_w : 0, 256);
-  l.fwd_workspace_bytes = l.fwd_state_ws_offset + (variant.global_state ? l.blocks * fwd_state : 0);
-  l.bwd_workspace_bytes = l.bwd_state_ws_offset + (variant.global_state ? l.blocks * bwd_state : 0);
+  // Last, the grid barrier's counter (8 bytes; 256 for alignment's sake).
+  l.fwd_barrier_offset =
+      RoundUp(l.fwd_state_ws_offset + (variant.global_state ? l.blocks * fwd_state : 0), 256);
+  l.bwd_barrier_offset =
+      RoundUp(l.bwd_state_ws_offset + (variant.global_state ? l.blocks * bwd_state : 0), 256);
+  l.fwd_workspace_bytes = l.fwd_barrier_offset + 256;
+  l.bwd_workspace_bytes = l.bwd_barrier_offset + 256;
   return l;
 }
 

@@ -62,20 +62,22 @@ RnnVariant RnnVariantById(int id);
 // launchers so that nothing is restated.
 struct RnnLayout {
   int64_t bp;        // B padded to 16 (mma rows)
-  int64_t hp;        // H padded to 16 (K of the forward's matmul)
-  int64_t ghp;       // G * H padded to 16 (K of the backward's matmul)
+  int64_t hp;        // H padded to 64 bytes (K of the forward's matmul)
+  int64_t ghp;       // G * H padded to 64 bytes (K of the backward's matmul)
   int64_t blocks;    // ceil(H / U)
   int64_t fwd_pitch; // elements a row of the forward's weight slice [N, fwd_pitch]
   int64_t bwd_pitch; // elements a row of the backward's weight slice [U, bwd_pitch]
   int64_t fwd_smem_bytes, bwd_smem_bytes;
   int64_t fwd_workspace_bytes, bwd_workspace_bytes;
   // Byte offsets in the workspaces: the exchange buffers at 0, then (streamed)
-  // the blocks' padded weight slices, then (global_state) the blocks' state.
+  // the blocks' padded weight slices, then (global_state) the blocks' state,
+  // then the grid barrier's counter.
   int64_t fwd_weights_offset, bwd_weights_offset;
   int64_t fwd_state_ws_offset, bwd_state_ws_offset;
+  int64_t fwd_barrier_offset, bwd_barrier_offset;
   // Byte offsets in shared memory (weights at 0 unless streamed).
-  int64_t fwd_red_offset, fwd_bias_offset, fwd_state_offset;
-  int64_t bwd_red_offset, bwd_state_offset;
+  int64_t fwd_red_offset, fwd_bias_offset, fwd_lens_offset, fwd_state_offset;
+  int64_t bwd_red_offset, bwd_lens_offset, bwd_state_offset;
 };
 RnnLayout RnnLayoutFor(RnnKind kind, DType dtype, int64_t batch, int64_t hidden,
                        RnnVariant variant);
@@ -105,7 +107,7 @@ struct RnnPlan {
 // The smallest U whose block count fits wins (more blocks: less matmul a
 // block a step, and the step's latency is what counts), resident weights
 // before streamed ones: H = 768 takes U = 8 (96 blocks); H = 2048 LSTM bf16
-// takes U = 16 streamed (its 64 weight rows of 2056 bf16 need 257 KiB). Batches
+// takes U = 16 streamed (its 64 weight rows of 2080 bf16 need 260 KiB). Batches
 // whose per-row fp32 state (Bp x U floats forward, twice that backward)
 // does not fit next to the weights keep it in the workspace (read and
 // written by the block that owns it, so ordered by its __syncthreads).
