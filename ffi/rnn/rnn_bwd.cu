@@ -186,7 +186,7 @@ __global__ void __launch_bounds__(kRnnThreads, 1)
       if constexpr (G == 4) {
         const float ig = st[0], fg = st[1], gg = st[2], og = st[3], c = st[4];
         const float cprev = in.prev;
-        const float tc = tanhf(c);
+        const float tc = rnn::Tanh(c);
         const float dc = aux[i] + d * og * (1.f - tc * tc);
         dz[0] = dc * gg * ig * (1.f - ig);
         dz[1] = dc * cprev * fg * (1.f - fg);

@@ -174,11 +174,19 @@ __device__ __forceinline__ void ChunkMatmul(const T* a, int64_t lda, int mtiles,
 }
 
 // Row `row` (0 .. mtiles * 16), column `col` of a chunk's matmul: the sum of
-// its K slices in a fixed order (deterministic).
+// its K slices in a fixed order (deterministic). Unrolled over the most
+// slices there can be, so that the loads issue together instead of one
+// shared-memory round trip after another (a runtime-bounded loop: ~35
+// cycles a slice, on the critical path of every step).
 __device__ __forceinline__ float RedSum(const float* red, int ldr, int mtiles, int row, int col) {
   const int ksplit = KSplit(mtiles);
+  float v[kRnnWarps];
+#pragma unroll
+  for (int part = 0; part < kRnnWarps; ++part)
+    v[part] = part < ksplit ? red[(part * mtiles * 16 + row) * ldr + col] : 0.f;
   float s = 0.f;
-  for (int part = 0; part < ksplit; ++part) s += red[(part * mtiles * 16 + row) * ldr + col];
+#pragma unroll
+  for (int part = 0; part < kRnnWarps; ++part) s += v[part];
   return s;
 }
 
@@ -187,8 +195,16 @@ __device__ __forceinline__ void PrefetchL2(const void* p) {
   asm volatile("prefetch.global.L2 [%0];" ::"l"(p));
 }
 
-// Accurate (not fast-math) nonlinearities, as the fp32 reference computes them.
-__device__ __forceinline__ float Sigmoid(float x) { return 1.f / (1.f + expf(-x)); }
+// The cell's nonlinearities from one MUFU.EX2 and one MUFU.RCP each
+// (device.cuh), as the activations' sigmoid: absolute error ~1e-7, far
+// below the inputs' rounding (TF32 at best), where expf, IEEE division
+// and tanhf made a chain of ~60 dependent instructions on each step's
+// critical path (one (row, unit) a thread at B * U <= 256).
+// Large |x|: exp2 overflows to inf or flushes to 0, giving 0 or 1 (-1, 1).
+__device__ __forceinline__ float Sigmoid(float x) {
+  return FastRcp(1.f + FastExp2(-1.4426950408889634f * x));
+}
+__device__ __forceinline__ float Tanh(float x) { return 2.f * Sigmoid(2.f * x) - 1.f; }
 
 // The rows' valid lengths, clamped to [0, T]: a copy in shared memory
 // [B], read every step, where the global array's line left L1 within a few

@@ -185,10 +185,10 @@ __global__ void __launch_bounds__(kRnnThreads, 1)
           float h;
           if constexpr (G == 4) {
             const float ig = Sigmoid(xg[0] + hh[0]), fg = Sigmoid(xg[1] + hh[1]);
-            const float gg = tanhf(xg[2] + hh[2]), og = Sigmoid(xg[3] + hh[3]);
+            const float gg = rnn::Tanh(xg[2] + hh[2]), og = Sigmoid(xg[3] + hh[3]);
             const float c = fg * carry + ig * gg;
             carry = c;
-            h = og * tanhf(c);
+            h = og * rnn::Tanh(c);
             out[0] = ig;
             out[1] = fg;
             out[2] = gg;
@@ -196,7 +196,7 @@ __global__ void __launch_bounds__(kRnnThreads, 1)
             out[4] = c;
           } else if constexpr (G == 3) {
             const float r = Sigmoid(xg[0] + hh[0]), z = Sigmoid(xg[1] + hh[1]);
-            const float n = tanhf(xg[2] + r * hh[2]);
+            const float n = rnn::Tanh(xg[2] + r * hh[2]);
             h = (1.f - z) * n + z * carry;
             carry = h;
             out[0] = r;
@@ -206,7 +206,7 @@ __global__ void __launch_bounds__(kRnnThreads, 1)
             out[4] = h;
           } else {
             const float a = xg[0] + hh[0];
-            h = relu ? fmaxf(a, 0.f) : tanhf(a);
+            h = relu ? fmaxf(a, 0.f) : rnn::Tanh(a);
             out[0] = h;
           }
           hv = FromFloat<T>(h);
