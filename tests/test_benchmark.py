@@ -561,11 +561,11 @@ def make_step(backend, size="tiny", **kw):
 
 
 def test_models_selection():
-  assert models.selected(False, {}) == dict.fromkeys(models.MODELS)
-  assert models.selected(True, {}) == {"cnn": 64, "transformer": None}
-  assert models.selected(False, {models.ENV_MODELS: "transformer, cnn"}) == {
-      "transformer": None, "cnn": None}
-  assert models.selected(True, {models.ENV_MODELS: "cnn,unet"}) == {"cnn": 64, "unet": None}
+  assert models.selected(False, {}) == [(n, None) for n in models.MODELS] + [("cnn", 64)]
+  assert models.selected(True, {}) == [("cnn", 64), ("transformer", None)]
+  assert models.selected(False, {models.ENV_MODELS: "transformer, cnn"}) == [
+      ("transformer", None), ("cnn", None), ("cnn", 64)]
+  assert models.selected(True, {models.ENV_MODELS: "cnn,unet"}) == [("cnn", 64), ("unet", None)]
   with pytest.raises(ValueError, match="unknown model 'resnet'; choose from cnn, unet"):
     models.selected(False, {models.ENV_MODELS: "cnn,resnet"})
   assert models.model_size({}) == "realistic"
@@ -585,7 +585,8 @@ def test_models_cases(monkeypatch):
   full, quick = models.cases(False), models.cases(True)
   assert [c.label for c in full] == ["cnn realistic (images)", "unet realistic (images)",
                                      "lstm_lm realistic (tokens)",
-                                     "transformer realistic (tokens)"]
+                                     "transformer realistic (tokens)",
+                                     "cnn realistic, 64 images a device"]
   visible = len(jax.devices())  # conftest: 8 host devices
   counts = (1, visible) if visible > 1 else (1,)
   assert all(c.option("devices") == counts and c.modes == tuple(map(models.mode_name, counts))
@@ -593,7 +594,7 @@ def test_models_cases(monkeypatch):
   assert models.mode_name(1) == "1 device" and models.mode_name(4) == "4 devices"
   assert [(c.op, c.option("batch")) for c in quick] == [("cnn", 64), ("transformer", None)]
   monkeypatch.setenv(models.ENV_SIZE, "tiny")
-  assert models.cases(True)[0].label == "cnn tiny (images)"
+  assert models.cases(True)[0].label == "cnn tiny, 64 images a device"
 
 
 def test_models_find_and_load_examples(tmp_path, monkeypatch):
@@ -665,8 +666,9 @@ def test_models_end_to_end_on_cpu(tmp_path, monkeypatch):
   text = stream.getvalue()
   assert "skipping unet" in text and "has no make_step" in text
   assert "skipping lstm_lm" in text and "does not exist" in text
-  assert "[models 4/8] unet tiny (images) 2 devices: not run" in text
-  assert "[models 8/8] transformer tiny (tokens) 2 devices: ours" in text
+  assert "[models  4/10] unet tiny (images) 2 devices: not run" in text
+  assert "[models  8/10] transformer tiny (tokens) 2 devices: ours" in text
+  assert "[models 10/10] cnn tiny, 64 images a device 2 devices: not run" in text
   assert "ours items/s" in text and "xla / ours" in text and "ours scaling" in text
   assert (tmp_path / "out" / "models.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
@@ -680,7 +682,8 @@ def test_models_failures_are_recorded(tmp_path, monkeypatch):
   monkeypatch.setenv(models.ENV_EXAMPLES, str(_examples(tmp_path / "a", cnn=xla_fails)))
   reporter, stream = _plain()
   assert harness.run(["models"], settings=TINY, reporter=reporter) == 0
-  assert "xla did not run (1x): RuntimeError: no xla here" in stream.getvalue()
+  # The CNN runs twice: at its size's batch and at 64 images a device.
+  assert "xla did not run (2x): RuntimeError: no xla here" in stream.getvalue()
   other_seed = _WRAPPED.format(body='kw["seed"] = 1 if backend == "jax_dnn" else 0')
   monkeypatch.setenv(models.ENV_EXAMPLES, str(_examples(tmp_path / "b", cnn=other_seed)))
   reporter, stream = _plain()

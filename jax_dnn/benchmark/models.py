@@ -31,7 +31,9 @@ Selection, by environment (the CLI's flags are the op families'):
   JAX_DNN_EXAMPLES           the examples directory (default: examples/ in the
                              current directory or a parent, else beside the
                              jax_dnn package in a source checkout)
---quick: the CNN at 64 images a device and the Transformer.
+The sweep runs every model at its size's batch, and the CNN once more at 64
+images a device (its weak scaling over the device counts). --quick: the CNN
+at 64 images a device and the Transformer.
 """
 
 from __future__ import annotations
@@ -58,7 +60,9 @@ MODELS = {
     "lstm_lm": ("train_lstm_lm.py", "tokens"),
     "transformer": ("train_transformer.py", "tokens"),
 }
-QUICK = {"cnn": 64, "transformer": None}  # name -> batch a device (None: the size's own)
+# (name, batch a device; None: the size's own) of the sweep and of --quick.
+FULL = tuple((name, None) for name in MODELS) + (("cnn", 64),)
+QUICK = (("cnn", 64), ("transformer", None))
 BACKENDS = {"ours": "jax_dnn", "xla": "xla"}  # impl -> make_step's backend
 SIZES = ("tiny", "small", "realistic")
 ENV_MODELS, ENV_SIZE = "JAX_DNN_BENCH_MODELS", "JAX_DNN_BENCH_MODEL_SIZE"
@@ -69,17 +73,20 @@ CHECKOUT = Path(__file__).resolve().parents[2] / "examples"  # in a source check
 # Which models, sizes and device counts.
 
 
-def selected(quick: bool, environ=None) -> dict[str, int | None]:
-  """name -> batch a device (None: the size's own), from --quick and
-  JAX_DNN_BENCH_MODELS. Raises ValueError naming an unknown model."""
+def selected(quick: bool, environ=None) -> list[tuple[str, int | None]]:
+  """(name, batch a device; None: the size's own) pairs, from --quick and
+  JAX_DNN_BENCH_MODELS (in its order; a name the selection lacks runs at its
+  size's batch). Raises ValueError naming an unknown model."""
   environ = os.environ if environ is None else environ
   names = [n.strip() for n in environ.get(ENV_MODELS, "").split(",") if n.strip()]
   unknown = [n for n in names if n not in MODELS]
   if unknown:
     raise ValueError(f"{ENV_MODELS}: unknown model{'s' if len(unknown) > 1 else ''} "
                      f"{', '.join(map(repr, unknown))}; choose from {', '.join(MODELS)}")
-  base = QUICK if quick else dict.fromkeys(MODELS)
-  return {n: base.get(n) for n in names} if names else dict(base)
+  base = QUICK if quick else FULL
+  if not names:
+    return list(base)
+  return [pair for n in names for pair in ([p for p in base if p[0] == n] or [(n, None)])]
 
 
 def model_size(environ=None) -> str:
@@ -114,11 +121,12 @@ def cases(quick: bool) -> list[harness.Case]:
   """One case per model; its modes are the device counts."""
   size, counts = model_size(), device_counts(len(jax.devices()))
   return [harness.Case(op=name, shape=(batch or 0,), dtype="bfloat16",
-                       label=f"{name} {size} ({MODELS[name][1]})",
+                       label=(f"{name} {size} ({MODELS[name][1]})" if batch is None else
+                              f"{name} {size}, {batch} {MODELS[name][1]} a device"),
                        options=(("file", MODELS[name][0]), ("size", size), ("batch", batch),
                                 ("devices", counts)),
                        modes=tuple(mode_name(n) for n in counts))
-          for name, batch in selected(quick).items()]
+          for name, batch in selected(quick)]
 
 
 # Finding and loading the examples.
