@@ -4,13 +4,18 @@ Prints a falling loss, the step time and text sampled from the model.
 
     python examples/train_lstm_lm.py                      # jax_dnn, size small
     python examples/train_lstm_lm.py --backend xla        # flax.nnx.RNN's scan
+    python examples/train_lstm_lm.py --backend cudnn      # jax.experimental.rnn.lstm
     python examples/train_lstm_lm.py --size tiny --steps 200 --cell gru
 
 Each layer is jax_dnn.nn.RNN over a Flax cell (nnx.OptimizedLSTMCell or
 nnx.GRUCell): the cell holds the parameters and jax_dnn runs the whole
 sequence as one recurrence. `--backend xla` wraps the same cells in
 flax.nnx.RNN (a scan over the cell), so both backends start from the same
-parameter tree and values. Sequences are ragged (text_data.ragged_batch):
+parameter tree and values. `--backend cudnn` (LSTM only) runs each layer as
+jax.experimental.rnn.lstm, JAX's cuDNN path, on the same cells' parameters
+packed into its flat layout; it takes fp32 only, so those layers compute in
+fp32 whatever --dtype says (on a machine without a GPU it runs that module's
+reference scan, lstm_ref). Sequences are ragged (text_data.ragged_batch):
 each row has its own length, the recurrence takes them as seq_lengths and
 padded steps carry no loss. Samples run the cells step by step (greedy and
 at a temperature), which is the same computation as the RNN layers.
@@ -27,6 +32,7 @@ import sys
 
 from flax import nnx
 import jax
+from jax.experimental import rnn as jax_rnn
 import jax.numpy as jnp
 import numpy as np
 import optax
@@ -52,6 +58,38 @@ SIZES = {
 }
 
 CELLS = {"lstm": nnx.OptimizedLSTMCell, "gru": nnx.GRUCell}
+# The backends make_step takes (jax_dnn.benchmark.models times each).
+BACKENDS = ("jax_dnn", "xla", "cudnn")
+
+
+class CudnnLSTM(nnx.RNN):
+  """flax.nnx.RNN over an nnx.OptimizedLSTMCell whose sequence runs as
+  jax.experimental.rnn.lstm: the cell keeps the parameters (the other
+  backends' tree), packed here into cuDNN's flat layout (W_ih [4H, I],
+  W_hh [4H, H], b_ih, b_hh; gates i, f, g, o, as the cell splits them) in
+  fp32, the one dtype that op takes. Zero initial carry, as Flax's default."""
+
+  def __call__(self, inputs, *, seq_lengths=None):
+    cell = self.cell
+    batch, steps, features = inputs.shape
+    hidden = cell.hidden_features
+    f32 = jnp.float32
+    k_h, b_h = cell.dense_h.kernel[...].astype(f32), cell.dense_h.bias[...].astype(f32)
+    weights = jnp.concatenate([cell.dense_i.kernel[...].astype(f32).T.ravel(), k_h.T.ravel(),
+                               jnp.zeros_like(b_h), b_h])
+    zeros = jnp.zeros((1, batch, hidden), f32)
+    lengths = (jnp.full((batch,), steps, jnp.int32) if seq_lengths is None
+               else jnp.asarray(seq_lengths).astype(jnp.int32))
+    shape = dict(input_size=features, hidden_size=hidden, num_layers=1, dropout=0.0,
+                 bidirectional=False)
+    x = inputs.astype(f32)
+    if jax.default_backend() == "gpu":
+      y, _, _ = jax_rnn.lstm(x, zeros, zeros, weights, lengths, **shape)
+    else:  # jax.experimental.rnn.lstm lowers for CUDA only
+      w_ih, w_hh, b_ih, b_hh = jax_rnn.unpack_lstm_weights(
+          weights, features, hidden, 1, False)
+      y, _, _ = jax_rnn.lstm_ref(x, zeros, zeros, w_ih, w_hh, b_ih, b_hh, lengths, **shape)
+    return y.astype(cell.dtype or inputs.dtype)
 
 
 class CharRNN(nnx.Module):
@@ -61,8 +99,8 @@ class CharRNN(nnx.Module):
                dtype, rngs: nnx.Rngs):
     # jax_dnn.nn.RNN subclasses nnx.RNN and takes the same cell, so the two
     # backends build identical parameter trees from the same rngs.
-    rnn = {"jax_dnn": jax_dnn.nn.RNN, "xla": nnx.RNN}[backend]
-    self.log_softmax = {"jax_dnn": jax_dnn.log_softmax, "xla": jax.nn.log_softmax}[backend]
+    rnn = {"jax_dnn": jax_dnn.nn.RNN, "xla": nnx.RNN, "cudnn": CudnnLSTM}[backend]
+    self.log_softmax = jax_dnn.log_softmax if backend == "jax_dnn" else jax.nn.log_softmax
     self.embed = nnx.Embed(text_data.VOCAB, embed, dtype=dtype, rngs=rngs)
     widths = [embed] + [hidden] * layers
     self.layers = nnx.List([
@@ -116,9 +154,12 @@ def _config(size, global_batch, overrides):
 def build(backend: str, size: str = "tiny", *, seed: int = 0, dtype: str = "bfloat16",
           **overrides):
   """(model, optimizer, config) for a backend and size."""
-  if backend not in ("jax_dnn", "xla"):
-    raise ValueError(f"backend must be 'jax_dnn' or 'xla', got {backend!r}")
+  if backend not in BACKENDS:
+    raise ValueError(f"backend must be one of {BACKENDS}, got {backend!r}")
   cfg = _config(size, None, overrides)
+  if backend == "cudnn" and cfg["cell"] != "lstm":
+    raise ValueError("backend 'cudnn' (jax.experimental.rnn) has the LSTM only, "
+                     f"not cell={cfg['cell']!r}")
   # bf16 compute, fp32 parameters (each layer's param_dtype default).
   model = CharRNN(backend=backend, cell=cfg["cell"], embed=cfg["embed"], hidden=cfg["hidden"],
                   layers=cfg["layers"], dtype=jnp.dtype(dtype), rngs=nnx.Rngs(seed))
@@ -190,7 +231,7 @@ def generate(model: CharRNN, prompt: bytes, length: int, temperature: float = 0.
 
 def main(argv=None) -> float:
   ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-  ap.add_argument("--backend", choices=["jax_dnn", "xla"], default="jax_dnn")
+  ap.add_argument("--backend", choices=BACKENDS, default="jax_dnn")
   ap.add_argument("--size", choices=sorted(SIZES), default="small")
   ap.add_argument("--cell", choices=sorted(CELLS), default="lstm")
   ap.add_argument("--steps", type=int, default=500)

@@ -691,6 +691,24 @@ def test_models_failures_are_recorded(tmp_path, monkeypatch):
   assert "FAILED: ours, cnn tiny (images) 1 device: error" in stream.getvalue()
 
 
+def test_models_time_the_backends_an_example_offers(tmp_path, monkeypatch):
+  """An example whose BACKENDS lists "cudnn" gets a cudnn row, compared with
+  xla's first loss like ours; one without the tuple gets ours and xla only."""
+  monkeypatch.setenv(models.ENV_SIZE, "tiny")
+  monkeypatch.setenv(models.ENV_MODELS, "lstm_lm,transformer")
+  monkeypatch.setenv(models.ENV_DEVICES, "1")
+  offers_cudnn = _WRAPPED.format(body='backend = "xla" if backend == "cudnn" else backend') + (
+      '\nBACKENDS = ("jax_dnn", "xla", "cudnn")\n')
+  monkeypatch.setenv(models.ENV_EXAMPLES,
+                     str(_examples(tmp_path, lstm_lm=offers_cudnn, transformer=None)))
+  reporter, stream = _plain()
+  assert harness.run(["models"], settings=TINY, reporter=reporter) == 0, stream.getvalue()
+  text = stream.getvalue()
+  assert "lstm_lm tiny (tokens) 1 device: ours" in text and ", cudnn " in text
+  timed = [line.split(": ", 1)[1] for line in text.splitlines() if "[models" in line]
+  assert "cudnn" in timed[0] and "cudnn" not in timed[1], timed
+
+
 def test_models_weak_scaling(monkeypatch):
   """The global batch grows with the devices from the first count's; efficiency = t1 / tn."""
   seen = []
@@ -699,7 +717,7 @@ def test_models_weak_scaling(monkeypatch):
     seen.append((devices, global_batch))
     batch = global_batch or 32
     return [dict(impl=impl, ms=10.0 * (1 + 0.1 * (devices > 1)) * (2 if impl == "xla" else 1),
-                 global_batch=batch, efficiency=None) for impl in family.impls]
+                 global_batch=batch, efficiency=None) for impl in ("ours", "xla")]
 
   class Progress:
     def note(self, text):

@@ -150,6 +150,26 @@ def test_lstm_lm_backends_agree(cell, dtype):
   _check_backends_agree(lstm_lm, dtype, cell=cell)
 
 
+def test_lstm_lm_cudnn_backend_is_the_same_lstm():
+  """--backend cudnn: the cells' parameters packed into jax.experimental.rnn's
+  flat layout give the scan's outputs at every valid step (fp32; on CPU the
+  module's lstm_ref), and the model trains to the xla backend's losses;
+  GRU cells are refused (that module has the LSTM only)."""
+  cell = nnx.OptimizedLSTMCell(5, 7, rngs=nnx.Rngs(0))
+  cell.dense_h.bias[...] = jax.random.normal(jax.random.key(3), cell.dense_h.bias[...].shape)
+  x = jax.random.normal(jax.random.key(1), (3, 6, 5))
+  lengths = jnp.array([6, 2, 0])
+  ours = lstm_lm.CudnnLSTM(cell, rngs=nnx.Rngs(0))(x, seq_lengths=lengths)
+  flax = nnx.RNN(cell, rngs=nnx.Rngs(0))(x, seq_lengths=lengths)
+  valid = np.arange(6)[None, :] < np.asarray(lengths)[:, None]
+  np.testing.assert_allclose(np.asarray(ours)[valid], np.asarray(flax)[valid], rtol=0, atol=1e-6)
+  np.testing.assert_allclose(_losses(lstm_lm, "cudnn", "float32"),
+                             _losses(lstm_lm, "xla", "float32"), rtol=0,
+                             atol=_TOLERANCE["float32"])
+  with pytest.raises(ValueError, match="has the LSTM only"):
+    lstm_lm.build("cudnn", "tiny", cell="gru")
+
+
 @pytest.mark.parametrize("backend", ["jax_dnn", "xla"])
 def test_lstm_lm_padding_is_masked(backend):
   model, _, _ = lstm_lm.build(backend, "tiny", dtype="float32")

@@ -4,7 +4,9 @@ namesakes, on one device and on every visible device, in ms a step.
 
 Each example exposes `make_step(backend, size, *, global_batch, mesh, ...)
 -> (step, state, batch)` (the examples' contract; backend "jax_dnn" is
-"ours" here, "xla" the plain Flax/JAX program). A model is timed as a user
+"ours" here, "xla" the plain Flax/JAX program). An example whose BACKENDS
+tuple lists "cudnn" (the LSTM LM: its LSTM layers as
+jax.experimental.rnn.lstm, fp32) is timed with that backend too. A model is timed as a user
 trains it: `state, loss = step(state, batch)` back to back, each step on the
 state the previous one returned; the first step compiles (and tunes), steps
 for `warmup_s` warm up, then `rounds` rounds of as many steps as fit
@@ -63,7 +65,8 @@ MODELS = {
 # (name, batch a device; None: the size's own) of the sweep and of --quick.
 FULL = tuple((name, None) for name in MODELS) + (("cnn", 64),)
 QUICK = (("cnn", 64), ("transformer", None))
-BACKENDS = {"ours": "jax_dnn", "xla": "xla"}  # impl -> make_step's backend
+BACKENDS = {"ours": "jax_dnn", "xla": "xla", "cudnn": "cudnn"}  # impl -> make_step's backend
+DEFAULT_BACKENDS = ("jax_dnn", "xla")  # an example without a BACKENDS tuple
 SIZES = ("tiny", "small", "realistic")
 ENV_MODELS, ENV_SIZE = "JAX_DNN_BENCH_MODELS", "JAX_DNN_BENCH_MODEL_SIZE"
 ENV_DEVICES, ENV_EXAMPLES = "JAX_DNN_BENCH_DEVICES", "JAX_DNN_EXAMPLES"
@@ -231,8 +234,10 @@ def run_devices(family: harness.Family, case: harness.Case, module, devices: int
                 global_batch: int | None, settings: harness.Settings) -> list[dict]:
   """Each backend's step of one model on `devices` devices; one row each."""
   item = MODELS[case.op][1]
+  offered = getattr(module, "BACKENDS", DEFAULT_BACKENDS)
+  impls = [impl for impl in family.impls if BACKENDS[impl] in offered]
   measured, failures = {}, {}
-  for impl in family.impls:
+  for impl in impls:
     try:
       step, state, batch = module.make_step(BACKENDS[impl], case.option("size"),
                                             global_batch=global_batch, mesh=_mesh(devices),
@@ -250,7 +255,7 @@ def run_devices(family: harness.Family, case: harness.Case, module, devices: int
   tolerance = loss_tolerance(case.dtype)
   reference = "xla" if "xla" in measured else None
   rows = []
-  for impl in family.impls:
+  for impl in impls:
     m = measured.get(impl)
     t = m["seconds"] if m else None
     error = None
@@ -318,7 +323,7 @@ def plot_point(row: dict):
 
 
 FAMILY = harness.Family(
-    name="models", unit="ms", ceiling=None, impls=("ours", "xla"), reference=("xla",),
+    name="models", unit="ms", ceiling=None, impls=("ours", "xla", "cudnn"), reference=("xla",),
     cases=cases, workload=None, plot_point=plot_point, plot_x="devices (batch a device fixed)",
     runner=run_models,
     columns=(("global batch", "ours", "global_batch", "d"),
