@@ -111,7 +111,7 @@ RnnPlan PlanRnn(RnnKind kind, DType dtype, int64_t seq_len, int64_t batch, int64
     return plan;
   }
   // Streamed weights and state leave kRnnChunkRows x (N + 4) floats of
-  // shared memory (64 KiB at most), so only the grid can decline.
+  // shared memory (66.5 KiB at most: N = 128), so only the grid can decline.
   plan.reason = "hidden " + std::to_string(hidden) + " needs more than " + std::to_string(sms) +
                 " blocks of 32 units (one a SM)";
   return plan;
