@@ -1,7 +1,8 @@
 """The training machinery the two text examples (train_lstm_lm.py,
-train_transformer.py) share: the data-parallel mesh and shardings, the
-jitted step over (model, optimizer), the training loop with its step time,
-and the validation loss. Each example keeps its model, loss and batches.
+train_transformer.py) share: the optimizer, the data-parallel mesh and
+shardings, the jitted step over (model, optimizer), the training loop with
+its step time, and the validation loss. Each example keeps its model, loss
+and batches.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ from flax import nnx
 import jax
 import jax.numpy as jnp
 import numpy as np
+import optax
 
 
 def data_mesh(global_batch: int):
@@ -36,6 +38,14 @@ def shardings(mesh):
 def placer(mesh):
   """A batch's placement: split over `mesh`'s "data" axis, or as it is."""
   return (lambda b: b) if mesh is None else (lambda b: jax.device_put(b, shardings(mesh)[1]))
+
+
+def adamw_optimizer(model, learning_rate: float) -> nnx.Optimizer:
+  """AdamW (weight decay 0.01) after clipping the gradients' global norm to
+  1, over the model's parameters: both text models' optimizer."""
+  tx = optax.chain(optax.clip_by_global_norm(1.0),
+                   optax.adamw(learning_rate, weight_decay=0.01))
+  return nnx.Optimizer(model, tx, wrt=nnx.Param)
 
 
 def jit_step(model, optimizer, loss_fn, batch, mesh):

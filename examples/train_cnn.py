@@ -392,6 +392,14 @@ def random_batch(shapes, mesh, seed):
   return jax.jit(make, out_shardings=batch_sharded(mesh))()
 
 
+def print_step_time(trainer, batch, steps, step_ms):
+  """The step time and images/s train_loop measured, and fp16's final loss scale."""
+  print(f"step time {step_ms:.2f} ms (mean of steps 2..{steps}); "
+        f"{batch / step_ms * 1e3:.0f} images/s", flush=True)
+  if "loss_scale" in trainer.state:
+    print(f"loss scale {float(trainer.state['loss_scale']['scale']):g}")
+
+
 def train_loop(trainer, data, steps, *, log_every=10, last=10):
   """Runs `steps` steps, printing the loss; returns (mean loss over the last
   `last` steps, mean step time in ms excluding the first step's compile)."""
@@ -527,10 +535,7 @@ def main(argv=None) -> float:
         f"global batch {cfg['batch']}, {cfg['optimizer']} lr {cfg['lr']}", flush=True)
   data = image_data.train_batches(cfg["batch"], cfg["image_size"], seed=args.seed)
   loss, step_ms = train_loop(trainer, data, args.steps)
-  print(f"step time {step_ms:.2f} ms (mean of steps 2..{args.steps}); "
-        f"{cfg['batch'] / step_ms * 1e3:.0f} images/s", flush=True)
-  if "loss_scale" in trainer.state:
-    print(f"loss scale {float(trainer.state['loss_scale']['scale']):g}")
+  print_step_time(trainer, cfg["batch"], args.steps, step_ms)
   print(f"test accuracy {accuracy(trainer, cfg['image_size'], cfg['batch']):.3f}")
   print(f"final loss {loss:.4f}")
   return loss

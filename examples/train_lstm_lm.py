@@ -35,7 +35,6 @@ import jax
 from jax.experimental import rnn as jax_rnn
 import jax.numpy as jnp
 import numpy as np
-import optax
 
 import jax_dnn
 import jax_dnn.nn
@@ -163,9 +162,7 @@ def build(backend: str, size: str = "tiny", *, seed: int = 0, dtype: str = "bflo
   # bf16 compute, fp32 parameters (each layer's param_dtype default).
   model = CharRNN(backend=backend, cell=cfg["cell"], embed=cfg["embed"], hidden=cfg["hidden"],
                   layers=cfg["layers"], dtype=jnp.dtype(dtype), rngs=nnx.Rngs(seed))
-  tx = optax.chain(optax.clip_by_global_norm(1.0),
-                   optax.adamw(cfg["learning_rate"], weight_decay=0.01))
-  return model, nnx.Optimizer(model, tx, wrt=nnx.Param), cfg
+  return model, text_training.adamw_optimizer(model, cfg["learning_rate"]), cfg
 
 
 def make_step(backend: str, size: str = "tiny", *, global_batch: int | None = None,

@@ -32,7 +32,6 @@ from flax import nnx
 import jax
 import jax.numpy as jnp
 import numpy as np
-import optax
 
 import jax_dnn
 import jax_dnn.nn
@@ -177,9 +176,7 @@ def build(backend: str, size: str = "tiny", *, seed: int = 0, dtype: str = "bflo
   model = Transformer(backend=backend, norm=cfg["norm"], xla_attention=cfg["xla_attention"],
                       seq_len=cfg["seq_len"], dim=cfg["dim"], heads=cfg["heads"],
                       layers=cfg["layers"], dtype=jnp.dtype(dtype), rngs=nnx.Rngs(seed))
-  tx = optax.chain(optax.clip_by_global_norm(1.0),
-                   optax.adamw(cfg["learning_rate"], weight_decay=0.01))
-  return model, nnx.Optimizer(model, tx, wrt=nnx.Param), cfg
+  return model, text_training.adamw_optimizer(model, cfg["learning_rate"]), cfg
 
 
 def make_step(backend: str, size: str = "tiny", *, global_batch: int | None = None,

@@ -357,10 +357,7 @@ def main(argv=None) -> float:
         f"global batch {cfg['batch']}, {cfg['optimizer']} lr {cfg['lr']}", flush=True)
   data = image_data.train_batches(cfg["batch"], cfg["image_size"], seed=args.seed)
   loss, step_ms = train_cnn.train_loop(trainer, data, args.steps)
-  print(f"step time {step_ms:.2f} ms (mean of steps 2..{args.steps}); "
-        f"{cfg['batch'] / step_ms * 1e3:.0f} images/s", flush=True)
-  if "loss_scale" in trainer.state:
-    print(f"loss scale {float(trainer.state['loss_scale']['scale']):g}")
+  train_cnn.print_step_time(trainer, cfg["batch"], args.steps, step_ms)
   print(f"test loss {evaluate_loss(trainer, cfg['image_size'], cfg['batch'], args.seed):.4f}")
   print(f"final loss {loss:.4f}")
   return loss
