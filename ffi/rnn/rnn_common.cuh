@@ -255,9 +255,11 @@ __device__ __forceinline__ float LoadNc(const T* p) {
 }
 
 // A grid barrier a step, split in two. The caller has just passed a
-// __syncthreads() (so the block's exchange writes precede thread 0's fence);
-// GridArrive publishes them and counts the block in; GridWait returns once
-// every block has arrived `target` times in all. Between the two a block
+// __syncthreads() (so the block's exchange writes precede thread 0's
+// release); GridArrive publishes them and counts the block in with one
+// release reduction (as CUTLASS's generic barrier: no separate fence, no
+// returned value; timed equal to fence + atomicAdd, outputs bit-identical);
+// GridWait returns once every block has arrived `target` times in all. Between the two a block
 // does what depends on no other block: the stores of its own outputs of the
 // step and the next step's input loads, which cg::grid_group::sync() would
 // put in series with the barrier's fence and polling (LSTM B = 16, H = 768
@@ -265,10 +267,8 @@ __device__ __forceinline__ float LoadNc(const T* p) {
 // ~1000 more). The counter (the workspace's, 64-bit: it only grows) is zeroed
 // before the kernel's one cooperative grid.sync().
 __device__ __forceinline__ void GridArrive(unsigned long long* counter) {
-  if (threadIdx.x == 0) {
-    __threadfence();
-    atomicAdd(counter, 1ull);
-  }
+  if (threadIdx.x == 0)  // release: cumulative over what the block's barrier ordered before it
+    asm volatile("red.release.gpu.global.add.u64 [%0], 1;" ::"l"(counter) : "memory");
 }
 
 __device__ __forceinline__ void GridWait(const unsigned long long* counter,
