@@ -36,8 +36,9 @@ def shardings(mesh):
 
 
 def placer(mesh):
-  """A batch's placement: split over `mesh`'s "data" axis, or as it is."""
-  return (lambda b: b) if mesh is None else (lambda b: jax.device_put(b, shardings(mesh)[1]))
+  """A batch's placement (asynchronous): split over `mesh`'s "data" axis, or
+  on the default device."""
+  return jax.device_put if mesh is None else (lambda b: jax.device_put(b, shardings(mesh)[1]))
 
 
 def adamw_optimizer(model, learning_rate: float) -> nnx.Optimizer:
@@ -85,23 +86,37 @@ def evaluate(loss_fn, graphdef, state, data, count: int, place=lambda b: b) -> f
 
 def train(step, state, data, place, *, steps: int, log_every: int, every=None):
   """Runs `steps` steps on batches of `data`, printing the loss every
-  `log_every` steps and the step time (the steps alone, after the first,
-  which compiles); `every(i, state)` after each step where given. Returns
-  (state, the mean loss of the last 10 steps)."""
-  losses, seconds = [], 0.0
-  for i in range(steps):
-    batch = place(next(data))
-    start = time.perf_counter()
-    state, loss = step(state, batch)
-    losses.append(float(loss))  # waits for the step
-    if i > 0:  # the first step compiles
-      seconds += time.perf_counter() - start
+  `log_every` steps and the step time; `every(i, state)` after each step
+  where given. Returns (state, the mean loss of the last 10 steps).
+
+  One step stays queued behind the one whose loss is read, so the device
+  never waits for the host: the next batch is drawn and placed while the
+  step before runs. The step time is the wall time between the first step's
+  completion (it compiles) and the last's over the steps between, data
+  included: what a run of many steps takes."""
+  losses, done = [], []
+
+  def finish(i, loss):
+    losses.append(float(loss))  # waits for step i
+    done.append(time.perf_counter())
     if i % log_every == 0 or i == steps - 1:
       print(f"step {i:5d}  loss {losses[-1]:.4f}")
-    if every is not None:
+
+  batch, pending = place(next(data)), None
+  for i in range(steps):
+    state, loss = step(state, batch)
+    if every is not None:  # before the next step, which takes over (donates) this state
       every(i, state)
+    if i + 1 < steps:
+      batch = place(next(data))
+    if pending is not None:
+      finish(*pending)
+    pending = (i, loss)
+  if pending is not None:
+    finish(*pending)
   if steps > 1:
-    print(f"step time {seconds / (steps - 1) * 1e3:.2f} ms ({steps - 1} steps after the first)")
+    print(f"step time {(done[-1] - done[0]) / (steps - 1) * 1e3:.2f} ms "
+          f"({steps - 1} steps after the first)")
   last = min(10, len(losses))
   final = float(np.mean(losses[-last:]))
   print(f"final loss (mean of the last {last} steps) {final:.4f}")

@@ -402,19 +402,34 @@ def print_step_time(trainer, batch, steps, step_ms):
 
 def train_loop(trainer, data, steps, *, log_every=10, last=10):
   """Runs `steps` steps, printing the loss; returns (mean loss over the last
-  `last` steps, mean step time in ms excluding the first step's compile)."""
-  state, losses, times = trainer.state, [], []
+  `last` steps, mean step time in ms excluding the first step's compile).
+
+  One step stays queued behind the one whose loss is read, so the device
+  never waits for the host: the next batch is drawn and placed while the
+  step before runs. A step's time is the wall time between consecutive
+  steps' completions, data included: what a run of many steps takes."""
+  state, losses, done = trainer.state, [], []
+
+  def finish(i, loss):
+    losses.append(float(loss))  # waits for step i
+    done.append(time.perf_counter())
+    if i % log_every == 0 or i == steps - 1:  # step 0's time includes its compile
+      ms = (done[-1] - (done[-2] if i > 0 else start)) * 1e3
+      print(f"step {i:5d}  loss {losses[-1]:.4f}  ({ms:.1f} ms)", flush=True)
+
+  batch, pending = shard_batch(next(data), trainer.mesh), None
+  start = time.perf_counter()
   for i in range(steps):
-    batch = shard_batch(next(data), trainer.mesh)
-    start = time.perf_counter()
     state, loss = trainer.step(state, batch)
-    loss = float(loss)  # waits for the step
-    times.append(time.perf_counter() - start)
-    losses.append(loss)
-    if i % log_every == 0 or i == steps - 1:
-      print(f"step {i:5d}  loss {loss:.4f}  ({times[-1] * 1e3:.1f} ms)", flush=True)
+    if i + 1 < steps:
+      batch = shard_batch(next(data), trainer.mesh)
+    if pending is not None:
+      finish(*pending)
+    pending = (i, loss)
+  if pending is not None:
+    finish(*pending)
   trainer.state = state
-  step_ms = 1e3 * float(np.mean(times[1:])) if steps > 1 else float("nan")
+  step_ms = 1e3 * (done[-1] - done[0]) / (steps - 1) if steps > 1 else float("nan")
   return float(np.mean(losses[-last:])), step_ms
 
 
@@ -533,7 +548,8 @@ def main(argv=None) -> float:
                        decay_steps=args.steps)
   print(f"ResNet-{cfg['depth']} width {cfg['width']}, {cfg['image_size']}^2 images, "
         f"global batch {cfg['batch']}, {cfg['optimizer']} lr {cfg['lr']}", flush=True)
-  data = image_data.train_batches(cfg["batch"], cfg["image_size"], seed=args.seed)
+  data = image_data.device_batches(cfg["batch"], cfg["image_size"], seed=args.seed,
+                                   sharding=batch_sharded(trainer.mesh))
   loss, step_ms = train_loop(trainer, data, args.steps)
   print_step_time(trainer, cfg["batch"], args.steps, step_ms)
   print(f"test accuracy {accuracy(trainer, cfg['image_size'], cfg['batch']):.3f}")

@@ -355,7 +355,8 @@ def main(argv=None) -> float:
                        decay_steps=args.steps)
   print(f"UNet channels {cfg['channels']} x {cfg['mults']}, {cfg['image_size']}^2 images, "
         f"global batch {cfg['batch']}, {cfg['optimizer']} lr {cfg['lr']}", flush=True)
-  data = image_data.train_batches(cfg["batch"], cfg["image_size"], seed=args.seed)
+  data = image_data.device_batches(cfg["batch"], cfg["image_size"], seed=args.seed,
+                                   sharding=train_cnn.batch_sharded(trainer.mesh))
   loss, step_ms = train_cnn.train_loop(trainer, data, args.steps)
   train_cnn.print_step_time(trainer, cfg["batch"], args.steps, step_ms)
   print(f"test loss {evaluate_loss(trainer, cfg['image_size'], cfg['batch'], args.seed):.4f}")

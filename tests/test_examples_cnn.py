@@ -363,3 +363,35 @@ def test_cnn_data_parallel_matches_one_device(cnn, cnn_runs):
   assert float(loss) == pytest.approx(cnn_runs["random_loss"], rel=1e-5)
   for a, b in zip(cnn_runs["after_random_step"], _leaves(state["model"])):
     np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-5)
+
+
+def test_device_batches_match_train_batches(image_data):
+  """The training loops' batches (upscaled on the devices, split over the
+  mesh) are train_batches' (numpy) within float32 rounding, in order."""
+  mesh = jax.sharding.Mesh(np.array(jax.devices()[:2]), ("data",))
+  sharding = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec("data"))
+  host = image_data.train_batches(6, 20, seed=3)
+  device = image_data.device_batches(6, 20, seed=3, sharding=sharding)
+  for _ in range(3):
+    a, b = next(host), next(device)
+    assert b["image"].sharding.is_equivalent_to(sharding, 4)
+    assert b["image"].shape == a["image"].shape and b["image"].dtype == np.float32
+    np.testing.assert_allclose(np.asarray(b["image"]), a["image"], rtol=0, atol=1e-6)
+    np.testing.assert_array_equal(np.asarray(b["label"]), a["label"])
+
+
+def test_train_loop_chains_states_and_reports(cnn, capsys):
+  """train_loop keeps a step queued behind the one it reads: each step still
+  takes the state the step before returned and every loss is reported, in
+  order; the step time covers the steps after the first."""
+  step = jax.jit(lambda state, batch: (state + 1, state * 10.0 + batch["x"][0]))
+  data = ({"x": np.full((2,), i % 3, np.float32)} for i in range(100))
+  mesh = jax.sharding.Mesh(np.array(jax.devices()[:1]), ("data",))
+  trainer = cnn.Trainer(step=step, state=jnp.float32(0), graphdef=None, mesh=mesh)
+  loss, step_ms = cnn.train_loop(trainer, data, 7, log_every=3, last=2)
+  assert float(trainer.state) == 7.0
+  assert loss == pytest.approx(np.mean([50 + 5 % 3, 60 + 6 % 3]))
+  assert np.isfinite(step_ms) and step_ms >= 0
+  out = capsys.readouterr().out
+  assert [line.split()[1] for line in out.splitlines()] == ["0", "3", "6"]
+  assert "loss 30.0000" in out  # step 3: state 3, x = 0

@@ -216,6 +216,23 @@ def test_lstm_lm_main(capsys):
   assert "validation loss" in out
 
 
+def test_train_chains_states_and_calls_every_in_order(capsys):
+  """text_training.train keeps a step queued behind the one it reads: each
+  step still takes the state the step before returned, `every` sees each
+  step's state before the next step takes it over, and every loss counts."""
+  step = jax.jit(lambda state, batch: (state + 1, state * 10.0 + batch["x"]),
+                 donate_argnums=0)
+  seen = []
+  data = ({"x": np.float32(i % 3)} for i in range(100))
+  state, final = lstm_lm.text_training.train(
+      step, jnp.float32(0), data, jax.device_put, steps=6, log_every=2,
+      every=lambda i, s: seen.append((i, float(s))))
+  assert float(state) == 6.0 and seen == [(i, i + 1.0) for i in range(6)]
+  assert final == pytest.approx(np.mean([10 * i + i % 3 for i in range(6)]))
+  out = capsys.readouterr().out
+  assert "step     4  loss 41.0000" in out and "step time" in out
+
+
 # --- the Transformer -----------------------------------------------------------
 
 
