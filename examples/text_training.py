@@ -41,6 +41,18 @@ def placer(mesh):
   return jax.device_put if mesh is None else (lambda b: jax.device_put(b, shardings(mesh)[1]))
 
 
+def embed_bytes(embed: nnx.Embed, tokens):
+  """embed(tokens) for a byte vocabulary, as a one-hot matmul: its gradient
+  is a matmul too, where the gather's is a scatter-add whose atomics collide
+  on text's frequent bytes (LSTM LM realistic on an H100: the step took 37.6
+  ms on the standard library's source, 17.4 ms on uniform random bytes).
+  Values equal embed(tokens)'s: each output sums one product with 1."""
+  table = embed.embedding[...]
+  dtype = embed.dtype or table.dtype
+  return jnp.dot(jax.nn.one_hot(tokens, table.shape[0], dtype=dtype), table.astype(dtype),
+                 preferred_element_type=jnp.float32).astype(dtype)
+
+
 def adamw_optimizer(model, learning_rate: float) -> nnx.Optimizer:
   """AdamW (weight decay 0.01) after clipping the gradients' global norm to
   1, over the model's parameters: both text models' optimizer."""

@@ -109,14 +109,14 @@ class CharRNN(nnx.Module):
 
   def __call__(self, tokens, seq_lengths=None):
     """tokens [B, T] int -> log-probabilities [B, T, V] float32."""
-    x = self.embed(tokens)
+    x = text_training.embed_bytes(self.embed, tokens)
     for layer in self.layers:
       x = layer(x, seq_lengths=seq_lengths)
     return self.log_softmax(self.head(x).astype(jnp.float32))
 
   def step(self, carries, token):
     """One step through the cells: token [B] -> (carries, log-probs [B, V])."""
-    x = self.embed(token)
+    x = text_training.embed_bytes(self.embed, token)
     new = []
     for layer, carry in zip(self.layers, carries):
       carry, x = layer.cell(carry, x)

@@ -131,7 +131,7 @@ class Transformer(nnx.Module):
 
   def __call__(self, tokens, segment_ids, positions):
     """tokens, segment_ids, positions [B, T] int -> log-probabilities [B, T, V] fp32."""
-    x = self.embed(tokens) + self.pos_embed(positions)
+    x = text_training.embed_bytes(self.embed, tokens) + self.pos_embed(positions)
     for block in self.blocks:
       x = block(x, segment_ids)
     return self.log_softmax(self.head(self.norm(x)).astype(jnp.float32))
