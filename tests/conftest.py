@@ -18,7 +18,7 @@ jax.config.update("jax_num_cpu_devices", 8)
 
 import pytest  # pylint: disable=g-import-not-at-top,wrong-import-position
 
-from helpers import require_kernels
+from helpers import every_nth, require_kernels
 
 
 def _gpu_device():
@@ -54,3 +54,25 @@ def gpu():
   dev = _use_gpu("this test runs our kernels and needs one")
   with jax.default_device(dev):
     yield dev
+
+
+# --every N: of each test function's cases (its parametrizations, in
+# collection order), the first and every N-th after it; the GPU cases
+# (skipped without a GPU) all stay. CI's second pass (jax 0.11, .ci/run)
+# takes --every 3: every function and a third of its shapes and dtypes run
+# under the second jax, where the first pass runs them all.
+
+
+def pytest_addoption(parser):
+  parser.addoption("--every", type=int, default=1, metavar="N",
+                   help="run the first and every N-th case of each test function")
+
+
+def pytest_collection_modifyitems(config, items):
+  every = config.getoption("--every")
+  if every <= 1:
+    return
+  keep, drop = every_nth(items, every)
+  if drop:
+    config.hook.pytest_deselected(items=drop)
+    items[:] = keep

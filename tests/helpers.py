@@ -3,6 +3,7 @@ poisoning, and inspection of the CUDA lowering."""
 
 from __future__ import annotations
 
+import collections
 import contextlib
 
 import jax
@@ -138,3 +139,18 @@ def require_kernels():
   if not jax_dnn.has_cuda_kernels():
     pytest.fail(f"jax_dnn from {jax_dnn.__file__} has no CUDA kernels: install it "
                 "(pip install .) and run the GPU tests from tests/")
+
+
+def every_nth(items, every: int):
+  """(kept, dropped) pytest items for conftest's --every: of each test
+  function's cases, in order, the first and every `every`-th after it; the
+  GPU cases all kept (they skip where no GPU is, and a GPU run wants all)."""
+  seen, keep, drop = collections.Counter(), [], []
+  for item in items:
+    if item.get_closest_marker("gpu") is not None:
+      keep.append(item)
+      continue
+    key = (str(item.path), getattr(item.cls, "__name__", ""), item.originalname)
+    (keep if seen[key] % every == 0 else drop).append(item)
+    seen[key] += 1
+  return keep, drop
