@@ -52,12 +52,16 @@ def _resize_matrix(size: int, source: int = 8) -> np.ndarray:
   return weights
 
 
+def _upscale(xp, images, size: int, channels: int, **einsum_options):
+  """upscale's math in numpy or jax.numpy (xp)."""
+  w = xp.asarray(_resize_matrix(size))
+  big = 2.0 * xp.einsum("ij,njk,lk->nil", w, images, w, **einsum_options) - 1.0
+  return xp.repeat(big[..., None], channels, axis=-1).astype(np.float32)
+
+
 def upscale(images: np.ndarray, size: int, channels: int = 3) -> np.ndarray:
   """[N, 8, 8] in [0, 1] -> [N, size, size, channels] float32 in [-1, 1]."""
-  w = _resize_matrix(size)
-  big = np.einsum("ij,njk,lk->nil", w, images, w, optimize=True)
-  big = 2.0 * big - 1.0
-  return np.repeat(big[..., None], channels, axis=-1).astype(np.float32)
+  return _upscale(np, images, size, channels, optimize=True)
 
 
 def num_examples(split: str = "train") -> int:
@@ -97,11 +101,9 @@ def train_batches(batch: int, size: int, *, seed: int = 0, channels: int = 3):
     yield {"image": upscale(images[idx], size, channels), "label": labels[idx]}
 
 
-@functools.partial(jax.jit, static_argnums=(1, 2))
-def _upscale_on_device(images, size: int, channels: int):
-  w = jnp.asarray(_resize_matrix(size))
-  big = jnp.einsum("ij,njk,lk->nil", w, images, w, precision=jax.lax.Precision.HIGHEST)
-  return jnp.repeat((2.0 * big - 1.0)[..., None], channels, axis=-1)
+_upscale_on_device = jax.jit(
+    functools.partial(_upscale, jnp, precision=jax.lax.Precision.HIGHEST),
+    static_argnums=(1, 2))
 
 
 def device_batches(batch: int, size: int, *, seed: int = 0, channels: int = 3,
@@ -116,5 +118,4 @@ def device_batches(batch: int, size: int, *, seed: int = 0, channels: int = 3,
   for idx in _train_indices(batch, seed):
     small, label = jax.device_put((images[idx], labels[idx]), sharding)
     image = _upscale_on_device(small, size, channels)
-    yield {"image": image if sharding is None else jax.device_put(image, sharding),
-           "label": label}
+    yield {"image": jax.device_put(image, sharding), "label": label}

@@ -8,13 +8,14 @@ and batches.
 from __future__ import annotations
 
 import functools
-import time
 
 from flax import nnx
 import jax
 import jax.numpy as jnp
 import numpy as np
 import optax
+
+import step_loop  # the examples' folder is on sys.path (each example puts it there)
 
 
 def data_mesh(global_batch: int):
@@ -97,38 +98,19 @@ def evaluate(loss_fn, graphdef, state, data, count: int, place=lambda b: b) -> f
 
 
 def train(step, state, data, place, *, steps: int, log_every: int, every=None):
-  """Runs `steps` steps on batches of `data`, printing the loss every
-  `log_every` steps and the step time; `every(i, state)` after each step
-  where given. Returns (state, the mean loss of the last 10 steps).
-
-  One step stays queued behind the one whose loss is read, so the device
-  never waits for the host: the next batch is drawn and placed while the
-  step before runs. The step time is the wall time between the first step's
-  completion (it compiles) and the last's over the steps between, data
-  included: what a run of many steps takes."""
-  losses, done = [], []
-
-  def finish(i, loss):
-    losses.append(float(loss))  # waits for step i
-    done.append(time.perf_counter())
+  """Runs `steps` steps on batches of `data` (step_loop.run_steps: the next
+  batch placed while a step runs), printing the loss every `log_every` steps
+  and the step time (wall time after the first step, which compiles);
+  `every(i, state)` after each step where given. Returns (state, the mean
+  loss of the last 10 steps)."""
+  def report(i, loss, _):
     if i % log_every == 0 or i == steps - 1:
-      print(f"step {i:5d}  loss {losses[-1]:.4f}")
+      print(f"step {i:5d}  loss {loss:.4f}")
 
-  batch, pending = place(next(data)), None
-  for i in range(steps):
-    state, loss = step(state, batch)
-    if every is not None:  # before the next step, which takes over (donates) this state
-      every(i, state)
-    if i + 1 < steps:
-      batch = place(next(data))
-    if pending is not None:
-      finish(*pending)
-    pending = (i, loss)
-  if pending is not None:
-    finish(*pending)
+  state, losses, step_s = step_loop.run_steps(step, state, lambda: place(next(data)), steps,
+                                              report=report, after_step=every)
   if steps > 1:
-    print(f"step time {(done[-1] - done[0]) / (steps - 1) * 1e3:.2f} ms "
-          f"({steps - 1} steps after the first)")
+    print(f"step time {step_s * 1e3:.2f} ms ({steps - 1} steps after the first)")
   last = min(10, len(losses))
   final = float(np.mean(losses[-last:]))
   print(f"final loss (mean of the last {last} steps) {final:.4f}")

@@ -41,7 +41,6 @@ import argparse
 import dataclasses
 import pathlib
 import sys
-import time
 from typing import Any, Callable
 
 from flax import linen
@@ -60,6 +59,7 @@ _HERE = str(pathlib.Path(__file__).resolve().parent)
 if _HERE not in sys.path:
   sys.path.insert(0, _HERE)
 import image_data  # pylint: disable=wrong-import-position
+import step_loop  # pylint: disable=wrong-import-position
 
 # tiny: CPU CI, a step in well under a second; small: a real run on one GPU;
 # realistic: the benchmark's ResNet-50, batch 256, 224^2, ImageNet's 1000-way
@@ -401,36 +401,18 @@ def print_step_time(trainer, batch, steps, step_ms):
 
 
 def train_loop(trainer, data, steps, *, log_every=10, last=10):
-  """Runs `steps` steps, printing the loss; returns (mean loss over the last
-  `last` steps, mean step time in ms excluding the first step's compile).
-
-  One step stays queued behind the one whose loss is read, so the device
-  never waits for the host: the next batch is drawn and placed while the
-  step before runs. A step's time is the wall time between consecutive
-  steps' completions, data included: what a run of many steps takes."""
-  state, losses, done = trainer.state, [], []
-
-  def finish(i, loss):
-    losses.append(float(loss))  # waits for step i
-    done.append(time.perf_counter())
+  """Runs `steps` steps (step_loop.run_steps: the next batch placed while a
+  step runs), printing the loss and the step's wall time; returns (mean loss
+  over the last `last` steps, mean step time in ms after the first, which
+  compiles)."""
+  def report(i, loss, seconds):
     if i % log_every == 0 or i == steps - 1:  # step 0's time includes its compile
-      ms = (done[-1] - (done[-2] if i > 0 else start)) * 1e3
-      print(f"step {i:5d}  loss {losses[-1]:.4f}  ({ms:.1f} ms)", flush=True)
+      print(f"step {i:5d}  loss {loss:.4f}  ({seconds * 1e3:.1f} ms)", flush=True)
 
-  batch, pending = shard_batch(next(data), trainer.mesh), None
-  start = time.perf_counter()
-  for i in range(steps):
-    state, loss = trainer.step(state, batch)
-    if i + 1 < steps:
-      batch = shard_batch(next(data), trainer.mesh)
-    if pending is not None:
-      finish(*pending)
-    pending = (i, loss)
-  if pending is not None:
-    finish(*pending)
-  trainer.state = state
-  step_ms = 1e3 * (done[-1] - done[0]) / (steps - 1) if steps > 1 else float("nan")
-  return float(np.mean(losses[-last:])), step_ms
+  trainer.state, losses, step_s = step_loop.run_steps(
+      trainer.step, trainer.state, lambda: shard_batch(next(data), trainer.mesh), steps,
+      report=report)
+  return float(np.mean(losses[-last:])), step_s * 1e3
 
 
 def add_common_flags(ap, sizes):
