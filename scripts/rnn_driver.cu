@@ -168,9 +168,7 @@ int main(int argc, char** argv) {
   if (variant < 0) variant = plan.variant;
   const jax_dnn::RnnVariant v = jax_dnn::RnnVariantById(variant);
   const jax_dnn::RnnLayout l = jax_dnn::RnnLayoutFor(kind, dt, b, h, v);
-  if (v.units == 0 || l.blocks > device.sm_count ||
-      l.fwd_smem_bytes > jax_dnn::kRnnMaxSmemBytes ||
-      l.bwd_smem_bytes > jax_dnn::kRnnMaxSmemBytes) {
+  if (v.units == 0 || !jax_dnn::RnnLayoutFits(l, device.sm_count)) {
     fprintf(stderr, "rnn_driver: variant %d does not fit this problem\n", variant);
     return 1;
   }

@@ -95,8 +95,7 @@ RnnPlan PlanRnn(RnnKind kind, DType dtype, int64_t seq_len, int64_t batch, int64
   for (int id = 0; id < kRnnVariantCount; ++id) {
     const RnnVariant v = kVariants[id];
     const RnnLayout l = RnnLayoutFor(kind, dtype, batch, hidden, v);
-    if (l.blocks > sms) continue;
-    if (l.fwd_smem_bytes > kRnnMaxSmemBytes || l.bwd_smem_bytes > kRnnMaxSmemBytes) continue;
+    if (!RnnLayoutFits(l, sms)) continue;
     plan.supported = true;
     plan.by_default = batch <= kRnnDefaultMaxBatch;
     plan.variant = id;

@@ -83,6 +83,12 @@ struct RnnLayout {
 };
 RnnLayout RnnLayoutFor(RnnKind kind, DType dtype, int64_t batch, int64_t hidden,
                        RnnVariant variant);
+// Whether a layout runs on a device of `sms` SMs: every block co-resident
+// (one an SM) and both kernels' shared memory within the opt-in limit.
+inline bool RnnLayoutFits(const RnnLayout& l, int64_t sms) {
+  return l.blocks <= sms && l.fwd_smem_bytes <= kRnnMaxSmemBytes &&
+         l.bwd_smem_bytes <= kRnnMaxSmemBytes;
+}
 
 struct RnnPlan {
   bool supported = false;
