@@ -13,7 +13,7 @@
 //     algorithm_ids, repeats) (ffi/conv/conv_benchmark.h: the algorithms
 //     timed on the current device; absent in a CPU-only build).
 //   The recurrence's plan (ffi/rnn/rnn_plan.h): rnn_plan(kind, dtype,
-//     seq_len, batch, hidden, device) -> RnnPlan, and
+//     seq_len, batch, hidden, device, directions=1) -> RnnPlan, and
 //     rnn_variant_workspace_bytes(kind, dtype, batch, hidden, variant).
 #include <nanobind/nanobind.h>
 #include <nanobind/stl/optional.h>
@@ -363,6 +363,7 @@ void DefinePlans(nb::module_& m) {
       .def_ro("streamed", &jax_dnn::RnnPlan::streamed)
       .def_ro("global_state", &jax_dnn::RnnPlan::global_state)
       .def_ro("blocks", &jax_dnn::RnnPlan::blocks)
+      .def_ro("directions", &jax_dnn::RnnPlan::directions)
       .def_ro("fwd_workspace_bytes", &jax_dnn::RnnPlan::fwd_workspace_bytes)
       .def_ro("bwd_workspace_bytes", &jax_dnn::RnnPlan::bwd_workspace_bytes)
       .def_ro("fwd_smem_bytes", &jax_dnn::RnnPlan::fwd_smem_bytes)
@@ -374,13 +375,14 @@ void DefinePlans(nb::module_& m) {
                ", streamed=" + (p.streamed ? "True" : "False") +
                ", global_state=" + (p.global_state ? "True" : "False") +
                ", blocks=" + std::to_string(p.blocks) +
+               ", directions=" + std::to_string(p.directions) +
                ", fwd_workspace_bytes=" + std::to_string(p.fwd_workspace_bytes) +
                ", bwd_workspace_bytes=" + std::to_string(p.bwd_workspace_bytes) + ")";
       });
   m.def(
       "rnn_plan",
       [](const std::string& kind, const std::string& dtype, int64_t seq_len, int64_t batch,
-         int64_t hidden, const DeviceProps& device) {
+         int64_t hidden, const DeviceProps& device, int64_t directions) {
         const jax_dnn::RnnKind k = RnnKindNamed(kind);
         auto t = DTypeNamed(dtype);
         if (!t) {
@@ -388,9 +390,9 @@ void DefinePlans(nb::module_& m) {
           plan.reason = "the kernels take bfloat16, float16 or float32, not " + dtype;
           return plan;
         }
-        return jax_dnn::PlanRnn(k, *t, seq_len, batch, hidden, device);
+        return jax_dnn::PlanRnn(k, *t, seq_len, batch, hidden, device, directions);
       },
-      "kind"_a, "dtype"_a, "seq_len"_a, "batch"_a, "hidden"_a, "device"_a);
+      "kind"_a, "dtype"_a, "seq_len"_a, "batch"_a, "hidden"_a, "device"_a, "directions"_a = 1);
   // (fwd, bwd) workspace bytes of any variant id: lets a check run each
   // variant, not only the one the plan picks.
   m.def(

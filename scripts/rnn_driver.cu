@@ -12,7 +12,8 @@
 //
 // Arguments: KIND (lstm, gru, rnn_tanh, rnn_relu) DTYPE (bf16, f16, f32) T B H,
 // then --ragged (lengths spread over [0, T], one row longer than T, one
-// negative), --reverse, --variant N, --reps N (timed launches; default 1).
+// negative), --reverse, --bidirectional (two directions in one launch),
+// --variant N, --reps N (timed launches; default 1).
 // Exit status 0 only when every launch succeeds and every output is finite.
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
@@ -147,11 +148,13 @@ int main(int argc, char** argv) {
                                                                           : DType::kBF16;
   const int64_t t = atoll(argv[3]), b = atoll(argv[4]), h = atoll(argv[5]);
   bool ragged = false, reverse = false;
+  int64_t d = 1;
   int variant = -1, reps = 1;
   for (int i = 6; i < argc; ++i) {
     const std::string a = argv[i];
     if (a == "--ragged") ragged = true;
     if (a == "--reverse") reverse = true;
+    if (a == "--bidirectional") d = 2;
     if (a == "--variant" && i + 1 < argc) variant = atoi(argv[++i]);
     if (a == "--reps" && i + 1 < argc) reps = std::max(1, atoi(argv[++i]));
   }
@@ -160,7 +163,7 @@ int main(int argc, char** argv) {
   if (!Check(cudaGetDeviceProperties(&prop, 0), "device")) return 1;
   jax_dnn::DeviceProps device;
   device.sm_count = prop.multiProcessorCount;
-  const jax_dnn::RnnPlan plan = jax_dnn::PlanRnn(kind, dt, t, b, h, device);
+  const jax_dnn::RnnPlan plan = jax_dnn::PlanRnn(kind, dt, t, b, h, device, d);
   if (!plan.supported) {
     fprintf(stderr, "rnn_driver: unsupported: %s\n", plan.reason.c_str());
     return 1;
@@ -168,17 +171,19 @@ int main(int argc, char** argv) {
   if (variant < 0) variant = plan.variant;
   const jax_dnn::RnnVariant v = jax_dnn::RnnVariantById(variant);
   const jax_dnn::RnnLayout l = jax_dnn::RnnLayoutFor(kind, dt, b, h, v);
-  if (v.units == 0 || !jax_dnn::RnnLayoutFits(l, device.sm_count)) {
+  if (v.units == 0 || !jax_dnn::RnnLayoutFits(l, device.sm_count, d) || (d == 2 && reverse)) {
     fprintf(stderr, "rnn_driver: variant %d does not fit this problem\n", variant);
     return 1;
   }
 
   const int64_t g = jax_dnn::RnnGates(kind), s = jax_dnn::RnnStateSlots(kind);
+  const int64_t dh = d * h;  // the directions packed along the features (rnn.h)
   const float w_scale = 1.f / std::sqrt(static_cast<float>(h));
-  Buffer gx = Random(t * b * g * h, dt, 1.f), w_hh = Random(g * h * h, dt, w_scale);
-  Buffer b_hh = Random(g * h, dt, 0.1f), h0 = Random(b * h, dt, 0.5f), c0 = Random(b * h, dt, 0.5f);
-  Buffer dy = Random(t * b * h, dt, 0.5f), dh_n = Random(b * h, dt, 0.5f);
-  Buffer dc_n = Random(b * h, dt, 0.5f);
+  Buffer gx = Random(t * b * g * dh, dt, 1.f), w_hh = Random(g * dh * h, dt, w_scale);
+  Buffer b_hh = Random(g * dh, dt, 0.1f), h0 = Random(b * dh, dt, 0.5f);
+  Buffer c0 = Random(b * dh, dt, 0.5f);
+  Buffer dy = Random(t * b * dh, dt, 0.5f), dh_n = Random(b * dh, dt, 0.5f);
+  Buffer dc_n = Random(b * dh, dt, 0.5f);
   std::vector<int32_t> lengths(b, static_cast<int32_t>(t));
   if (ragged) {
     for (int64_t r = 0; r < b; ++r) lengths[r] = static_cast<int32_t>((r * 7919) % (t + 1));
@@ -188,18 +193,19 @@ int main(int argc, char** argv) {
   int32_t* seq_lengths = nullptr;
   cudaMalloc(&seq_lengths, b * 4);
   cudaMemcpy(seq_lengths, lengths.data(), b * 4, cudaMemcpyHostToDevice);
-  Buffer y = Poisoned(t * b * h, dt), h_n = Poisoned(b * h, dt), c_n = Poisoned(b * h, dt);
-  Buffer states = Poisoned(t * b * s * h, DType::kF32);
-  Buffer dgx = Poisoned(t * b * g * h, DType::kF32), dgh_n = Poisoned(t * b * h, DType::kF32);
-  Buffer dh0 = Poisoned(b * h, DType::kF32), dc0 = Poisoned(b * h, DType::kF32);
-  Buffer fwd_ws = Poisoned(l.fwd_workspace_bytes, DType::kBF16);
-  Buffer bwd_ws = Poisoned(l.bwd_workspace_bytes, DType::kBF16);
+  Buffer y = Poisoned(t * b * dh, dt), h_n = Poisoned(b * dh, dt), c_n = Poisoned(b * dh, dt);
+  Buffer states = Poisoned(t * b * s * dh, DType::kF32);
+  Buffer dgx = Poisoned(t * b * g * dh, DType::kF32), dgh_n = Poisoned(t * b * dh, DType::kF32);
+  Buffer dh0 = Poisoned(b * dh, DType::kF32), dc0 = Poisoned(b * dh, DType::kF32);
+  Buffer fwd_ws = Poisoned(d * l.fwd_workspace_bytes, DType::kBF16);
+  Buffer bwd_ws = Poisoned(d * l.bwd_workspace_bytes, DType::kBF16);
 
   jax_dnn::RnnFwdParams p{};
   p.dtype = dt;
   p.kind = kind;
   p.reverse = reverse;
   p.variant = variant;
+  p.directions = static_cast<int>(d);
   p.seq_len = t;
   p.batch = b;
   p.hidden = h;
@@ -219,6 +225,7 @@ int main(int argc, char** argv) {
   q.kind = kind;
   q.reverse = reverse;
   q.variant = variant;
+  q.directions = static_cast<int>(d);
   q.seq_len = t;
   q.batch = b;
   q.hidden = h;
@@ -264,12 +271,12 @@ int main(int argc, char** argv) {
             Finite(dgx, "dgx") && Finite(dh0, "dh0");
   if (kind == RnnKind::kLstm) ok = ok && Finite(c_n, "c_n") && Finite(dc0, "dc0");
   if (kind == RnnKind::kGru) ok = ok && Finite(dgh_n, "dgh_n");
-  printf("rnn_driver %s %s T=%lld B=%lld H=%lld%s%s variant %d (U=%d%s%s, %lld blocks): "
+  printf("rnn_driver %s %s T=%lld B=%lld H=%lld%s%s%s variant %d (U=%d%s%s, %lld blocks): "
          "fwd %.3f ms (%.2f us/step), bwd %.3f ms (%.2f us/step), outputs %s\n",
          kind_name.c_str(), dtype_name.c_str(), static_cast<long long>(t),
          static_cast<long long>(b), static_cast<long long>(h), ragged ? " ragged" : "",
-         reverse ? " reverse" : "", variant, v.units, v.streamed ? ", streamed" : "",
-         v.global_state ? ", state in workspace" : "", static_cast<long long>(l.blocks), fwd_ms,
+         reverse ? " reverse" : "", d == 2 ? " bidirectional" : "", variant, v.units, v.streamed ? ", streamed" : "",
+         v.global_state ? ", state in workspace" : "", static_cast<long long>(d * l.blocks), fwd_ms,
          fwd_ms * 1e3 / t, bwd_ms, bwd_ms * 1e3 / t, ok ? "finite" : "NOT FINITE");
   return ok ? 0 : 1;
 }

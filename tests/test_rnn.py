@@ -327,6 +327,55 @@ def test_primitive_reference_against_a_loop(kind, reverse):
   assert np.all(np.asarray(dgx)[:, 1] == 0)  # length 0: no gradient
 
 
+def _packed_against_split(kind, dtype, steps, batch, hidden, lens, key):
+  """The recurrence over two packed directions and one recurrence a
+  direction (the second reversed): outputs, and the gradients of every
+  input under random cotangents, as (packed, split) pairs."""
+  g = rnn_lib.GATES[kind] * hidden
+  lstm = kind == rnn_lib.LSTM
+  gx = randn(key, (steps, batch, 2 * g), dtype)
+  w_hh = randn(key + 1, (2 * g, hidden), dtype, scale=1 / np.sqrt(hidden))
+  b_hh = randn(key + 2, (2 * g,), dtype, scale=0.3)
+  h0 = randn(key + 3, (batch, 2 * hidden), dtype, scale=0.5)
+  c0 = randn(key + 4, (batch, 2 * hidden), dtype, scale=0.5) if lstm else jnp.zeros((0,), dtype)
+  cts = [randn(key + 5 + i, s, dtype) for i, s in enumerate(
+      [(steps, batch, 2 * hidden), (batch, 2 * hidden), (batch, 2 * hidden) if lstm else (0,)])]
+
+  def packed(*a):
+    return rnn_lib.recurrence(*a, lens, kind=kind, reverse=False)
+
+  def split(gx, w_hh, b_hh, h0, c0):
+    half = lambda a, d: a if a.shape == (0,) else jnp.split(a, 2, axis=-1)[d]
+    outs = [rnn_lib.recurrence(half(gx, d), jnp.split(w_hh, 2)[d], half(b_hh, d), half(h0, d),
+                               half(c0, d), lens, kind=kind, reverse=bool(d)) for d in range(2)]
+    return tuple(a if a.shape == (0,) else jnp.concatenate([a, b], -1) for a, b in zip(*outs))
+
+  results = []
+  for fn in (packed, split):
+    run = jax.jit(lambda *a, fn=fn: (fn(*a), jax.vjp(fn, *a)[1](tuple(cts))))
+    outs, grads = run(gx, w_hh, b_hh, h0, c0)
+    results.append(tuple(outs) + tuple(grads))
+  return zip(*results)
+
+
+@pytest.mark.parametrize("kind", ["lstm", "gru", "rnn_tanh", "rnn_relu"])
+def test_packed_directions_match_one_recurrence_each(kind):
+  """A bidirectional layer's two directions packed in one recurrence give
+  what one recurrence a direction gives: outputs and the gradients of gx,
+  w_hh, b_hh, h0 and c0, with lengths 0, 1, T and beyond T."""
+  lens = jnp.asarray([6, 0, 1, 9, 4], jnp.int32)
+  for a, b in _packed_against_split(KINDS[kind], jnp.float32, 6, 5, 3, lens, key=40):
+    np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
+
+
+def test_packed_directions_reverse_raises():
+  g = 4 * 3
+  with pytest.raises(ValueError, match="reverse must be False with two directions"):
+    rnn_lib.recurrence(jnp.ones((2, 1, 2 * g)), jnp.ones((2 * g, 3)), jnp.ones((2 * g,)),
+                       jnp.ones((1, 6)), jnp.ones((1, 6)), jnp.ones((1,), jnp.int32),
+                       kind=rnn_lib.LSTM, reverse=True)
+
+
 def test_primitive_rounds_h_to_the_input_dtype_before_the_matmul():
   """bf16: W_hh multiplies y_{t-1} (h rounded to bf16), not the fp32 h."""
   kind = rnn_lib.RNN_TANH
@@ -523,24 +572,47 @@ def fake_kernels(monkeypatch):
                       lambda t: t.startswith("jax_dnn_rnn") or real(t))
   calls = []
 
-  def rnn_plan(kind, dtype, seq_len, batch, hidden, device=None):
-    calls.append((kind, dtype, seq_len, batch, hidden, device))
+  def rnn_plan(kind, dtype, seq_len, batch, hidden, device=None, directions=1):
+    calls.append((kind, dtype, seq_len, batch, hidden, device, directions))
     return _FakePlan()
 
   monkeypatch.setattr(plans, "rnn_plan", rnn_plan, raising=False)
   return calls
 
 
-def test_cuda_lowering_calls_the_kernels(fake_kernels):
+def _bidirectional_lstm_grad_hlo():
   x, h_0, c_0, w = _problem("lstm", 2, 5, 3, 4, 1, True, dtype=jnp.bfloat16)
   lens = jnp.asarray([5, 2], jnp.int32)
   fn = lambda x, h, c, w: jax.grad(lambda *a: _sum_squares(
       jax_dnn.lstm(*a, lens, 3, 4, 1, 0.0, True)), argnums=(0, 1, 2, 3))(x, h, c, w)
-  text = cuda_hlo(fn, x, h_0, c_0, w)
-  assert text.count("@jax_dnn_rnn_fwd") == 2 and text.count("@jax_dnn_rnn_bwd") == 2
+  return cuda_hlo(fn, x, h_0, c_0, w)
+
+
+def test_cuda_lowering_calls_the_kernels(fake_kernels):
+  """A bidirectional layer whose plan fits both directions: one launch
+  each way, w_hh [2 G H, H], the reverse direction implied."""
+  text = _bidirectional_lstm_grad_hlo()
+  assert text.count("@jax_dnn_rnn_fwd") == 1 and text.count("@jax_dnn_rnn_bwd") == 1
   assert "tensor<1234xui8>" in text and "tensor<5678xui8>" in text
-  assert "variant = 3" in text and "reverse = 1" in text and "kind = 0" in text
-  assert ("lstm", "bfloat16", 5, 2, 4, None) in fake_kernels
+  assert "variant = 3" in text and "reverse = 0" in text and "kind = 0" in text
+  assert "tensor<32x4xbf16>" in text and "reverse = 1" not in text
+  assert ("lstm", "bfloat16", 5, 2, 4, None, 2) in fake_kernels
+
+
+def test_cuda_lowering_of_directions_the_plan_does_not_fit_together(monkeypatch, fake_kernels):
+  """Where the plan declines two directions side by side, one launch a
+  direction, the second reversed."""
+
+  class OneOnly(_FakePlan):
+    supported, reason = False, "too wide"
+
+  real = plans.rnn_plan
+  monkeypatch.setattr(plans, "rnn_plan", lambda *a, directions=1, **k: (
+      OneOnly() if directions == 2 else real(*a, directions=directions, **k)))
+  text = _bidirectional_lstm_grad_hlo()
+  assert text.count("@jax_dnn_rnn_fwd") == 2 and text.count("@jax_dnn_rnn_bwd") == 2
+  assert "reverse = 1" in text and "tensor<32x4xbf16>" not in text
+  assert ("lstm", "bfloat16", 5, 2, 4, None, 1) in fake_kernels
 
 
 def test_cuda_lowering_of_gru_under_vmap(fake_kernels):
@@ -550,7 +622,7 @@ def test_cuda_lowering_of_gru_under_vmap(fake_kernels):
                                       False)[0])
   text = cuda_hlo(fn, jnp.stack([x, x, x]))
   assert text.count("@jax_dnn_rnn_fwd") == 1
-  assert ("gru", "float32", 5, 6, 4, None) in fake_kernels
+  assert ("gru", "float32", 5, 6, 4, None, 1) in fake_kernels
 
 
 def test_cuda_lowering_of_exact_fp32_runs_the_reference(fake_kernels):
@@ -825,3 +897,23 @@ def test_kernel_nn_rnn_matches_flax(gpu):
     rows = np.asarray(lens) > 0
     for a, b in zip(jax.tree.leaves(_rows(c1, rows)), jax.tree.leaves(_rows(c2, rows))):
       np.testing.assert_allclose(a, b, rtol=1e-2, atol=1e-2)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("kind", ["lstm", "gru"])
+def test_kernel_packed_directions_match_one_launch_each(gpu, kind):
+  """Two directions in one launch (rnn_plan's directions=2, U = 16 at H =
+  768) against one launch a direction (U = 8), bf16, ragged: the two differ
+  only in the fp32 sums' order (each block starts its K slices elsewhere),
+  so they agree to a few bf16 roundings after 64 steps."""
+  del gpu
+  steps, batch, hidden = 64, 16, 768
+  plan = rnn_lib.plan_for(KINDS[kind], jnp.bfloat16, steps, batch, hidden, directions=2)
+  assert plan.supported and plan.directions == 2 and plan.units == 16
+  lens = jnp.asarray([64, 0, 1, 63, 30, 64, 2, 17] * 2, jnp.int32)
+  for a, b in _packed_against_split(KINDS[kind], jnp.bfloat16, steps, batch, hidden, lens,
+                                    key=95):
+    a, b = np.asarray(a, np.float32), np.asarray(b, np.float32)
+    assert np.all(np.isfinite(a))
+    scale = np.max(np.abs(b)) + 1e-6
+    assert np.max(np.abs(a - b)) <= 3e-2 * scale, (np.max(np.abs(a - b)), scale)

@@ -161,3 +161,31 @@ def test_current_device_default():
 @pytest.mark.skipif(not extension.has_cuda_kernels(), reason="no CUDA kernels in this build")
 def test_targets_registered():
   assert {"jax_dnn_rnn_fwd", "jax_dnn_rnn_bwd"} <= set(extension.registered_targets())
+
+
+@pytest.mark.parametrize("kind, dtype, h, units, blocks", [
+    # One direction takes U = 8 (96 blocks); two need 2 x 48 blocks of 16.
+    ("lstm", "bfloat16", 768, 16, 48),
+    ("lstm", "bfloat16", 1024, 16, 64),
+    ("gru", "float32", 24, 8, 3),
+])
+def test_two_directions(kind, dtype, h, units, blocks):
+  """Both directions of a bidirectional layer side by side: 2 x blocks <= the
+  SMs, the smallest U that fits, a workspace slice a direction."""
+  two = plans.rnn_plan(kind, dtype, 10, 16, h, plans.device_props(sm_count=132), directions=2)
+  assert two.supported and two.directions == 2, two.reason
+  assert (two.units, two.blocks) == (units, blocks)
+  one = plans.rnn_variant_workspace_bytes(kind, dtype, 16, h, two.variant)
+  assert (two.fwd_workspace_bytes, two.bwd_workspace_bytes) == (2 * one[0], 2 * one[1])
+  assert _plan(kind, dtype, 10, 16, h).directions == 1
+
+
+def test_two_directions_decline():
+  """H = 4224 fits one direction (132 blocks of 32), not two; three
+  directions are no layer's."""
+  device = plans.device_props(sm_count=132)
+  assert _plan("rnn_tanh", "bfloat16", 4, 4, 4224).supported
+  two = plans.rnn_plan("rnn_tanh", "bfloat16", 4, 4, 4224, device, directions=2)
+  assert not two.supported and "in two directions" in two.reason, two.reason
+  three = plans.rnn_plan("lstm", "bfloat16", 4, 4, 64, device, directions=3)
+  assert not three.supported and "directions must be 1 or 2" in three.reason

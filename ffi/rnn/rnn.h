@@ -1,7 +1,8 @@
-// One single-layer, single-direction recurrence (LSTM, GRU, tanh / relu RNN)
-// over a whole sequence, as persistent kernels: one cooperative launch, one
-// grid barrier a step (rnn_fwd.cu, rnn_bwd.cu). Python does the rest (input
-// projection gx = x W_ih^T + b_ih, layers, directions, weight gradients).
+// One single-layer recurrence (LSTM, GRU, tanh / relu RNN), one direction
+// or a bidirectional layer's two, over a whole sequence, as persistent
+// kernels: one cooperative launch, one grid barrier a step (rnn_fwd.cu,
+// rnn_bwd.cu). Python does the rest (input projection gx = x W_ih^T + b_ih,
+// layers, weight gradients).
 //
 // Letters: T steps, B batch rows, H hidden units, G gates (LSTM 4: i, f, g,
 // o; GRU 3: r, z, n; RNN 1), S state slots (LSTM and GRU 5, RNN 1).
@@ -21,6 +22,14 @@
 //
 // states [T, B, S, H] fp32, the forward's residuals: LSTM (i, f, g, o, c_t);
 // GRU (r, u, n, hh_n, h_t); RNN (h_t).
+//
+// Directions D (1, or 2: a bidirectional layer, direction 0 forward and 1
+// reverse, `reverse` false) run side by side in one launch, packed along the
+// features as the layer's input projection and output have them: gx and
+// dgx [T, B, D, G * H], w_hh [D, G * H, H], b_hh [D, G * H], every [B, H]
+// or [T, B, H] tensor [.., D, H], states [T, B, S, D, H]; the shapes below
+// are D = 1's. Direction d runs on blocks [d nb, (d + 1) nb) with slice d of
+// the workspace (nb = RnnLayout::blocks, the workspace D times the layout's).
 #pragma once
 
 #include <cuda_runtime.h>
@@ -37,6 +46,7 @@ struct RnnFwdParams {
   RnnKind kind;
   bool reverse;
   int variant;  // RnnVariantById
+  int directions;
   int64_t seq_len, batch, hidden;
   const void* gx;               // [T, B, G * H]
   const void* w_hh;             // [G * H, H]
@@ -56,6 +66,7 @@ struct RnnBwdParams {
   RnnKind kind;
   bool reverse;
   int variant;
+  int directions;
   int64_t seq_len, batch, hidden;
   const void* dy;               // [T, B, H]
   const void* dh_n;             // [B, H]

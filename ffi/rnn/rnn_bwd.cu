@@ -45,26 +45,37 @@ struct BwdCellIn {
   float prev;
 };
 
+// A direction's slices of the inputs the cell's backward reads (rnn.h's
+// packed layout: rows of pitch DH = D H).
+template <typename T>
+struct BwdInputs {
+  const T* dy;         // [T, B, DH]
+  const float* states; // [T, B, S, DH]
+  const T* init;       // c0 (LSTM) or h0 (GRU) [B, DH]
+  int64_t dh;          // DH
+  bool reverse;
+};
+
 // Loads BwdCellIn where the row is active at s and the unit below H (the
 // caller skips the others before using it).
 template <typename T, int G>
-__device__ __forceinline__ void LoadBwdCellIn(const RnnBwdParams& p, const rnn::Lengths& lens, int64_t b,
-                                              int64_t unit, int64_t s, BwdCellIn<G>& in) {
+__device__ __forceinline__ void LoadBwdCellIn(const BwdInputs<T>& x, const RnnBwdParams& p,
+                                              const rnn::Lengths& lens, int64_t b, int64_t unit,
+                                              int64_t s, BwdCellIn<G>& in) {
   constexpr int S = G == 1 ? 1 : 5;
-  const int64_t B = p.batch, H = p.hidden;
+  const int64_t B = p.batch, H = p.hidden, DH = x.dh;
   const int64_t len = lens[b];
   if (s < 0 || s >= len || unit >= H) return;
-  const int64_t t = StepTime(s, len, p.reverse);
-  in.dy = rnn::LoadNc(static_cast<const T*>(p.dy) + (t * B + b) * H + unit);
-  const float* st = p.states + (t * B + b) * S * H + unit;
+  const int64_t t = StepTime(s, len, x.reverse);
+  in.dy = rnn::LoadNc(x.dy + (t * B + b) * DH + unit);
+  const float* st = x.states + (t * B + b) * S * DH + unit;
 #pragma unroll
-  for (int k = 0; k < S; ++k) in.st[k] = rnn::LoadNc(st + k * H);
+  for (int k = 0; k < S; ++k) in.st[k] = rnn::LoadNc(st + k * DH);
   if constexpr (G != 1) {
-    const bool first = p.reverse ? t == len - 1 : t == 0;
-    const int64_t tprev = p.reverse ? t + 1 : t - 1;
-    const T* init = static_cast<const T*>(G == 4 ? p.c0 : p.h0);
-    in.prev = first ? rnn::LoadNc(init + b * H + unit)
-                    : rnn::LoadNc(p.states + ((tprev * B + b) * S + 4) * H + unit);
+    const bool first = x.reverse ? t == len - 1 : t == 0;
+    const int64_t tprev = x.reverse ? t + 1 : t - 1;
+    in.prev = first ? rnn::LoadNc(x.init + b * DH + unit)
+                    : rnn::LoadNc(x.states + ((tprev * B + b) * S + 4) * DH + unit);
   }
 }
 
@@ -77,24 +88,35 @@ __global__ void __launch_bounds__(kRnnThreads, 1)
   cg::grid_group grid = cg::this_grid();
   const int tid = threadIdx.x;
   const int64_t T_ = p.seq_len, B = p.batch, H = p.hidden, GH = G * H;
-  const int64_t unit0 = int64_t{blockIdx.x} * U;
+  const rnn::Direction dir = rnn::ThisDirection(l, p.reverse);
+  // Row pitches of the packed tensors (rnn.h): [.., D, H] and [.., D, G H].
+  const int64_t DH = p.directions * H, DGH = p.directions * GH;
+  const int64_t unit0 = dir.block * U;
   const int64_t ex_size = l.bp * l.ghp;
-  T* ex = static_cast<T*>(p.workspace);  // [2, Bp, GHp]
+  unsigned char* ws = static_cast<unsigned char*>(p.workspace) + dir.d * l.bwd_workspace_bytes;
+  T* ex = reinterpret_cast<T*>(ws);  // [2, Bp, GHp]
   T* w = v.streamed  // [U, bwd_pitch]
-             ? reinterpret_cast<T*>(static_cast<unsigned char*>(p.workspace) +
-                                    l.bwd_weights_offset) +
-                   int64_t{blockIdx.x} * U * l.bwd_pitch
+             ? reinterpret_cast<T*>(ws + l.bwd_weights_offset) + dir.block * U * l.bwd_pitch
              : reinterpret_cast<T*>(smem);
   float* red = reinterpret_cast<float*>(smem + l.bwd_red_offset);
   rnn::Lengths lens{nullptr, p.seq_lengths, T_};
   float* dh =  // [Bp, U]
-      v.global_state ? reinterpret_cast<float*>(static_cast<unsigned char*>(p.workspace) +
-                                                l.bwd_state_ws_offset) +
-                           int64_t{blockIdx.x} * 2 * l.bp * U
+      v.global_state ? reinterpret_cast<float*>(ws + l.bwd_state_ws_offset) + dir.block * 2 * l.bp * U
                      : reinterpret_cast<float*>(smem + l.bwd_state_offset);
   float* aux = dh + l.bp * U;  // [Bp, U]: dc (LSTM), u * dh (GRU)
-  const T* w_hh = static_cast<const T*>(p.w_hh);
-  const T* dy = static_cast<const T*>(p.dy);
+  // The direction's slices.
+  const T* w_hh = static_cast<const T*>(p.w_hh) + dir.d * GH * H;
+  const T* dy = static_cast<const T*>(p.dy) + dir.d * H;
+  const float* states = p.states + dir.d * H;
+  const BwdInputs<T> cell_in{dy, states,
+                             static_cast<const T*>(G == 4 ? p.c0 : p.h0) + dir.d * H, DH,
+                             dir.reverse};
+  const T* dh_n = static_cast<const T*>(p.dh_n) + dir.d * H;
+  const T* dc_n = static_cast<const T*>(p.dc_n) + dir.d * H;
+  float* dgx_out = p.dgx + dir.d * GH;
+  float* dgh_n = p.dgh_n + dir.d * H;
+  float* dh0 = p.dh0 + dir.d * H;
+  float* dc0 = p.dc0 + dir.d * H;
   const bool relu = p.kind == RnnKind::kRnnRelu;
 
   lens.Load(B, v.global_state ? nullptr : reinterpret_cast<int*>(smem + l.bwd_lens_offset));
@@ -108,8 +130,8 @@ __global__ void __launch_bounds__(kRnnThreads, 1)
   for (int64_t i = tid; i < l.bp * U; i += kRnnThreads) {
     const int64_t b = i / U, unit = unit0 + i % U;
     const bool live = b < B && unit < H;
-    dh[i] = live ? ToFloat(static_cast<const T*>(p.dh_n)[b * H + unit]) : 0.f;
-    aux[i] = live && G == 4 ? ToFloat(static_cast<const T*>(p.dc_n)[b * H + unit]) : 0.f;
+    dh[i] = live ? ToFloat(dh_n[b * DH + unit]) : 0.f;
+    aux[i] = live && G == 4 ? ToFloat(dc_n[b * DH + unit]) : 0.f;
     if (b >= B && unit < H) {
       for (int g = 0; g < G; ++g) {
         ex[b * l.ghp + g * H + unit] = FromFloat<T>(0.f);
@@ -117,14 +139,13 @@ __global__ void __launch_bounds__(kRnnThreads, 1)
       }
     }
   }
-  if (blockIdx.x == 0) {
+  if (dir.block == 0) {
     const int64_t pad = l.ghp - GH;
     for (int64_t i = tid; i < 2 * l.bp * pad; i += kRnnThreads)
       ex[i / pad * l.ghp + GH + i % pad] = FromFloat<T>(0.f);
   }
-  unsigned long long* arrived = reinterpret_cast<unsigned long long*>(
-      static_cast<unsigned char*>(p.workspace) + l.bwd_barrier_offset);
-  if (blockIdx.x == 0 && tid == 0) *arrived = 0;
+  unsigned long long* arrived = reinterpret_cast<unsigned long long*>(ws + l.bwd_barrier_offset);
+  if (dir.block == 0 && tid == 0) *arrived = 0;
   grid.sync();  // also orders the streamed variant's global weight copy
 
   // dy and the states rows of processing step s into L2 (two steps ahead).
@@ -133,11 +154,11 @@ __global__ void __launch_bounds__(kRnnThreads, 1)
     for (int64_t i = tid; i < B * (S + 1); i += kRnnThreads) {
       const int64_t b = i / (S + 1), k = i % (S + 1), len = lens[b];
       if (s >= len) continue;
-      const int64_t t1 = StepTime(s, len, p.reverse);
+      const int64_t t1 = StepTime(s, len, dir.reverse);
       if (k == S)
-        rnn::PrefetchL2(dy + (t1 * B + b) * H + unit0);
+        rnn::PrefetchL2(dy + (t1 * B + b) * DH + unit0);
       else
-        rnn::PrefetchL2(p.states + ((t1 * B + b) * S + k) * H + unit0);
+        rnn::PrefetchL2(states + ((t1 * B + b) * S + k) * DH + unit0);
     }
   };
   // The cell inputs of the thread's first (row, unit) of the next step,
@@ -145,7 +166,7 @@ __global__ void __launch_bounds__(kRnnThreads, 1)
   // further pairs load in the cell loop.
   const bool has_first = tid < B * U;
   BwdCellIn<G> in_first;
-  if (has_first) LoadBwdCellIn<T, G>(p, lens, tid / U, unit0 + tid % U, T_ - 1, in_first);
+  if (has_first) LoadBwdCellIn<T, G>(cell_in, p, lens, tid / U, unit0 + tid % U, T_ - 1, in_first);
   prefetch(T_ - 2);
   // dgx (and the GRU's dgh_n) of the thread's first (row, unit), stored
   // after the block's arrival at the step's barrier.
@@ -164,22 +185,22 @@ __global__ void __launch_bounds__(kRnnThreads, 1)
       if (unit >= H) continue;
       const int64_t len = lens[b];
       if (s >= len) {  // padded step: no gradient, nothing to pass back
-        float* dgx = p.dgx + (s * B + b) * GH + unit;
+        float* dgx = dgx_out + (s * B + b) * DGH + unit;
 #pragma unroll
         for (int g = 0; g < G; ++g) {
           dgx[g * H] = 0.f;
           buf[b * l.ghp + g * H + unit] = FromFloat<T>(0.f);
         }
-        if (G == 3) p.dgh_n[(s * B + b) * H + unit] = 0.f;
+        if (G == 3) dgh_n[(s * B + b) * DH + unit] = 0.f;
         if (i == tid) dgx_late = nullptr;
         continue;
       }
-      const int64_t t = StepTime(s, len, p.reverse);
+      const int64_t t = StepTime(s, len, dir.reverse);
       BwdCellIn<G> in;
       if (i == tid)
         in = in_first;
       else
-        LoadBwdCellIn<T, G>(p, lens, b, unit, s, in);
+        LoadBwdCellIn<T, G>(cell_in, p, lens, b, unit, s, in);
       const float* st = in.st;
       const float d = dh[i] + in.dy;
       float dz[G], dgh[G];
@@ -213,17 +234,17 @@ __global__ void __launch_bounds__(kRnnThreads, 1)
       }
 #pragma unroll
       for (int g = 0; g < G; ++g) buf[b * l.ghp + g * H + unit] = FromFloat<T>(dgh[g]);
-      float* dgx = p.dgx + (t * B + b) * GH + unit;
+      float* dgx = dgx_out + (t * B + b) * DGH + unit;
       if (i == tid) {  // stored after the arrival
         dgx_late = dgx;
 #pragma unroll
         for (int g = 0; g < G; ++g) dgx_late_v[g] = dz[g];
         dghn_late_v = dgh[G - 1];
-        dghn_late_i = (t * B + b) * H + unit;
+        dghn_late_i = (t * B + b) * DH + unit;
       } else {
 #pragma unroll
         for (int g = 0; g < G; ++g) dgx[g * H] = dz[g];
-        if (G == 3) p.dgh_n[(t * B + b) * H + unit] = dgh[2];
+        if (G == 3) dgh_n[(t * B + b) * DH + unit] = dgh[2];
       }
     }
     __syncthreads();
@@ -231,13 +252,13 @@ __global__ void __launch_bounds__(kRnnThreads, 1)
     if (dgx_late != nullptr) {
 #pragma unroll
       for (int g = 0; g < G; ++g) dgx_late[g * H] = dgx_late_v[g];
-      if (G == 3) p.dgh_n[dghn_late_i] = dghn_late_v;
+      if (G == 3) dgh_n[dghn_late_i] = dghn_late_v;
       dgx_late = nullptr;
     }
     prefetch(s - 2);
     if (has_first && s > 0)
-      LoadBwdCellIn<T, G>(p, lens, tid / U, unit0 + tid % U, s - 1, in_first);
-    rnn::GridWait(arrived, static_cast<unsigned long long>(sp + 1) * gridDim.x);
+      LoadBwdCellIn<T, G>(cell_in, p, lens, tid / U, unit0 + tid % U, s - 1, in_first);
+    rnn::GridWait(arrived, static_cast<unsigned long long>(sp + 1) * l.blocks);
 
     // 2. dh_{t-1} = dgh_t W_hh[:, units] for the rows active at this step.
     for (int64_t m0 = 0; m0 < l.bp; m0 += kRnnChunkRows) {
@@ -261,8 +282,8 @@ __global__ void __launch_bounds__(kRnnThreads, 1)
   for (int64_t i = tid; i < B * U; i += kRnnThreads) {
     const int64_t b = i / U, unit = unit0 + i % U;
     if (unit >= H) continue;
-    p.dh0[b * H + unit] = dh[i];
-    if (G == 4) p.dc0[b * H + unit] = aux[i];
+    dh0[b * DH + unit] = dh[i];
+    if (G == 4) dc0[b * DH + unit] = aux[i];
   }
 }
 

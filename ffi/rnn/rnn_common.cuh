@@ -231,6 +231,20 @@ struct Lengths {
   }
 };
 
+// A block's direction in a launch over `directions` (rnn.h): blocks
+// [d nb, (d + 1) nb) run direction d (nb = l.blocks), direction 1 in
+// reverse; `block` is the block's index within its direction, which owns
+// hidden units [block U, (block + 1) U).
+struct Direction {
+  int d;
+  int64_t block;
+  bool reverse;
+};
+__device__ __forceinline__ Direction ThisDirection(const RnnLayout& l, bool reverse) {
+  const int d = static_cast<int>(blockIdx.x / l.blocks);
+  return {d, int64_t{blockIdx.x} - d * l.blocks, reverse || d == 1};
+}
+
 // The time index row b visits at processing step s (s < len).
 __device__ __forceinline__ int64_t StepTime(int64_t s, int64_t len, bool reverse) {
   return reverse ? len - 1 - s : s;
@@ -259,7 +273,9 @@ __device__ __forceinline__ float LoadNc(const T* p) {
 // release); GridArrive publishes them and counts the block in with one
 // release reduction (as CUTLASS's generic barrier: no separate fence, no
 // returned value; timed equal to fence + atomicAdd, outputs bit-identical);
-// GridWait returns once every block has arrived `target` times in all. Between the two a block
+// GridWait returns once every block of the direction has arrived `target`
+// times in all (each direction counts on its own counter, in its slice of
+// the workspace, so two directions never wait on each other). Between the two a block
 // does what depends on no other block: the stores of its own outputs of the
 // step and the next step's input loads, which cg::grid_group::sync() would
 // put in series with the barrier's fence and polling (LSTM B = 16, H = 768
@@ -282,8 +298,8 @@ __device__ __forceinline__ void GridWait(const unsigned long long* counter,
   __syncthreads();
 }
 
-// One cooperative launch of KernelOf<T, G, U>::Get() (all blocks
-// co-resident: the plan keeps them <= SMs, else
+// One cooperative launch of KernelOf<T, G, U>::Get() over p.directions x
+// l.blocks blocks (all co-resident: the plan keeps them <= SMs, else
 // cudaErrorCooperativeLaunchTooLarge rather than a hang), dispatched over
 // the dtype, the gates of p.kind and the variant's units a block. The
 // kernels take (Params, RnnLayout, RnnVariant) by value.
@@ -296,7 +312,8 @@ cudaError_t LaunchCooperative(const Params& p, const RnnLayout& l, RnnVariant v,
     if (e != cudaSuccess) return e;
     void* args[] = {const_cast<Params*>(&p), const_cast<RnnLayout*>(&l), &v};
     e = cudaLaunchCooperativeKernel(reinterpret_cast<void*>(kernel),
-                                    dim3(static_cast<unsigned>(l.blocks)), dim3(kRnnThreads),
+                                    dim3(static_cast<unsigned>(l.blocks * p.directions)),
+                                    dim3(kRnnThreads),
                                     args, static_cast<size_t>(smem_bytes), stream);
     return e != cudaSuccess ? e : cudaGetLastError();
   };

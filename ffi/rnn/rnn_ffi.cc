@@ -1,5 +1,6 @@
 // XLA FFI handlers for the recurrence (rnn.h): decode -> validate -> launch.
-// Letters as in rnn.h; D the input dtype.
+// Letters as in rnn.h, D the directions (w_hh [D G H, H] gives them); the
+// float operands have w_hh's dtype.
 #include <string>
 
 #include "ffi/common/ffi_util.h"
@@ -25,11 +26,12 @@ bool CountIs(const Buf& b, int64_t n) {
 struct Problem {
   RnnKind kind;
   DType dtype;
-  int64_t t, b, h;
-  RnnLayout layout;
+  int64_t t, b, h, d;
+  RnnLayout layout;  // a direction's
 };
 
-// kind, reverse, variant; w_hh [G H, H] gives H; the layout of the variant.
+// kind, reverse, variant; w_hh [D G H, H] gives H and D; the layout of the
+// variant.
 ffi::Error CheckProblem(const std::string& op, const ffi::AnyBuffer& w_hh, int64_t t, int64_t b,
                         int64_t kind, int64_t reverse, int64_t variant, Problem* pr) {
   if (kind < 0 || kind > 3)
@@ -41,11 +43,15 @@ ffi::Error CheckProblem(const std::string& op, const ffi::AnyBuffer& w_hh, int64
   pr->dtype = *dtype;
   const int64_t g = RnnGates(pr->kind);
   auto wd = w_hh.dimensions();
-  if (wd.size() != 2 || wd[1] < 1 || wd[0] != g * wd[1])
-    return InvalidArgument(op + ": w_hh must be [G * H, H] (G = " + std::to_string(g) + ")");
+  if (wd.size() != 2 || wd[1] < 1 || (wd[0] != g * wd[1] && wd[0] != 2 * g * wd[1]))
+    return InvalidArgument(op + ": w_hh must be [D * G * H, H] (G = " + std::to_string(g) +
+                           ", D = 1 or 2 directions)");
   pr->t = t;
   pr->b = b;
   pr->h = wd[1];
+  pr->d = wd[0] / (g * wd[1]);
+  if (pr->d == 2 && reverse != 0)
+    return InvalidArgument(op + ": reverse must be 0 with two directions (the second runs reversed)");
   if (t < 1 || b < 1) return InvalidArgument(op + ": seq_len and batch must be positive");
   const RnnVariant v = RnnVariantById(static_cast<int>(variant));
   if (variant < 0 || v.units == 0)
@@ -68,10 +74,10 @@ ffi::Error CheckD(const std::string& op, const char* name, const ffi::AnyBuffer&
   return ffi::Error::Success();
 }
 
-// c0 / c_n / dc_n: [B, H] of D for the LSTM, empty otherwise.
+// c0 / c_n / dc_n: [B, D * H] for the LSTM, empty otherwise.
 ffi::Error CheckCell(const std::string& op, const char* name, const ffi::AnyBuffer& x,
                      const Problem& pr) {
-  if (pr.kind == RnnKind::kLstm) return CheckD(op, name, x, pr, {pr.b, pr.h});
+  if (pr.kind == RnnKind::kLstm) return CheckD(op, name, x, pr, {pr.b, pr.d * pr.h});
   if (x.element_count() != 0)
     return InvalidArgument(op + ": " + name + " must be empty ([0]) for GRU and RNN");
   return ffi::Error::Success();
@@ -85,31 +91,32 @@ ffi::Error RnnFwdImpl(cudaStream_t stream, ffi::AnyBuffer gx, ffi::AnyBuffer w_h
                       int64_t kind, int64_t reverse, int64_t variant) {
   const std::string op = "jax_dnn_rnn_fwd";
   auto xd = gx.dimensions();
-  if (xd.size() != 3) return InvalidArgument(op + ": gx must be [T, B, G * H]");
+  if (xd.size() != 3) return InvalidArgument(op + ": gx must be [T, B, D * G * H]");
   Problem pr{};
   if (ffi::Error e = CheckProblem(op, w_hh, xd[0], xd[1], kind, reverse, variant, &pr); e.failure())
     return e;
-  const int64_t g = RnnGates(pr.kind), s = RnnStateSlots(pr.kind);
-  if (ffi::Error e = CheckD(op, "gx", gx, pr, {pr.t, pr.b, g * pr.h}); e.failure()) return e;
-  if (ffi::Error e = CheckD(op, "b_hh", b_hh, pr, {g * pr.h}); e.failure()) return e;
-  if (ffi::Error e = CheckD(op, "h0", h0, pr, {pr.b, pr.h}); e.failure()) return e;
+  const int64_t g = RnnGates(pr.kind), s = RnnStateSlots(pr.kind), dh = pr.d * pr.h;
+  if (ffi::Error e = CheckD(op, "gx", gx, pr, {pr.t, pr.b, g * dh}); e.failure()) return e;
+  if (ffi::Error e = CheckD(op, "b_hh", b_hh, pr, {g * dh}); e.failure()) return e;
+  if (ffi::Error e = CheckD(op, "h0", h0, pr, {pr.b, dh}); e.failure()) return e;
   if (ffi::Error e = CheckCell(op, "c0", c0, pr); e.failure()) return e;
   if (seq_lengths.dimensions().size() != 1 || seq_lengths.dimensions()[0] != pr.b)
     return InvalidArgument(op + ": seq_lengths must be int32 [B]");
-  if (ffi::Error e = CheckD(op, "y", *y, pr, {pr.t, pr.b, pr.h}); e.failure()) return e;
-  if (ffi::Error e = CheckD(op, "h_n", *h_n, pr, {pr.b, pr.h}); e.failure()) return e;
+  if (ffi::Error e = CheckD(op, "y", *y, pr, {pr.t, pr.b, dh}); e.failure()) return e;
+  if (ffi::Error e = CheckD(op, "h_n", *h_n, pr, {pr.b, dh}); e.failure()) return e;
   if (ffi::Error e = CheckCell(op, "c_n", *c_n, pr); e.failure()) return e;
-  if (!CountIs(*states, pr.t * pr.b * s * pr.h) || states->dimensions().size() != 4)
-    return InvalidArgument(op + ": states must be float32 [T, B, S, H] (S = " +
+  if (!CountIs(*states, pr.t * pr.b * s * dh) || states->dimensions().size() != 4)
+    return InvalidArgument(op + ": states must be float32 [T, B, S, D * H] (S = " +
                            std::to_string(s) + ")");
-  if (static_cast<int64_t>(workspace->element_count()) < pr.layout.fwd_workspace_bytes)
+  if (static_cast<int64_t>(workspace->element_count()) < pr.d * pr.layout.fwd_workspace_bytes)
     return InvalidArgument(op + ": workspace must hold rnn_plan's fwd_workspace_bytes (" +
-                           std::to_string(pr.layout.fwd_workspace_bytes) + ")");
+                           std::to_string(pr.d * pr.layout.fwd_workspace_bytes) + ")");
   RnnFwdParams p{};
   p.dtype = pr.dtype;
   p.kind = pr.kind;
   p.reverse = reverse != 0;
   p.variant = static_cast<int>(variant);
+  p.directions = static_cast<int>(pr.d);
   p.seq_len = pr.t;
   p.batch = pr.b;
   p.hidden = pr.h;
@@ -136,37 +143,38 @@ ffi::Error RnnBwdImpl(cudaStream_t stream, ffi::AnyBuffer dy, ffi::AnyBuffer dh_
                       int64_t kind, int64_t reverse, int64_t variant) {
   const std::string op = "jax_dnn_rnn_bwd";
   auto yd = dy.dimensions();
-  if (yd.size() != 3) return InvalidArgument(op + ": dy must be [T, B, H]");
+  if (yd.size() != 3) return InvalidArgument(op + ": dy must be [T, B, D * H]");
   Problem pr{};
   if (ffi::Error e = CheckProblem(op, w_hh, yd[0], yd[1], kind, reverse, variant, &pr); e.failure())
     return e;
-  const int64_t g = RnnGates(pr.kind), s = RnnStateSlots(pr.kind);
+  const int64_t g = RnnGates(pr.kind), s = RnnStateSlots(pr.kind), dh = pr.d * pr.h;
   const bool lstm = pr.kind == RnnKind::kLstm, gru = pr.kind == RnnKind::kGru;
-  if (ffi::Error e = CheckD(op, "dy", dy, pr, {pr.t, pr.b, pr.h}); e.failure()) return e;
-  if (ffi::Error e = CheckD(op, "dh_n", dh_n, pr, {pr.b, pr.h}); e.failure()) return e;
+  if (ffi::Error e = CheckD(op, "dy", dy, pr, {pr.t, pr.b, dh}); e.failure()) return e;
+  if (ffi::Error e = CheckD(op, "dh_n", dh_n, pr, {pr.b, dh}); e.failure()) return e;
   if (ffi::Error e = CheckCell(op, "dc_n", dc_n, pr); e.failure()) return e;
-  if (ffi::Error e = CheckD(op, "h0", h0, pr, {pr.b, pr.h}); e.failure()) return e;
+  if (ffi::Error e = CheckD(op, "h0", h0, pr, {pr.b, dh}); e.failure()) return e;
   if (ffi::Error e = CheckCell(op, "c0", c0, pr); e.failure()) return e;
   if (seq_lengths.dimensions().size() != 1 || seq_lengths.dimensions()[0] != pr.b)
     return InvalidArgument(op + ": seq_lengths must be int32 [B]");
-  if (!CountIs(states, pr.t * pr.b * s * pr.h) || states.dimensions().size() != 4)
-    return InvalidArgument(op + ": states must be float32 [T, B, S, H] (S = " +
+  if (!CountIs(states, pr.t * pr.b * s * dh) || states.dimensions().size() != 4)
+    return InvalidArgument(op + ": states must be float32 [T, B, S, D * H] (S = " +
                            std::to_string(s) + ")");
-  if (!CountIs(*dgx, pr.t * pr.b * g * pr.h))
-    return InvalidArgument(op + ": dgx must be float32 [T, B, G * H]");
-  if (!CountIs(*dgh_n, gru ? pr.t * pr.b * pr.h : 0))
-    return InvalidArgument(op + ": dgh_n must be float32 [T, B, H] for GRU, [0] otherwise");
-  if (!CountIs(*dh0, pr.b * pr.h)) return InvalidArgument(op + ": dh0 must be float32 [B, H]");
-  if (!CountIs(*dc0, lstm ? pr.b * pr.h : 0))
-    return InvalidArgument(op + ": dc0 must be float32 [B, H] for LSTM, [0] otherwise");
-  if (static_cast<int64_t>(workspace->element_count()) < pr.layout.bwd_workspace_bytes)
+  if (!CountIs(*dgx, pr.t * pr.b * g * dh))
+    return InvalidArgument(op + ": dgx must be float32 [T, B, D * G * H]");
+  if (!CountIs(*dgh_n, gru ? pr.t * pr.b * dh : 0))
+    return InvalidArgument(op + ": dgh_n must be float32 [T, B, D * H] for GRU, [0] otherwise");
+  if (!CountIs(*dh0, pr.b * dh)) return InvalidArgument(op + ": dh0 must be float32 [B, D * H]");
+  if (!CountIs(*dc0, lstm ? pr.b * dh : 0))
+    return InvalidArgument(op + ": dc0 must be float32 [B, D * H] for LSTM, [0] otherwise");
+  if (static_cast<int64_t>(workspace->element_count()) < pr.d * pr.layout.bwd_workspace_bytes)
     return InvalidArgument(op + ": workspace must hold rnn_plan's bwd_workspace_bytes (" +
-                           std::to_string(pr.layout.bwd_workspace_bytes) + ")");
+                           std::to_string(pr.d * pr.layout.bwd_workspace_bytes) + ")");
   RnnBwdParams p{};
   p.dtype = pr.dtype;
   p.kind = pr.kind;
   p.reverse = reverse != 0;
   p.variant = static_cast<int>(variant);
+  p.directions = static_cast<int>(pr.d);
   p.seq_len = pr.t;
   p.batch = pr.b;
   p.hidden = pr.h;
@@ -191,16 +199,16 @@ ffi::Error RnnBwdImpl(cudaStream_t stream, ffi::AnyBuffer dy, ffi::AnyBuffer dh_
 XLA_FFI_DEFINE_HANDLER_SYMBOL(RnnFwd, RnnFwdImpl,
                               ffi::Ffi::Bind()
                                   .Ctx<ffi::PlatformStream<cudaStream_t>>()
-                                  .Arg<ffi::AnyBuffer>()          // gx [T, B, G * H]
-                                  .Arg<ffi::AnyBuffer>()          // w_hh [G * H, H]
-                                  .Arg<ffi::AnyBuffer>()          // b_hh [G * H]
-                                  .Arg<ffi::AnyBuffer>()          // h0 [B, H]
-                                  .Arg<ffi::AnyBuffer>()          // c0 [B, H] (LSTM) or [0]
+                                  .Arg<ffi::AnyBuffer>()          // gx [T, B, D * G * H]
+                                  .Arg<ffi::AnyBuffer>()          // w_hh [D * G * H, H]
+                                  .Arg<ffi::AnyBuffer>()          // b_hh [D * G * H]
+                                  .Arg<ffi::AnyBuffer>()          // h0 [B, D * H]
+                                  .Arg<ffi::AnyBuffer>()          // c0 [B, D * H] (LSTM) or [0]
                                   .Arg<ffi::Buffer<ffi::S32>>()   // seq_lengths [B]
-                                  .Ret<ffi::AnyBuffer>()          // y [T, B, H]
-                                  .Ret<ffi::AnyBuffer>()          // h_n [B, H]
-                                  .Ret<ffi::AnyBuffer>()          // c_n [B, H] (LSTM) or [0]
-                                  .Ret<ffi::Buffer<ffi::F32>>()   // states [T, B, S, H]
+                                  .Ret<ffi::AnyBuffer>()          // y [T, B, D * H]
+                                  .Ret<ffi::AnyBuffer>()          // h_n [B, D * H]
+                                  .Ret<ffi::AnyBuffer>()          // c_n [B, D * H] (LSTM) or [0]
+                                  .Ret<ffi::Buffer<ffi::F32>>()   // states [T, B, S, D * H]
                                   .Ret<ffi::Buffer<ffi::U8>>()    // workspace
                                   .Attr<int64_t>("kind")          // 0 LSTM, 1 GRU, 2 tanh, 3 relu
                                   .Attr<int64_t>("reverse")       // 0 / 1
@@ -210,18 +218,18 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(RnnFwd, RnnFwdImpl,
 XLA_FFI_DEFINE_HANDLER_SYMBOL(RnnBwd, RnnBwdImpl,
                               ffi::Ffi::Bind()
                                   .Ctx<ffi::PlatformStream<cudaStream_t>>()
-                                  .Arg<ffi::AnyBuffer>()          // dy [T, B, H]
-                                  .Arg<ffi::AnyBuffer>()          // dh_n [B, H]
-                                  .Arg<ffi::AnyBuffer>()          // dc_n [B, H] (LSTM) or [0]
-                                  .Arg<ffi::AnyBuffer>()          // w_hh [G * H, H]
-                                  .Arg<ffi::AnyBuffer>()          // h0 [B, H]
-                                  .Arg<ffi::AnyBuffer>()          // c0 [B, H] (LSTM) or [0]
+                                  .Arg<ffi::AnyBuffer>()          // dy [T, B, D * H]
+                                  .Arg<ffi::AnyBuffer>()          // dh_n [B, D * H]
+                                  .Arg<ffi::AnyBuffer>()          // dc_n [B, D * H] (LSTM) or [0]
+                                  .Arg<ffi::AnyBuffer>()          // w_hh [D * G * H, H]
+                                  .Arg<ffi::AnyBuffer>()          // h0 [B, D * H]
+                                  .Arg<ffi::AnyBuffer>()          // c0 [B, D * H] (LSTM) or [0]
                                   .Arg<ffi::Buffer<ffi::S32>>()   // seq_lengths [B]
-                                  .Arg<ffi::Buffer<ffi::F32>>()   // states [T, B, S, H]
-                                  .Ret<ffi::Buffer<ffi::F32>>()   // dgx [T, B, G * H]
-                                  .Ret<ffi::Buffer<ffi::F32>>()   // dgh_n [T, B, H] (GRU) or [0]
-                                  .Ret<ffi::Buffer<ffi::F32>>()   // dh0 [B, H]
-                                  .Ret<ffi::Buffer<ffi::F32>>()   // dc0 [B, H] (LSTM) or [0]
+                                  .Arg<ffi::Buffer<ffi::F32>>()   // states [T, B, S, D * H]
+                                  .Ret<ffi::Buffer<ffi::F32>>()   // dgx [T, B, D * G * H]
+                                  .Ret<ffi::Buffer<ffi::F32>>()   // dgh_n [T, B, D * H] (GRU) or [0]
+                                  .Ret<ffi::Buffer<ffi::F32>>()   // dh0 [B, D * H]
+                                  .Ret<ffi::Buffer<ffi::F32>>()   // dc0 [B, D * H] (LSTM) or [0]
                                   .Ret<ffi::Buffer<ffi::U8>>()    // workspace
                                   .Attr<int64_t>("kind")
                                   .Attr<int64_t>("reverse")

@@ -40,15 +40,16 @@ using rnn::RedSum;
 using rnn::Sigmoid;
 using rnn::StepTime;
 
-// gx_t [G] of row b, unit `unit` at processing step s (zeros where the
-// row is frozen or the unit past H: the caller does not use them then).
+// gx_t [G] of row b, unit `unit` at processing step s, from the
+// direction's gx (rows of pitch ldg) (zeros where the row is frozen or the
+// unit past H: the caller does not use them then).
 template <typename T, int G>
-__device__ __forceinline__ void GatherGx(const RnnFwdParams& p, const rnn::Lengths& lens, int64_t b,
+__device__ __forceinline__ void GatherGx(const T* gx, int64_t ldg, const RnnFwdParams& p,
+                                         bool reverse, const rnn::Lengths& lens, int64_t b,
                                          int64_t unit, int64_t s, float (&xg)[G]) {
   const int64_t len = lens[b];
   const bool live = s < len && unit < p.hidden;
-  const T* gxr = static_cast<const T*>(p.gx) +
-                 (StepTime(s, len, p.reverse) * p.batch + b) * G * p.hidden + unit;
+  const T* gxr = gx + (StepTime(s, len, reverse) * p.batch + b) * ldg + unit;
 #pragma unroll
   for (int g = 0; g < G; ++g) xg[g] = live ? rnn::LoadNc(gxr + g * p.hidden) : 0.f;
 }
@@ -63,28 +64,32 @@ __global__ void __launch_bounds__(kRnnThreads, 1)
   cg::grid_group grid = cg::this_grid();
   const int tid = threadIdx.x;
   const int64_t T_ = p.seq_len, B = p.batch, H = p.hidden, GH = G * H;
-  const int64_t unit0 = int64_t{blockIdx.x} * U;
+  const rnn::Direction dir = rnn::ThisDirection(l, p.reverse);
+  // Row pitches of the packed tensors (rnn.h): [.., D, H] and [.., D, G H].
+  const int64_t DH = p.directions * H, DGH = p.directions * GH;
+  const int64_t unit0 = dir.block * U;
   const int64_t ex_size = l.bp * l.hp;
-  T* ex = static_cast<T*>(p.workspace);  // [2, Bp, Hp]
+  unsigned char* ws = static_cast<unsigned char*>(p.workspace) + dir.d * l.fwd_workspace_bytes;
+  T* ex = reinterpret_cast<T*>(ws);  // [2, Bp, Hp]
   T* w = v.streamed  // [N, fwd_pitch]
-             ? reinterpret_cast<T*>(static_cast<unsigned char*>(p.workspace) +
-                                    l.fwd_weights_offset) +
-                   int64_t{blockIdx.x} * N * l.fwd_pitch
+             ? reinterpret_cast<T*>(ws + l.fwd_weights_offset) + dir.block * N * l.fwd_pitch
              : reinterpret_cast<T*>(smem);
   float* red = reinterpret_cast<float*>(smem + l.fwd_red_offset);
   float* bias = reinterpret_cast<float*>(smem + l.fwd_bias_offset);    // [N]
   rnn::Lengths lens{nullptr, p.seq_lengths, T_};
   float* state =  // [Bp, U]
-      v.global_state ? reinterpret_cast<float*>(static_cast<unsigned char*>(p.workspace) +
-                                                l.fwd_state_ws_offset) +
-                           int64_t{blockIdx.x} * l.bp * U
+      v.global_state ? reinterpret_cast<float*>(ws + l.fwd_state_ws_offset) + dir.block * l.bp * U
                      : reinterpret_cast<float*>(smem + l.fwd_state_offset);
-  const T* gx = static_cast<const T*>(p.gx);
-  const T* w_hh = static_cast<const T*>(p.w_hh);
-  const T* b_hh = static_cast<const T*>(p.b_hh);
-  const T* h0 = static_cast<const T*>(p.h0);
-  const T* c0 = static_cast<const T*>(p.c0);
-  T* y = static_cast<T*>(p.y);
+  // The direction's slices.
+  const T* gx = static_cast<const T*>(p.gx) + dir.d * GH;
+  const T* w_hh = static_cast<const T*>(p.w_hh) + dir.d * GH * H;
+  const T* b_hh = static_cast<const T*>(p.b_hh) + dir.d * GH;
+  const T* h0 = static_cast<const T*>(p.h0) + dir.d * H;
+  const T* c0 = static_cast<const T*>(p.c0) + dir.d * H;
+  T* y = static_cast<T*>(p.y) + dir.d * H;
+  T* h_n = static_cast<T*>(p.h_n) + dir.d * H;
+  T* c_n = static_cast<T*>(p.c_n) + dir.d * H;
+  float* states = p.states + dir.d * H;
   const bool relu = p.kind == RnnKind::kRnnRelu;
 
   lens.Load(B, v.global_state ? nullptr : reinterpret_cast<int*>(smem + l.fwd_lens_offset));
@@ -104,21 +109,20 @@ __global__ void __launch_bounds__(kRnnThreads, 1)
     const int64_t b = i / U, unit = unit0 + i % U;
     if (unit >= H) continue;
     const bool row = b < B;
-    ex[b * l.hp + unit] = row ? h0[b * H + unit] : FromFloat<T>(0.f);
+    ex[b * l.hp + unit] = row ? h0[b * DH + unit] : FromFloat<T>(0.f);
     if (!row) ex[ex_size + b * l.hp + unit] = FromFloat<T>(0.f);
     float s0 = 0.f;
-    if (row && G == 4) s0 = ToFloat(c0[b * H + unit]);
-    if (row && G == 3) s0 = ToFloat(h0[b * H + unit]);
+    if (row && G == 4) s0 = ToFloat(c0[b * DH + unit]);
+    if (row && G == 3) s0 = ToFloat(h0[b * DH + unit]);
     state[i] = s0;
   }
-  if (blockIdx.x == 0) {
+  if (dir.block == 0) {
     const int64_t pad = l.hp - H;
     for (int64_t i = tid; i < 2 * l.bp * pad; i += kRnnThreads)
       ex[i / pad * l.hp + H + i % pad] = FromFloat<T>(0.f);
   }
-  unsigned long long* arrived = reinterpret_cast<unsigned long long*>(
-      static_cast<unsigned char*>(p.workspace) + l.fwd_barrier_offset);
-  if (blockIdx.x == 0 && tid == 0) *arrived = 0;
+  unsigned long long* arrived = reinterpret_cast<unsigned long long*>(ws + l.fwd_barrier_offset);
+  if (dir.block == 0 && tid == 0) *arrived = 0;
   grid.sync();  // also orders the streamed variant's global weight copy
 
   // gx of processing step s into L2 (two steps ahead of its use).
@@ -126,7 +130,7 @@ __global__ void __launch_bounds__(kRnnThreads, 1)
     if (s >= T_) return;
     for (int64_t i = tid; i < B * G; i += kRnnThreads) {
       const int64_t b = i / G, len = lens[b];
-      if (s < len) rnn::PrefetchL2(gx + (StepTime(s, len, p.reverse) * B + b) * GH + i % G * H + unit0);
+      if (s < len) rnn::PrefetchL2(gx + (StepTime(s, len, dir.reverse) * B + b) * DGH + i % G * H + unit0);
     }
   };
   // gx of the thread's first (row, unit) of a chunk, loaded ahead (for the
@@ -134,7 +138,7 @@ __global__ void __launch_bounds__(kRnnThreads, 1)
   // chunk's matmul): one pair a thread at B * U <= 256 (e.g. B = 16, U = 8).
   const int64_t rows0 = B < kRnnChunkRows ? B : kRnnChunkRows;
   float xg_first[G];
-  if (tid < rows0 * U) GatherGx<T, G>(p, lens, tid / U, unit0 + tid % U, 0, xg_first);
+  if (tid < rows0 * U) GatherGx<T, G>(gx, DGH, p, dir.reverse, lens, tid / U, unit0 + tid % U, 0, xg_first);
   prefetch(1);
   // The outputs of the thread's first (row, unit) of the last chunk, stored
   // after the block's arrival at the step's barrier.
@@ -151,7 +155,7 @@ __global__ void __launch_bounds__(kRnnThreads, 1)
       const int mtiles = static_cast<int>(chunk / 16);
       const int64_t rows = B - m0 < kRnnChunkRows ? B - m0 : kRnnChunkRows;
       if (m0 > 0 && tid < rows * U)
-        GatherGx<T, G>(p, lens, m0 + tid / U, unit0 + tid % U, s, xg_first);
+        GatherGx<T, G>(gx, DGH, p, dir.reverse, lens, m0 + tid / U, unit0 + tid % U, s, xg_first);
       ChunkMatmul<T, N / 8>(cur + m0 * l.hp, l.hp, mtiles, w, l.fwd_pitch,
                             l.hp / rnn::PairElems<T>(), red, kLdr);
       __syncthreads();
@@ -170,13 +174,13 @@ __global__ void __launch_bounds__(kRnnThreads, 1)
           nxt[b * l.hp + unit] = __ldcg(cur + b * l.hp + unit);
           hv = FromFloat<T>(0.f);
         } else {
-          t = StepTime(s, len, p.reverse);
+          t = StepTime(s, len, dir.reverse);
           float hh[G], xg[G];
           if (i == tid) {
 #pragma unroll
             for (int g = 0; g < G; ++g) xg[g] = xg_first[g];
           } else {
-            GatherGx<T, G>(p, lens, b, unit, s, xg);
+            GatherGx<T, G>(gx, DGH, p, dir.reverse, lens, b, unit, s, xg);
           }
 #pragma unroll
           for (int g = 0; g < G; ++g)
@@ -212,13 +216,13 @@ __global__ void __launch_bounds__(kRnnThreads, 1)
           hv = FromFloat<T>(h);
           nxt[b * l.hp + unit] = hv;
         }
-        T* yp = y + (t * B + b) * H + unit;
-        float* st = p.states + (t * B + b) * S * H + unit;
+        T* yp = y + (t * B + b) * DH + unit;
+        float* st = states + (t * B + b) * S * DH + unit;
         if (i == tid) {  // stored after the arrival (an earlier chunk's now)
           if (y_late != nullptr) {
             *y_late = y_late_v;
 #pragma unroll
-            for (int k = 0; k < S; ++k) st_late[k * H] = st_late_v[k];
+            for (int k = 0; k < S; ++k) st_late[k * DH] = st_late_v[k];
           }
           y_late = yp;
           y_late_v = hv;
@@ -228,7 +232,7 @@ __global__ void __launch_bounds__(kRnnThreads, 1)
         } else {
           *yp = hv;
 #pragma unroll
-          for (int k = 0; k < S; ++k) st[k * H] = out[k];
+          for (int k = 0; k < S; ++k) st[k * DH] = out[k];
         }
       }
       __syncthreads();  // red is rewritten by the next chunk
@@ -237,21 +241,21 @@ __global__ void __launch_bounds__(kRnnThreads, 1)
     if (y_late != nullptr) {
       *y_late = y_late_v;
 #pragma unroll
-      for (int k = 0; k < S; ++k) st_late[k * H] = st_late_v[k];
+      for (int k = 0; k < S; ++k) st_late[k * DH] = st_late_v[k];
       y_late = nullptr;
     }
     prefetch(s + 2);
     if (s + 1 < T_ && tid < rows0 * U)
-      GatherGx<T, G>(p, lens, tid / U, unit0 + tid % U, s + 1, xg_first);
-    rnn::GridWait(arrived, static_cast<unsigned long long>(s + 1) * gridDim.x);
+      GatherGx<T, G>(gx, DGH, p, dir.reverse, lens, tid / U, unit0 + tid % U, s + 1, xg_first);
+    rnn::GridWait(arrived, static_cast<unsigned long long>(s + 1) * l.blocks);
   }
 
   const T* last = ex + (T_ & 1) * ex_size;
   for (int64_t i = tid; i < B * U; i += kRnnThreads) {
     const int64_t b = i / U, unit = unit0 + i % U;
     if (unit >= H) continue;
-    static_cast<T*>(p.h_n)[b * H + unit] = __ldcg(last + b * l.hp + unit);
-    if (G == 4) static_cast<T*>(p.c_n)[b * H + unit] = FromFloat<T>(state[i]);
+    h_n[b * DH + unit] = __ldcg(last + b * l.hp + unit);
+    if (G == 4) c_n[b * DH + unit] = FromFloat<T>(state[i]);
   }
 }
 

@@ -80,8 +80,13 @@ RnnLayout RnnLayoutFor(RnnKind kind, DType dtype, int64_t batch, int64_t hidden,
 }
 
 RnnPlan PlanRnn(RnnKind kind, DType dtype, int64_t seq_len, int64_t batch, int64_t hidden,
-                const DeviceProps& device) {
+                const DeviceProps& device, int64_t directions) {
   RnnPlan plan;
+  plan.directions = directions;
+  if (directions != 1 && directions != 2) {
+    plan.reason = "directions must be 1 or 2";
+    return plan;
+  }
   if (seq_len < 1 || batch < 1 || hidden < 1) {
     plan.reason = "empty (seq_len, batch and hidden must be positive)";
     return plan;
@@ -95,7 +100,7 @@ RnnPlan PlanRnn(RnnKind kind, DType dtype, int64_t seq_len, int64_t batch, int64
   for (int id = 0; id < kRnnVariantCount; ++id) {
     const RnnVariant v = kVariants[id];
     const RnnLayout l = RnnLayoutFor(kind, dtype, batch, hidden, v);
-    if (!RnnLayoutFits(l, sms)) continue;
+    if (!RnnLayoutFits(l, sms, directions)) continue;
     plan.supported = true;
     plan.by_default = batch <= kRnnDefaultMaxBatch;
     plan.variant = id;
@@ -103,16 +108,16 @@ RnnPlan PlanRnn(RnnKind kind, DType dtype, int64_t seq_len, int64_t batch, int64
     plan.streamed = v.streamed;
     plan.global_state = v.global_state;
     plan.blocks = l.blocks;
-    plan.fwd_workspace_bytes = l.fwd_workspace_bytes;
-    plan.bwd_workspace_bytes = l.bwd_workspace_bytes;
+    plan.fwd_workspace_bytes = directions * l.fwd_workspace_bytes;
+    plan.bwd_workspace_bytes = directions * l.bwd_workspace_bytes;
     plan.fwd_smem_bytes = l.fwd_smem_bytes;
     plan.bwd_smem_bytes = l.bwd_smem_bytes;
     return plan;
   }
   // Streamed weights and state leave kRnnChunkRows x (N + 4) floats of
   // shared memory (66.5 KiB at most: N = 128), so only the grid can decline.
-  plan.reason = "hidden " + std::to_string(hidden) + " needs more than " + std::to_string(sms) +
-                " blocks of 32 units (one a SM)";
+  plan.reason = "hidden " + std::to_string(hidden) + (directions == 2 ? " in two directions" : "") +
+                " needs more than " + std::to_string(sms) + " blocks of 32 units (one a SM)";
   return plan;
 }
 

@@ -83,10 +83,11 @@ struct RnnLayout {
 };
 RnnLayout RnnLayoutFor(RnnKind kind, DType dtype, int64_t batch, int64_t hidden,
                        RnnVariant variant);
-// Whether a layout runs on a device of `sms` SMs: every block co-resident
-// (one an SM) and both kernels' shared memory within the opt-in limit.
-inline bool RnnLayoutFits(const RnnLayout& l, int64_t sms) {
-  return l.blocks <= sms && l.fwd_smem_bytes <= kRnnMaxSmemBytes &&
+// Whether a layout runs `directions` recurrences side by side on a device
+// of `sms` SMs: every block of every direction co-resident (one an SM) and
+// both kernels' shared memory within the opt-in limit.
+inline bool RnnLayoutFits(const RnnLayout& l, int64_t sms, int64_t directions = 1) {
+  return l.blocks * directions <= sms && l.fwd_smem_bytes <= kRnnMaxSmemBytes &&
          l.bwd_smem_bytes <= kRnnMaxSmemBytes;
 }
 
@@ -100,14 +101,18 @@ struct RnnPlan {
   int units = 0;
   bool streamed = false;
   bool global_state = false;
-  int64_t blocks = 0;
-  int64_t fwd_workspace_bytes = 0;
+  int64_t blocks = 0;          // a direction's; the launch has directions x blocks
+  int64_t directions = 1;
+  int64_t fwd_workspace_bytes = 0;  // all directions' (directions x the layout's)
   int64_t bwd_workspace_bytes = 0;
   int64_t fwd_smem_bytes = 0;
   int64_t bwd_smem_bytes = 0;
 };
 
-// The plan for one single-layer, single-direction recurrence.
+// The plan for one single-layer recurrence over `directions` directions (1,
+// or 2: a bidirectional layer's forward and reverse recurrences in one
+// launch, each on its own blocks with its own slice of the workspace and
+// its own barrier counter, so that neither waits on the other's steps).
 //
 // Blocks: one a slice of U hidden units, all co-resident (one a SM: the
 // kernels use one cooperative launch and a grid barrier a step), so
@@ -119,8 +124,10 @@ struct RnnPlan {
 // whose per-row fp32 state (Bp x U floats forward, twice that backward)
 // does not fit next to the weights keep it in the workspace (read and
 // written by the block that owns it, so ordered by its __syncthreads).
-// Unsupported: empty problems, H past 32 * SMs.
+// Two directions need 2 ceil(H / U) <= SMs (H = 768 takes U = 16 there).
+// Unsupported: empty problems, H past 32 * SMs / directions, directions
+// other than 1 or 2.
 RnnPlan PlanRnn(RnnKind kind, DType dtype, int64_t seq_len, int64_t batch, int64_t hidden,
-                const DeviceProps& device);
+                const DeviceProps& device, int64_t directions = 1);
 
 }  // namespace jax_dnn

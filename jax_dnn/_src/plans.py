@@ -189,15 +189,18 @@ def pool_global_parts(n: int, c: int, spatial: int, outputs: int, adaptive: bool
 
 
 def rnn_plan(kind: str, dtype: str, seq_len: int, batch: int, hidden: int,
-             device=None) -> Any:
-  """The persistent recurrence kernels' plan for one layer and direction:
-  kind "lstm" | "gru" | "rnn_tanh" | "rnn_relu", gx [seq_len, batch, G *
-  hidden] of dtype (RnnPlan: supported, reason, by_default, variant (the FFI targets'
-  `variant` attribute), units, streamed, global_state, blocks, fwd_workspace_bytes,
-  bwd_workspace_bytes, fwd_smem_bytes, bwd_smem_bytes). A dtype the kernels
-  do not take gives supported=False with the reason; an unknown kind raises
+             device=None, directions: int = 1) -> Any:
+  """The persistent recurrence kernels' plan for one layer over `directions`
+  (1, or 2: a bidirectional layer's two recurrences in one launch): kind
+  "lstm" | "gru" | "rnn_tanh" | "rnn_relu", gx [seq_len, batch, directions *
+  G * hidden] of dtype (RnnPlan: supported, reason, by_default, variant (the
+  FFI targets' `variant` attribute), units, streamed, global_state, blocks
+  (a direction's), directions, fwd_workspace_bytes, bwd_workspace_bytes (all
+  directions'), fwd_smem_bytes, bwd_smem_bytes). A dtype the kernels do not
+  take gives supported=False with the reason; an unknown kind raises
   ValueError."""
-  return _ext().rnn_plan(kind, dtype, int(seq_len), int(batch), int(hidden), _device(device))
+  return _ext().rnn_plan(kind, dtype, int(seq_len), int(batch), int(hidden), _device(device),
+                         int(directions))
 
 
 def rnn_variant_workspace_bytes(kind: str, dtype: str, batch: int, hidden: int,

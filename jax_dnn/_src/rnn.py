@@ -9,9 +9,10 @@ reverse 0, forward 1, ...).
 The path of one call (lstm, gru, rnn):
   1. per layer, the input projection of every step and both directions as one
      GEMM through XLA: gx = x @ W_ih^T + b_ih, time-major [T, B, D * G * H];
-  2. per layer and direction, one recurrence (`recurrence`): a custom VJP
-     whose forward binds rnn_fwd and whose backward binds rnn_bwd (our
-     kernels on CUDA, a lax.scan elsewhere);
+  2. per layer, one recurrence (`recurrence`) over both directions where the
+     kernels' plan fits them side by side in one launch, else one a
+     direction: a custom VJP whose forward binds rnn_fwd and whose backward
+     binds rnn_bwd (our kernels on CUDA, a lax.scan elsewhere);
   3. the directions' outputs concatenated, dropout between layers.
 After the backward recurrence the weight gradients are GEMMs in XLA:
 dW_hh = sum_t dgh_t^T hprev_t and db_hh = sum dgh (here), dW_ih, db_ih and dx
@@ -47,14 +48,18 @@ I_p is I in layer 0 and D * H above. Gates are stacked along the rows in
 PyTorch's order (LSTM i, f, g, o; GRU r, z, n), so a PyTorch nn.LSTM/GRU/RNN
 state dict maps onto it one array at a time (rnn_weights_from_torch).
 
-The primitives, for one layer and direction (dtype D; c0, c_n, dc_n, dc0 are
-empty [0] arrays except for LSTM, dgh_n except for GRU):
-  rnn_fwd  gx [T, B, G*H], w_hh [G*H, H], b_hh [G*H], h0 [B, H], c0 [B, H],
-           seq_lengths [B] int32
-           -> y [T, B, H], h_n [B, H], c_n [B, H], states [T, B, S, H] fp32
-  rnn_bwd  dy [T, B, H], dh_n [B, H], dc_n [B, H], w_hh, h0, c0, seq_lengths,
-           states -> dgx [T, B, G*H] fp32, dgh_n [T, B, H] fp32,
-           dh0 [B, H] fp32, dc0 [B, H] fp32
+The primitives, for one layer over K directions (K = 1, or 2: a
+bidirectional layer's forward and reverse recurrences, packed along the
+features as the layer's projection and output have them; `reverse` is then
+False; the input dtype is gx's; c0, c_n, dc_n, dc0 are empty [0] arrays
+except for LSTM, dgh_n except for GRU):
+  rnn_fwd  gx [T, B, K*G*H], w_hh [K*G*H, H], b_hh [K*G*H], h0 [B, K*H],
+           c0 [B, K*H], seq_lengths [B] int32
+           -> y [T, B, K*H], h_n [B, K*H], c_n [B, K*H],
+              states [T, B, S, K*H] fp32
+  rnn_bwd  dy [T, B, K*H], dh_n [B, K*H], dc_n [B, K*H], w_hh, h0, c0,
+           seq_lengths, states -> dgx [T, B, K*G*H] fp32,
+           dgh_n [T, B, K*H] fp32, dh0 [B, K*H] fp32, dc0 [B, K*H] fp32
 `states` are the residuals the backward reads, per valid step (zeros at
 padded steps): LSTM S = 5 (i, f, g, o, c_t); GRU S = 5 (r, u, n, hh_n, h_t);
 RNN S = 1 (h_t). dgh_n is the gradient with respect to hh's n slot.
@@ -140,7 +145,30 @@ def _step(kind, gxt, hh, h_prev, c_prev):
   return h, c_prev, (h,)
 
 
+def directions_of(w_hh, kind) -> int:
+  """K, the directions packed in a primitive's operands: w_hh [K*G*H, H]."""
+  return w_hh.shape[0] // (GATES[kind] * w_hh.shape[1])
+
+
+def _halves(a, packed=True):
+  """The two directions' parts of a packed operand (features last; w_hh
+  and b_hh rows first); an empty [0] operand is both's."""
+  if not packed or a.shape == (0,):
+    return a, a
+  return tuple(jnp.split(a, 2, axis=-1))
+
+
+def _joined(a, b):
+  return a if a.shape == (0,) else jnp.concatenate([a, b], axis=-1)
+
+
 def _fwd_reference(gx, w_hh, b_hh, h0, c0, seq_lengths, *, kind, reverse, exact=False):
+  if directions_of(w_hh, kind) == 2:  # the forward direction, then the reverse one
+    ops = [_halves(gx), tuple(jnp.split(w_hh, 2, axis=0)), _halves(b_hh), _halves(h0),
+           _halves(c0)]
+    outs = [_fwd_reference(*(op[d] for op in ops), seq_lengths, kind=kind, reverse=bool(d),
+                           exact=exact) for d in range(2)]
+    return tuple(_joined(a, b) for a, b in zip(*outs))
   steps, batch, _ = gx.shape
   dtype = gx.dtype
   lens = _clamp(seq_lengths, steps)
@@ -168,6 +196,12 @@ def _fwd_reference(gx, w_hh, b_hh, h0, c0, seq_lengths, *, kind, reverse, exact=
 
 def _bwd_reference(dy, dh_n, dc_n, w_hh, h0, c0, seq_lengths, states, *, kind, reverse,
                    exact=False):
+  if directions_of(w_hh, kind) == 2:
+    ops = [_halves(dy), _halves(dh_n), _halves(dc_n), tuple(jnp.split(w_hh, 2, axis=0)),
+           _halves(h0), _halves(c0)]
+    outs = [_bwd_reference(*(op[d] for op in ops), seq_lengths, _halves(states)[d], kind=kind,
+                           reverse=bool(d), exact=exact) for d in range(2)]
+    return tuple(_joined(a, b) for a, b in zip(*outs))
   steps, batch, hidden = dy.shape
   lens = _clamp(seq_lengths, steps)
   order = _in_step_order(reverse, lens)
@@ -231,10 +265,10 @@ def _state_shape(shape, kind):
 def _fwd_abstract(gx, w_hh, b_hh, h0, c0, seq_lengths, *, kind, reverse, exact):
   del b_hh, c0, seq_lengths, reverse, exact
   steps, batch, _ = gx.shape
-  hidden = w_hh.shape[1]
-  return (ShapedArray((steps, batch, hidden), gx.dtype), ShapedArray(h0.shape, gx.dtype),
+  features = directions_of(w_hh, kind) * w_hh.shape[1]  # K * H
+  return (ShapedArray((steps, batch, features), gx.dtype), ShapedArray(h0.shape, gx.dtype),
           ShapedArray(_state_shape(h0.shape, kind), gx.dtype),
-          ShapedArray((steps, batch, SLOTS[kind], hidden), _F32))
+          ShapedArray((steps, batch, SLOTS[kind], features), _F32))
 
 
 def _bwd_abstract(dy, dh_n, dc_n, w_hh, h0, c0, seq_lengths, states, *, kind, reverse, exact):
@@ -246,17 +280,26 @@ def _bwd_abstract(dy, dh_n, dc_n, w_hh, h0, c0, seq_lengths, states, *, kind, re
 
 
 def _plan(avals, kind):
-  """The kernels' plan for this call (fwd: avals[0] = gx, bwd: avals[0] = dy;
-  both [T, B, .]), or None where the extension has no rnn plans or the sizes
-  are symbolic (jax.export: the workspace depends on T and B)."""
+  """The kernels' plan for this call (fwd: avals[0] = gx, avals[1] = w_hh;
+  bwd: avals[0] = dy, avals[3] = w_hh; gx and dy [T, B, .]), or None where
+  the extension has no rnn plans or the sizes are symbolic (jax.export: the
+  workspace depends on T and B)."""
+  x, w_hh = avals[0], avals[1] if len(avals) == 6 else avals[3]
+  hidden = w_hh.shape[1]
+  if not plans.is_static(x.shape[0], x.shape[1], hidden):
+    return None
+  return plan_for(kind, x.dtype, x.shape[0], x.shape[1], hidden, directions_of(w_hh, kind))
+
+
+def plan_for(kind, dtype, steps, batch, hidden, directions=1):
+  """The kernels' plan (plans.rnn_plan), or None where the extension has no
+  rnn plans."""
   rnn_plan = getattr(plans, "rnn_plan", None)
-  x = avals[0]
-  hidden = avals[1].shape[1] if len(avals) == 6 else avals[0].shape[2]
-  if rnn_plan is None or not plans.is_static(x.shape[0], x.shape[1], hidden):
+  if rnn_plan is None:
     return None
   try:
-    return rnn_plan(KIND_NAMES[kind], jnp.dtype(x.dtype).name, int(x.shape[0]),
-                    int(x.shape[1]), int(hidden), device=None)
+    return rnn_plan(KIND_NAMES[kind], jnp.dtype(dtype).name, int(steps), int(batch),
+                    int(hidden), device=None, directions=int(directions))
   except RuntimeError:  # the extension is not built: no plans
     return None
 
@@ -431,17 +474,24 @@ def _recurrence_bwd(kind, reverse, exact, res, cts):
                                         dc_n.astype(dtype), w_hh, h0, c0, seq_lengths, states,
                                         kind=kind, reverse=reverse, exact=exact)
   hidden = w_hh.shape[1]
-  dgh = jnp.concatenate([dgx[..., :2 * hidden], dgh_n], axis=-1) if kind == GRU else dgx
+  packed = directions_of(w_hh, kind) == 2
   lens = _clamp(seq_lengths, y.shape[0])
-  # The weight gradient as one GEMM over all steps, operands in the dtype
-  # (tensor cores for bf16/fp16), fp32 accumulation.
-  # Under explicit mesh axes the batch it sums over may be split: the sum
-  # is typed as W_hh.
+  # Under explicit mesh axes the batch the weight gradient sums over may be
+  # split: the sum is typed as W_hh (a direction's rows of it).
   spec = sharding.explicit_spec(w_hh)
   typed = {} if spec is None else {"out_sharding": jax.sharding.PartitionSpec(*spec)}
-  dw_hh = jnp.einsum("tbg,tbh->gh", dgh.astype(dtype), _previous_h(y, h0, lens, reverse),
-                     precision=_dot_precision(exact), preferred_element_type=_F32, **typed)
-  db_hh = jnp.sum(dgh, axis=(0, 1))
+  dw_hh, db_hh = [], []
+  for d, (dgx_d, dgh_n_d, y_d, h0_d) in enumerate(zip(
+      *(_halves(a, packed)[:1 + packed] for a in (dgx, dgh_n, y, h0)))):
+    dgh = jnp.concatenate([dgx_d[..., :2 * hidden], dgh_n_d], axis=-1) if kind == GRU else dgx_d
+    # The weight gradient as one GEMM over all steps, operands in the dtype
+    # (tensor cores for bf16/fp16), fp32 accumulation.
+    dw_hh.append(jnp.einsum("tbg,tbh->gh", dgh.astype(dtype),
+                            _previous_h(y_d, h0_d, lens, reverse or d == 1),
+                            precision=_dot_precision(exact), preferred_element_type=_F32,
+                            **typed))
+    db_hh.append(jnp.sum(dgh, axis=(0, 1)))
+  dw_hh, db_hh = jnp.concatenate(dw_hh, axis=0), jnp.concatenate(db_hh)
   cts = (dgx.astype(dtype), dw_hh.astype(w_hh.dtype), db_hh.astype(b_hh.dtype),
          dh0.astype(h0.dtype), dc0.astype(c0.dtype))
   primals = (gx, w_hh, b_hh, h0, c0)
@@ -453,21 +503,39 @@ _recurrence.defvjp(_recurrence_fwd, _recurrence_bwd)
 
 def recurrence(gx, w_hh, b_hh, h0, c0, seq_lengths, *, kind: int, reverse: bool,
                precision: Any = None):
-  """One layer and direction of the recurrence (module docstring), in gx's dtype.
+  """One layer of the recurrence (module docstring), in gx's dtype, over K
+  directions packed along the features (K = 1; or 2, forward then reverse,
+  with reverse=False: see `fuses_directions`).
 
-  gx [T, B, G*H] (the input projection, b_ih included), w_hh [G*H, H],
-  b_hh [G*H], h0 [B, H], c0 [B, H] (LSTM; an empty [0] array otherwise), all
-  of one float dtype; seq_lengths [B] int32 (clamped to [0, T]).
-  precision: lax's, or None for jax.default_matmul_precision: fp32 at HIGHEST
-  runs the reference (exact fp32 products) rather than the TF32 kernels.
-  Returns y [T, B, H], h_n [B, H], c_n [B, H] (LSTM; else [0]).
+  gx [T, B, K*G*H] (the input projection, b_ih included), w_hh [K*G*H, H],
+  b_hh [K*G*H], h0 [B, K*H], c0 [B, K*H] (LSTM; an empty [0] array
+  otherwise), all of one float dtype; seq_lengths [B] int32 (clamped to
+  [0, T]). precision: lax's, or None for jax.default_matmul_precision: fp32
+  at HIGHEST runs the reference (exact fp32 products) rather than the TF32
+  kernels. Returns y [T, B, K*H], h_n [B, K*H], c_n [B, K*H] (LSTM; else [0]).
   """
+  if directions_of(w_hh, kind) == 2 and reverse:
+    raise ValueError("recurrence: reverse must be False with two directions packed (the "
+                     "second runs in reverse)")
   if gx.shape[0] == 0:
     return jnp.zeros((0,) + h0.shape, gx.dtype), h0, c0
   asked = conv._precision(precision, gx.dtype)  # pylint: disable=protected-access
   exact = jnp.dtype(gx.dtype) == jnp.float32 and asked in ("highest", None)
   args = mesh_types.same_manual_axes(gx, w_hh, b_hh, h0, c0, seq_lengths)
   return _recurrence(*args, kind, bool(reverse), exact)
+
+
+def fuses_directions(kind, dtype, steps, batch, hidden) -> bool:
+  """Whether a bidirectional layer runs its two directions as one
+  recurrence: where the kernels' plan fits both side by side and runs them
+  by default (the two launches in series take twice the time a step of one;
+  LSTM B = 16, H = 768 bf16 on an H200: <fill>). Elsewhere (no plans, shapes
+  past the plan, symbolic sizes) one recurrence a direction, as fast there
+  and the same values."""
+  if not plans.is_static(steps, batch, hidden):
+    return False
+  plan = plan_for(kind, dtype, steps, batch, hidden, directions=2)
+  return plan is not None and bool(plan.supported) and bool(plan.by_default)
 
 
 # --- the flat weight layout -------------------------------------------------------------
@@ -724,6 +792,17 @@ def run_layers(op, kind, x, h_0, c_0, weights, seq_lengths, input_size, hidden_s
     bias = jnp.concatenate([b_ih[p] for p in ps]).astype(_F32)
     gx = (jnp.einsum("tbi,gi->tbg", inputs, w, precision=precision,
                      preferred_element_type=_F32) + bias).astype(dtype)
+    if dirs == 2 and fuses_directions(kind, dtype, steps, batch, hidden_size):
+      # Both directions in one recurrence, packed along the features.
+      def cat(arrays, axis=-1, ps=ps):
+        return jnp.concatenate([arrays[p] for p in ps], axis=axis).astype(dtype)
+
+      c0 = cat(c_0) if kind == LSTM else empty(dtype)
+      inputs, h, c = recurrence(gx, cat(w_hh, 0), cat(b_hh), cat(h_0), c0, lens, kind=kind,
+                                reverse=False, precision=precision)
+      h_n.extend(jnp.split(h, 2, axis=-1))
+      c_n.extend(jnp.split(c, 2, axis=-1) if kind == LSTM else [c, c])
+      continue
     outs = []
     for d, p in enumerate(ps):
       c0 = c_0[p].astype(dtype) if kind == LSTM else empty(dtype)
