@@ -914,6 +914,9 @@ def test_kernel_packed_directions_match_one_launch_each(gpu, kind):
   for a, b in _packed_against_split(KINDS[kind], jnp.bfloat16, steps, batch, hidden, lens,
                                     key=95):
     a, b = np.asarray(a, np.float32), np.asarray(b, np.float32)
+    if b.size == 0:  # c0 / c_n of a GRU
+      assert a.shape == b.shape
+      continue
     assert np.all(np.isfinite(a))
     scale = np.max(np.abs(b)) + 1e-6
     assert np.max(np.abs(a - b)) <= 3e-2 * scale, (np.max(np.abs(a - b)), scale)
