@@ -89,7 +89,8 @@ done
 # The recurrence's kernels from a plain CUDA program (scripts/rnn_driver.cu):
 # run through XLA (sanitize_ops.py rnn) the tool exits with a segfault on them.
 # Problems: each kind and dtype, ragged and reversed, a 2-chunk batch, the
-# streamed weights (H = 2048) and two forced variants (state in the workspace).
+# streamed weights (H = 2048), two forced variants (state in the workspace) and
+# both directions of a layer in one launch.
 if [ "${SANITIZE_ONLY:-}" != attention ]; then
   if nvcc -std=c++17 -O3 -arch=sm_90a --expt-relaxed-constexpr -I. -o "$OUT/rnn_driver" \
       scripts/rnn_driver.cu ffi/rnn/rnn_fwd.cu ffi/rnn/rnn_bwd.cu ffi/rnn/rnn_plan.cc \
@@ -97,7 +98,8 @@ if [ "${SANITIZE_ONLY:-}" != attention ]; then
     rnn_problems=("lstm bf16 20 5 33 --ragged" "gru f32 10 17 100 --ragged --reverse"
                   "rnn_tanh f16 10 3 64" "rnn_relu bf16 8 4 24 --ragged" "lstm bf16 6 16 2048"
                   "lstm bf16 4 130 64 --ragged" "gru bf16 6 9 40 --ragged --variant 5"
-                  "lstm f32 6 9 40 --variant 10")
+                  "lstm f32 6 9 40 --variant 10" "lstm bf16 12 5 33 --ragged --bidirectional"
+                  "gru f32 8 17 100 --ragged --bidirectional")
     for tool in memcheck racecheck; do
       log="$OUT/sanitizer_rnn_$tool.log"; : > "$log"; rc=0
       for args in "${rnn_problems[@]}"; do
