@@ -11,6 +11,7 @@ on a small net of the same layers.
 """
 
 import importlib.util
+import os
 import pathlib
 import socket
 import sys
@@ -395,3 +396,20 @@ def test_train_loop_chains_states_and_reports(cnn, capsys):
   out = capsys.readouterr().out
   assert [line.split()[1] for line in out.splitlines()] == ["0", "3", "6"]
   assert "loss 30.0000" in out  # step 3: state 3, x = 0
+
+
+def test_overlap_collectives_adds_its_flags_once(cnn, monkeypatch):
+  """The program's XLA flags join the user's and never override a setting
+  the user named."""
+  monkeypatch.setenv("XLA_FLAGS", "--xla_dump_to=/tmp/x")
+  cnn.overlap_collectives()
+  flags = os.environ["XLA_FLAGS"].split()
+  assert flags == ["--xla_dump_to=/tmp/x", *cnn.OVERLAP_FLAGS]
+  cnn.overlap_collectives()
+  assert os.environ["XLA_FLAGS"].split() == flags
+  monkeypatch.setenv("XLA_FLAGS", "--xla_gpu_enable_latency_hiding_scheduler=false")
+  cnn.overlap_collectives()
+  assert os.environ["XLA_FLAGS"] == "--xla_gpu_enable_latency_hiding_scheduler=false"
+  monkeypatch.delenv("XLA_FLAGS")
+  cnn.overlap_collectives()
+  assert os.environ["XLA_FLAGS"].split() == list(cnn.OVERLAP_FLAGS)
