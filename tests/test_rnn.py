@@ -802,6 +802,43 @@ def test_nn_bidirectional_matches_flax():
       lambda s, x: nnx.merge(graph, s)(x, initial_carry=carry, seq_lengths=lens))(state, x))
 
 
+@pytest.mark.parametrize("cells", [(nnx.LSTMCell, nnx.OptimizedLSTMCell),
+                                   (nnx.GRUCell, nnx.GRUCell)])
+def test_nn_bidirectional_runs_one_recurrence_and_matches_flax(cells):
+  """Two cells of one kind: one recurrence over both directions (one
+  rnn_fwd in the jaxpr), Flax's outputs, carries and gradients; without an
+  initial carry too (the cells' initializers, forward first)."""
+  fwd, bwd = cells[0](3, 4, rngs=nnx.Rngs(0)), cells[1](3, 4, rngs=nnx.Rngs(1))
+  x = randn(17, (3, 5, 3), jnp.float32)
+  lens = jnp.asarray([5, 1, 3], jnp.int32)
+  mask = _valid(lens, x.shape)
+  carry = (_carry(fwd, 3, 18), _carry(bwd, 3, 19))
+  graph, params = nnx.split((fwd, bwd))
+
+  def loss(bidir_cls, rnn_cls, params, x, carry):
+    cells = nnx.merge(graph, params)
+    module = bidir_cls(rnn_cls(cells[0]), rnn_cls(cells[1]), return_carry=True)
+    c, y = module(x, initial_carry=carry, seq_lengths=lens)
+    return jnp.sum(jnp.sin(y) * mask) + sum(jnp.sum(a) for a in jax.tree.leaves(c)), (c, y)
+
+  run = lambda *classes: jax.jit(jax.value_and_grad(
+      functools.partial(loss, *classes), argnums=(0, 1, 2), has_aux=True))(params, x, carry)
+  (l1, (c1, y1)), g1 = run(jnn.Bidirectional, jnn.RNN)
+  (l2, (c2, y2)), g2 = run(nnx.Bidirectional, nnx.RNN)
+  np.testing.assert_allclose(y1 * mask, y2 * mask, rtol=1e-5, atol=1e-6)
+  np.testing.assert_allclose(l1, l2, rtol=1e-5)
+  for a, b in zip(jax.tree.leaves((c1, g1)), jax.tree.leaves((c2, g2))):
+    np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-5)
+  ours = jnn.Bidirectional(jnn.RNN(fwd), jnn.RNN(bwd), return_carry=True)
+  theirs = nnx.Bidirectional(nnx.RNN(fwd), nnx.RNN(bwd), return_carry=True)
+  graph, state = nnx.split(ours)
+  text = str(jax.make_jaxpr(
+      lambda s, x: nnx.merge(graph, s)(x, initial_carry=carry, seq_lengths=lens))(state, x))
+  assert text.count("rnn_fwd") == 1
+  y1, y2 = (m(x, seq_lengths=lens)[1] for m in (ours, theirs))
+  np.testing.assert_allclose(y1 * mask, y2 * mask, rtol=1e-5, atol=1e-6)
+
+
 def test_nn_lstm_and_gru_layers():
   """The layers run jax_dnn.lstm / gru on their flat `weights`; dropout
   between layers in training only; gradients reach the weights."""
@@ -920,3 +957,25 @@ def test_kernel_packed_directions_match_one_launch_each(gpu, kind):
     assert np.all(np.isfinite(a))
     scale = np.max(np.abs(b)) + 1e-6
     assert np.max(np.abs(a - b)) <= 3e-2 * scale, (np.max(np.abs(a - b)), scale)
+
+
+@pytest.mark.gpu
+def test_kernel_nn_bidirectional_matches_flax(gpu):
+  """Two LSTM cells in one launch (both directions side by side) against
+  Flax's two scans, fp32 (TF32 in the recurrence: the tolerance of
+  test_kernel_nn_rnn_matches_flax)."""
+  del gpu
+  fwd = nnx.LSTMCell(32, 64, rngs=nnx.Rngs(0))
+  bwd = nnx.OptimizedLSTMCell(32, 64, rngs=nnx.Rngs(1))
+  x = randn(92, (8, 33, 32), jnp.float32)
+  lens = jnp.asarray([33, 1, 0, 17, 32, 5, 33, 2], jnp.int32)
+  carry = (_carry(fwd, 8, 93), _carry(bwd, 8, 94))
+  mask = _valid(lens, x.shape)
+  c1, y1 = jnn.Bidirectional(jnn.RNN(fwd), jnn.RNN(bwd), return_carry=True)(
+      x, initial_carry=carry, seq_lengths=lens)
+  c2, y2 = nnx.Bidirectional(nnx.RNN(fwd), nnx.RNN(bwd), return_carry=True)(
+      x, initial_carry=carry, seq_lengths=lens)
+  np.testing.assert_allclose(y1 * mask, y2 * mask, rtol=1e-2, atol=1e-2)
+  rows = np.asarray(lens) > 0
+  for a, b in zip(jax.tree.leaves(_rows(c1, rows)), jax.tree.leaves(_rows(c2, rows))):
+    np.testing.assert_allclose(a, b, rtol=1e-2, atol=1e-2)

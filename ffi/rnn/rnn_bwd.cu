@@ -101,7 +101,8 @@ __global__ void __launch_bounds__(kRnnThreads, 1)
   float* red = reinterpret_cast<float*>(smem + l.bwd_red_offset);
   rnn::Lengths lens{nullptr, p.seq_lengths, T_};
   float* dh =  // [Bp, U]
-      v.global_state ? reinterpret_cast<float*>(ws + l.bwd_state_ws_offset) + dir.block * 2 * l.bp * U
+      v.global_state
+          ? reinterpret_cast<float*>(ws + l.bwd_state_ws_offset) + dir.block * 2 * l.bp * U
                      : reinterpret_cast<float*>(smem + l.bwd_state_offset);
   float* aux = dh + l.bp * U;  // [Bp, U]: dc (LSTM), u * dh (GRU)
   // The direction's slices.

@@ -51,7 +51,8 @@ ffi::Error CheckProblem(const std::string& op, const ffi::AnyBuffer& w_hh, int64
   pr->h = wd[1];
   pr->d = wd[0] / (g * wd[1]);
   if (pr->d == 2 && reverse != 0)
-    return InvalidArgument(op + ": reverse must be 0 with two directions (the second runs reversed)");
+    return InvalidArgument(op +
+                           ": reverse must be 0 with two directions (the second runs reversed)");
   if (t < 1 || b < 1) return InvalidArgument(op + ": seq_len and batch must be positive");
   const RnnVariant v = RnnVariantById(static_cast<int>(variant));
   if (variant < 0 || v.units == 0)
@@ -227,7 +228,7 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(RnnBwd, RnnBwdImpl,
                                   .Arg<ffi::Buffer<ffi::S32>>()   // seq_lengths [B]
                                   .Arg<ffi::Buffer<ffi::F32>>()   // states [T, B, S, D * H]
                                   .Ret<ffi::Buffer<ffi::F32>>()   // dgx [T, B, D * G * H]
-                                  .Ret<ffi::Buffer<ffi::F32>>()   // dgh_n [T, B, D * H] (GRU) or [0]
+                                  .Ret<ffi::Buffer<ffi::F32>>()   // dgh_n [T, B, D * H] (GRU), [0]
                                   .Ret<ffi::Buffer<ffi::F32>>()   // dh0 [B, D * H]
                                   .Ret<ffi::Buffer<ffi::F32>>()   // dc0 [B, D * H] (LSTM) or [0]
                                   .Ret<ffi::Buffer<ffi::U8>>()    // workspace

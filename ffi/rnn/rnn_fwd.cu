@@ -130,7 +130,8 @@ __global__ void __launch_bounds__(kRnnThreads, 1)
     if (s >= T_) return;
     for (int64_t i = tid; i < B * G; i += kRnnThreads) {
       const int64_t b = i / G, len = lens[b];
-      if (s < len) rnn::PrefetchL2(gx + (StepTime(s, len, dir.reverse) * B + b) * DGH + i % G * H + unit0);
+      if (s < len)
+        rnn::PrefetchL2(gx + (StepTime(s, len, dir.reverse) * B + b) * DGH + i % G * H + unit0);
     }
   };
   // gx of the thread's first (row, unit) of a chunk, loaded ahead (for the
@@ -138,7 +139,8 @@ __global__ void __launch_bounds__(kRnnThreads, 1)
   // chunk's matmul): one pair a thread at B * U <= 256 (e.g. B = 16, U = 8).
   const int64_t rows0 = B < kRnnChunkRows ? B : kRnnChunkRows;
   float xg_first[G];
-  if (tid < rows0 * U) GatherGx<T, G>(gx, DGH, p, dir.reverse, lens, tid / U, unit0 + tid % U, 0, xg_first);
+  if (tid < rows0 * U)
+    GatherGx<T, G>(gx, DGH, p, dir.reverse, lens, tid / U, unit0 + tid % U, 0, xg_first);
   prefetch(1);
   // The outputs of the thread's first (row, unit) of the last chunk, stored
   // after the block's arrival at the step's barrier.

@@ -8,7 +8,9 @@ and promote_dtype, in float32, bfloat16 or float16, the whole sequence runs
 as one recurrence, with the cell's own parameters: its input kernels give the
 input projection (one GEMM for every step), its recurrent kernel the
 transposed W_hh (computed in the call; the parameter tree is the cell's).
-Any other cell runs as Flax runs it (nnx.scan over the cell).
+Any other cell runs as Flax runs it (nnx.scan over the cell). Bidirectional
+runs its two directions as one recurrence (one launch) where both are such
+RNNs of one kind, dtype and width and the kernels' plan fits them together.
 
 Where Flax's results are defined they are matched: the outputs at each
 sequence's valid steps and the carry at its last valid step. Two things
@@ -83,10 +85,11 @@ def _flax_rngs(module, rngs):
   return rngs
 
 
-def _kernel_call(module, inputs, *, initial_carry, seq_lengths, return_carry, time_major,
-                 reverse, keep_order, rngs):
-  """flax.nnx.RNN.__call__ through the recurrence op; NotImplemented where
-  the cell or the dtypes are not the op's."""
+def _prepare(module, inputs, *, initial_carry, seq_lengths, return_carry, time_major,
+             reverse, keep_order, rngs):
+  """flax.nnx.RNN.__call__ up to the recurrence op: (its operands as a dict,
+  finish(y, h_n, c_n) -> the call's result), or NotImplemented where the
+  cell or the dtypes are not the op's."""
   cell = module.cell
   parts = _cell_parts(cell)
   if parts is None or not hasattr(inputs, "ndim") or inputs.ndim < 2:
@@ -130,22 +133,61 @@ def _kernel_call(module, inputs, *, initial_carry, seq_lengths, return_carry, ti
   flat = lambda a: a.reshape(batch, hidden).astype(dtype)
   c0, h0 = (flat(initial_carry[0]), flat(initial_carry[1])) if lstm else (
       rnn_lib.empty(dtype), flat(initial_carry))
-  y, h_n, c_n = rnn_lib.recurrence(gx.astype(dtype), k_h.T.astype(dtype), b_hh, h0, c0, lens,
-                                   kind=kind, reverse=bool(reverse))
-  if reverse and not keep_order:  # Flax's outputs then run in each sequence's step order
-    y = rnn_lib.flip_within_lengths(y, jnp.clip(lens, 0, steps))
-  y = jnp.moveaxis(y.reshape((steps,) + batch_dims + (hidden,)), 0, time_axis).astype(out_dtype)
-  if not return_carry:
-    return y
-  unflat = lambda a: a.reshape(batch_dims + (hidden,)).astype(out_dtype)
-  return ((unflat(c_n), unflat(h_n)) if lstm else unflat(h_n)), y
+  operands = dict(gx=gx.astype(dtype), w_hh=k_h.T.astype(dtype), b_hh=b_hh, h0=h0, c0=c0,
+                  seq_lengths=lens, kind=kind, reverse=bool(reverse))
+
+  def finish(y, h_n, c_n):
+    if reverse and not keep_order:  # Flax's outputs then run in each sequence's step order
+      y = rnn_lib.flip_within_lengths(y, jnp.clip(lens, 0, steps))
+    y = jnp.moveaxis(y.reshape((steps,) + batch_dims + (hidden,)), 0, time_axis).astype(out_dtype)
+    if not return_carry:
+      return y
+    unflat = lambda a: a.reshape(batch_dims + (hidden,)).astype(out_dtype)
+    return ((unflat(c_n), unflat(h_n)) if lstm else unflat(h_n)), y
+
+  return operands, finish
 
 
 def _run(module, inputs, **kwargs):
-  out = _kernel_call(module, inputs, **kwargs)
-  if out is NotImplemented:
+  call = _prepare(module, inputs, **kwargs)
+  if call is NotImplemented:
     return nnx.RNN.__call__(module, inputs, **kwargs)
-  return out
+  operands, finish = call
+  return finish(*rnn_lib.recurrence(**operands))
+
+
+def _run_pair(fwd, bwd, inputs, fwd_kwargs, bwd_kwargs):
+  """Bidirectional's two directions when both are RNNs: as one recurrence
+  (rnn_lib's packed directions) where both run through the op with the same
+  kind, dtype and width and the kernels' plan fits them side by side, else
+  each as _run does; None when either is another RNNBase."""
+  rnns = (nnx.RNN, RNN)
+  if not all(type(m) in rnns for m in (fwd, bwd)):  # pylint: disable=unidiomatic-typecheck
+    return None
+  # The forward's carry is initialized first, as Flax's order draws them.
+  calls = [_prepare(m, inputs, **k) for m, k in ((fwd, fwd_kwargs), (bwd, bwd_kwargs))]
+  if NotImplemented not in calls:
+    (a, finish_a), (b, finish_b) = calls
+    steps, batch, _ = a["gx"].shape
+    # Both take the same inputs and seq_lengths (Bidirectional passes them).
+    same = (a["kind"] == b["kind"] and a["gx"].dtype == b["gx"].dtype
+            and a["gx"].shape == b["gx"].shape and a["w_hh"].shape == b["w_hh"].shape)
+    if same and rnn_lib.fuses_directions(a["kind"], a["gx"].dtype, steps, batch,
+                                         a["w_hh"].shape[1]):
+      join = lambda name, axis=-1: (a[name] if a[name].shape == (0,) else
+                                    jnp.concatenate([a[name], b[name]], axis=axis))
+      outs = rnn_lib.recurrence(join("gx"), join("w_hh", 0), join("b_hh"), join("h0"),
+                                join("c0"), a["seq_lengths"], kind=a["kind"], reverse=False)
+      halves = [(o, o) if o.shape == (0,) else jnp.split(o, 2, axis=-1) for o in outs]
+      return [finish_a(*(h[0] for h in halves)), finish_b(*(h[1] for h in halves))]
+  results = []
+  for module, kwargs, call in zip((fwd, bwd), (fwd_kwargs, bwd_kwargs), calls):
+    if call is NotImplemented:
+      results.append(nnx.RNN.__call__(module, inputs, **kwargs))
+    else:
+      operands, finish = call
+      results.append(finish(*rnn_lib.recurrence(**operands)))
+  return results
 
 
 class RNN(nnx.RNN):
@@ -181,12 +223,16 @@ class Bidirectional(nnx.Bidirectional):
     if isinstance(rngs, rnglib.Rngs):
       rngs = rngs.carry
     fwd_carry, bwd_carry = initial_carry if initial_carry is not None else (None, None)
-    carry_fwd, out_fwd = _direction(self.forward_rnn, inputs, initial_carry=fwd_carry,
-                                    rngs=rngs, seq_lengths=seq_lengths, return_carry=True,
-                                    time_major=time_major, reverse=False, keep_order=None)
-    carry_bwd, out_bwd = _direction(self.backward_rnn, inputs, initial_carry=bwd_carry,
-                                    rngs=rngs, seq_lengths=seq_lengths, return_carry=True,
-                                    time_major=time_major, reverse=True, keep_order=True)
+    common = dict(rngs=rngs, seq_lengths=seq_lengths, return_carry=True, time_major=time_major)
+    fwd_kwargs = dict(common, initial_carry=fwd_carry, reverse=False, keep_order=None)
+    bwd_kwargs = dict(common, initial_carry=bwd_carry, reverse=True, keep_order=True)
+    pair = _run_pair(self.forward_rnn, self.backward_rnn, inputs, fwd_kwargs, bwd_kwargs)
+    if pair is None:
+      (carry_fwd, out_fwd), (carry_bwd, out_bwd) = (
+          _direction(self.forward_rnn, inputs, **fwd_kwargs),
+          _direction(self.backward_rnn, inputs, **bwd_kwargs))
+    else:
+      (carry_fwd, out_fwd), (carry_bwd, out_bwd) = pair
     outputs = jax.tree.map(self.merge_fn, out_fwd, out_bwd)
     return ((carry_fwd, carry_bwd), outputs) if return_carry else outputs
 
