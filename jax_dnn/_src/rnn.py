@@ -151,8 +151,8 @@ def directions_of(w_hh, kind) -> int:
 
 
 def _halves(a, packed=True):
-  """The two directions' parts of a packed operand (features last; w_hh
-  and b_hh rows first); an empty [0] operand is both's."""
+  """The two directions' parts of a packed operand, split on its last axis
+  (w_hh, packed on its rows, is split apart); an empty [0] operand is both's."""
   if not packed or a.shape == (0,):
     return a, a
   return tuple(jnp.split(a, 2, axis=-1))
