@@ -150,22 +150,22 @@ def directions_of(w_hh, kind) -> int:
   return w_hh.shape[0] // (GATES[kind] * w_hh.shape[1])
 
 
-def _halves(a, packed=True):
-  """The two directions' parts of a packed operand, split on its last axis
-  (w_hh, packed on its rows, is split apart); an empty [0] operand is both's."""
-  if not packed or a.shape == (0,):
+def _halves(a, axis=-1):
+  """The two directions' parts of a packed operand (w_hh: its rows, axis 0);
+  an empty [0] operand is both's."""
+  if a.shape == (0,):
     return a, a
-  return tuple(jnp.split(a, 2, axis=-1))
+  return tuple(jnp.split(a, 2, axis=axis))
 
 
-def _joined(a, b):
-  return a if a.shape == (0,) else jnp.concatenate([a, b], axis=-1)
+def _joined(a, b, axis=-1):
+  """The packed operand of two directions' parts (_halves' inverse)."""
+  return a if a.shape == (0,) else jnp.concatenate([a, b], axis=axis)
 
 
 def _fwd_reference(gx, w_hh, b_hh, h0, c0, seq_lengths, *, kind, reverse, exact=False):
   if directions_of(w_hh, kind) == 2:  # the forward direction, then the reverse one
-    ops = [_halves(gx), tuple(jnp.split(w_hh, 2, axis=0)), _halves(b_hh), _halves(h0),
-           _halves(c0)]
+    ops = [_halves(gx), _halves(w_hh, 0), _halves(b_hh), _halves(h0), _halves(c0)]
     outs = [_fwd_reference(*(op[d] for op in ops), seq_lengths, kind=kind, reverse=bool(d),
                            exact=exact) for d in range(2)]
     return tuple(_joined(a, b) for a, b in zip(*outs))
@@ -197,8 +197,8 @@ def _fwd_reference(gx, w_hh, b_hh, h0, c0, seq_lengths, *, kind, reverse, exact=
 def _bwd_reference(dy, dh_n, dc_n, w_hh, h0, c0, seq_lengths, states, *, kind, reverse,
                    exact=False):
   if directions_of(w_hh, kind) == 2:
-    ops = [_halves(dy), _halves(dh_n), _halves(dc_n), tuple(jnp.split(w_hh, 2, axis=0)),
-           _halves(h0), _halves(c0)]
+    ops = [_halves(dy), _halves(dh_n), _halves(dc_n), _halves(w_hh, 0), _halves(h0),
+           _halves(c0)]
     outs = [_bwd_reference(*(op[d] for op in ops), seq_lengths, _halves(states)[d], kind=kind,
                            reverse=bool(d), exact=exact) for d in range(2)]
     return tuple(_joined(a, b) for a, b in zip(*outs))
@@ -480,9 +480,9 @@ def _recurrence_bwd(kind, reverse, exact, res, cts):
   # split: the sum is typed as W_hh (a direction's rows of it).
   spec = sharding.explicit_spec(w_hh)
   typed = {} if spec is None else {"out_sharding": jax.sharding.PartitionSpec(*spec)}
+  parts = _halves if packed else lambda a: (a,)
   dw_hh, db_hh = [], []
-  for d, (dgx_d, dgh_n_d, y_d, h0_d) in enumerate(zip(
-      *(_halves(a, packed)[:1 + packed] for a in (dgx, dgh_n, y, h0)))):
+  for d, (dgx_d, dgh_n_d, y_d, h0_d) in enumerate(zip(*map(parts, (dgx, dgh_n, y, h0)))):
     dgh = jnp.concatenate([dgx_d[..., :2 * hidden], dgh_n_d], axis=-1) if kind == GRU else dgx_d
     # The weight gradient as one GEMM over all steps, operands in the dtype
     # (tensor cores for bf16/fp16), fp32 accumulation.
@@ -523,6 +523,18 @@ def recurrence(gx, w_hh, b_hh, h0, c0, seq_lengths, *, kind: int, reverse: bool,
   exact = jnp.dtype(gx.dtype) == jnp.float32 and asked in ("highest", None)
   args = mesh_types.same_manual_axes(gx, w_hh, b_hh, h0, c0, seq_lengths)
   return _recurrence(*args, kind, bool(reverse), exact)
+
+
+def recurrence_pair(forward, backward, seq_lengths, *, kind: int, precision: Any = None):
+  """A bidirectional layer's two recurrences as one (`recurrence` over both
+  directions packed; see `fuses_directions` for where that pays): forward
+  and backward are each a direction's (gx, w_hh, b_hh, h0, c0) as
+  `recurrence` takes them, the backward one run in reverse. Returns each
+  direction's (y, h_n, c_n)."""
+  packed = [_joined(f, b, axis=0 if i == 1 else -1)  # w_hh (i = 1) on its rows
+            for i, (f, b) in enumerate(zip(forward, backward))]
+  outs = recurrence(*packed, seq_lengths, kind=kind, reverse=False, precision=precision)
+  return tuple(zip(*map(_halves, outs)))
 
 
 def fuses_directions(kind, dtype, steps, batch, hidden) -> bool:
@@ -792,23 +804,16 @@ def run_layers(op, kind, x, h_0, c_0, weights, seq_lengths, input_size, hidden_s
     bias = jnp.concatenate([b_ih[p] for p in ps]).astype(_F32)
     gx = (jnp.einsum("tbi,gi->tbg", inputs, w, precision=precision,
                      preferred_element_type=_F32) + bias).astype(dtype)
+    ops = [(gx[..., d * rows:(d + 1) * rows], w_hh[p].astype(dtype), b_hh[p].astype(dtype),
+            h_0[p].astype(dtype), c_0[p].astype(dtype) if kind == LSTM else empty(dtype))
+           for d, p in enumerate(ps)]
     if dirs == 2 and fuses_directions(kind, dtype, steps, batch, hidden_size):
-      # Both directions in one recurrence, packed along the features.
-      def cat(arrays, axis=-1, ps=ps):
-        return jnp.concatenate([arrays[p] for p in ps], axis=axis).astype(dtype)
-
-      c0 = cat(c_0) if kind == LSTM else empty(dtype)
-      inputs, h, c = recurrence(gx, cat(w_hh, 0), cat(b_hh), cat(h_0), c0, lens, kind=kind,
-                                reverse=False, precision=precision)
-      h_n.extend(jnp.split(h, 2, axis=-1))
-      c_n.extend(jnp.split(c, 2, axis=-1) if kind == LSTM else [c, c])
-      continue
+      results = recurrence_pair(*ops, lens, kind=kind, precision=precision)
+    else:
+      results = [recurrence(*op, lens, kind=kind, reverse=bool(d), precision=precision)
+                 for d, op in enumerate(ops)]
     outs = []
-    for d, p in enumerate(ps):
-      c0 = c_0[p].astype(dtype) if kind == LSTM else empty(dtype)
-      y, h, c = recurrence(gx[..., d * rows:(d + 1) * rows], w_hh[p].astype(dtype),
-                           b_hh[p].astype(dtype), h_0[p].astype(dtype), c0, lens, kind=kind,
-                           reverse=bool(d), precision=precision)
+    for y, h, c in results:
       outs.append(y)
       h_n.append(h)
       c_n.append(c)

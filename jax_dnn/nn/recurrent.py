@@ -174,12 +174,9 @@ def _run_pair(fwd, bwd, inputs, fwd_kwargs, bwd_kwargs):
             and a["gx"].shape == b["gx"].shape and a["w_hh"].shape == b["w_hh"].shape)
     if same and rnn_lib.fuses_directions(a["kind"], a["gx"].dtype, steps, batch,
                                          a["w_hh"].shape[1]):
-      join = lambda name, axis=-1: (a[name] if a[name].shape == (0,) else
-                                    jnp.concatenate([a[name], b[name]], axis=axis))
-      outs = rnn_lib.recurrence(join("gx"), join("w_hh", 0), join("b_hh"), join("h0"),
-                                join("c0"), a["seq_lengths"], kind=a["kind"], reverse=False)
-      halves = [(o, o) if o.shape == (0,) else jnp.split(o, 2, axis=-1) for o in outs]
-      return [finish_a(*(h[0] for h in halves)), finish_b(*(h[1] for h in halves))]
+      ops = [tuple(c[name] for name in ("gx", "w_hh", "b_hh", "h0", "c0")) for c in (a, b)]
+      out_a, out_b = rnn_lib.recurrence_pair(*ops, a["seq_lengths"], kind=a["kind"])
+      return [finish_a(*out_a), finish_b(*out_b)]
   results = []
   for module, kwargs, call in zip((fwd, bwd), (fwd_kwargs, bwd_kwargs), calls):
     if call is NotImplemented:
