@@ -1,10 +1,11 @@
-"""Second-order reverse mode, for every op of op_cases.py with a second-order
-rule: jax.grad of a function that itself takes jax.grad through an op
-(gradient penalties, meta-learning). The op's custom VJP calls the kernels;
-differentiating those calls once more uses each primitive's JVP, which takes
-the value from the kernel and the tangent from the reference
-(primitive.py). Forward mode stops at the op's custom_vjp, as for any
-custom_vjp function in JAX."""
+"""Forward mode and second order, for every op of op_cases.py: jax.jvp,
+jax.jacfwd and check_grads' default modes ("fwd", "rev"), and jax.grad of a
+function that itself takes jax.grad through an op (gradient penalties,
+meta-learning). An op's tangent is one linear equation (derivatives.py):
+evaluated in forward mode, transposed to the backward kernels in reverse
+mode; differentiating the backward's calls once more uses each primitive's
+JVP, which takes the value from the kernel and the tangent from the
+reference (primitive.py)."""
 
 import jax
 from jax.sharding import NamedSharding
@@ -55,11 +56,35 @@ def test_check_grads_second_order(device, name):
 
 
 @pytest.mark.parametrize("name", NAMES)
-def test_forward_mode_is_refused(name):
+def test_forward_mode_matches_reference(device, name):
+  """jax.jvp through the op gives the reference's value and tangent, with
+  tangents for the differentiable arguments (the others' are zero)."""
+  del device
   case = BY_NAME[name]
   args = case.make_args(key=70)
-  with pytest.raises(TypeError, match="forward-mode"):
-    jax.jvp(case.fn, tuple(args), tuple(args))
+  tangents = case.make_args(key=170)
+  jvp = lambda fn: jax.jit(lambda *a: jax.jvp(
+      lambda *d: fn(*[d[case.argnums.index(i)] if i in case.argnums else x
+                      for i, x in enumerate(a)]),
+      tuple(a[i] for i in case.argnums), tuple(tangents[i] for i in case.argnums)))
+  with jax.default_matmul_precision("highest"):
+    got, want = jvp(case.fn)(*args), jvp(case.reference)(*args)
+  for g, w in zip(jax.tree.leaves(got), jax.tree.leaves(want), strict=True):
+    np.testing.assert_allclose(np.asarray(g), np.asarray(w), rtol=2e-3, atol=2e-4, err_msg=name)
+
+
+@pytest.mark.parametrize("name", one_per_family(where=lambda c: c.check_grads))
+def test_check_grads_both_modes(device, name):
+  """check_grads' default modes, through order 2, as gradient-checked
+  research runs it."""
+  del device
+  case = BY_NAME[name]
+  args = case.make_args(key=90, shape=case.check_shape)
+  fn = lambda *d: case.fn(*[d[case.argnums.index(i)] if i in case.argnums else x
+                            for i, x in enumerate(args)])
+  with jax.default_matmul_precision("highest"):
+    check_grads(fn, tuple(args[i] for i in case.argnums), order=2, modes=("fwd", "rev"),
+                atol=2e-2, rtol=2e-2)
 
 
 @pytest.mark.parametrize("name", one_per_family(where=lambda c: c.second_order))

@@ -58,7 +58,7 @@ struct SigmoidOfExp {
 
 template <Activation kAct>
 __device__ __forceinline__ float Act(float x) {
-  if constexpr (kAct == Activation::kRelu) return fmaxf(x, 0.f);
+  if constexpr (kAct == Activation::kRelu) return Relu(x);
   if constexpr (kAct == Activation::kGelu) return 0.5f * x * (1.f + erff(x * kSqrtHalf));
   if constexpr (kAct == Activation::kGeluTanh) return x * SigmoidOfExp(GeluTanhExp(x)).s;
   if constexpr (kAct == Activation::kSilu) return x * SigmoidOfExp(ExpNeg(x)).s;

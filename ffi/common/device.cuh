@@ -24,6 +24,19 @@ __device__ __forceinline__ __nv_bfloat16 FromFloat<__nv_bfloat16>(float v) {
 template <>
 __device__ __forceinline__ __half FromFloat<__half>(float v) { return __float2half_rn(v); }
 
+// max(x, 0) as jax.nn.relu computes it: a NaN stays NaN (NaN < 0 is false),
+// where fmaxf(x, 0) would return 0.
+__device__ __forceinline__ float Relu(float x) { return x < 0.f ? 0.f : x; }
+
+// max(a, b) that is NaN when either is (PTX max.NaN, sm_80+: one FMNMX.NAN):
+// a softmax's or a max pool's running max must carry a NaN to the result,
+// as XLA's max does, where fmaxf drops it.
+__device__ __forceinline__ float MaxNan(float a, float b) {
+  float m;
+  asm("max.NaN.f32 %0, %1, %2;" : "=f"(m) : "f"(a), "f"(b));
+  return m;
+}
+
 // V consecutive elements moved as one access (16 bytes when V = 16 / sizeof(T)).
 template <typename T, int V>
 struct alignas(sizeof(T) * V) Packed {
@@ -75,7 +88,7 @@ __device__ __forceinline__ float WarpSum(float v) {
 
 __device__ __forceinline__ float WarpMax(float v) {
 #pragma unroll
-  for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
+  for (int o = 16; o > 0; o >>= 1) v = MaxNan(v, __shfl_xor_sync(0xffffffffu, v, o));
   return v;
 }
 

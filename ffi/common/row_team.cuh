@@ -126,7 +126,7 @@ struct RowTeam {
       __syncthreads();
       a = s.v[Team()][0][0];
 #pragma unroll
-      for (int w = 1; w < kWarps; ++w) a = fmaxf(a, s.v[Team()][w][0]);
+      for (int w = 1; w < kWarps; ++w) a = MaxNan(a, s.v[Team()][w][0]);
     }
     return a;
   }
@@ -156,7 +156,7 @@ struct MaxSum {
     return from == -INFINITY ? 0.f : FastExp2((from - to) * 1.4426950408889634f);
   }
   __device__ static MaxSum Merge(const MaxSum& a, const MaxSum& b) {
-    const float m = fmaxf(a.m, b.m);
+    const float m = MaxNan(a.m, b.m);
     return {m, a.s * Rescale(a.m, m) + b.s * Rescale(b.m, m)};
   }
 };

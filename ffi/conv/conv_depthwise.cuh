@@ -46,7 +46,7 @@ __device__ __forceinline__ void LoadChannels(const T* p, float (&out)[V]) {
 __device__ __forceinline__ float ApplyActivation(int act, float x) {
   switch (act) {
     case 0:
-      return fmaxf(x, 0.f);
+      return Relu(x);
     case 1:
       return 0.5f * x * (1.f + erff(x * 0.70710678118654752f));
     case 2: {

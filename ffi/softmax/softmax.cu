@@ -89,7 +89,7 @@ template <bool kLog>
 struct BwdState {
   float m, s, t;
   __device__ static BwdState Merge(const BwdState& a, const BwdState& b) {
-    const float m = fmaxf(a.m, b.m);
+    const float m = MaxNan(a.m, b.m);
     const float ra = MaxSum::Rescale(a.m, m), rb = MaxSum::Rescale(b.m, m);
     return {m, a.s * ra + b.s * rb, kLog ? a.t + b.t : a.t * ra + b.t * rb};
   }
@@ -131,7 +131,7 @@ __global__ void __launch_bounds__(RowTeam<kTeam>::kBlock) SoftmaxRowFwdKernel(So
       if (valid && col < n) {
         LoadVec<T, V>(x + col, buf[c]);
 #pragma unroll
-        for (int i = 0; i < V; ++i) m = fmaxf(m, buf[c][i]);
+        for (int i = 0; i < V; ++i) m = MaxNan(m, buf[c][i]);
       } else {
 #pragma unroll
         for (int i = 0; i < V; ++i) buf[c][i] = -INFINITY;
@@ -154,7 +154,7 @@ __global__ void __launch_bounds__(RowTeam<kTeam>::kBlock) SoftmaxRowFwdKernel(So
         LoadVec<T, V>(x + col, v);
         float cm = m;
 #pragma unroll
-        for (int i = 0; i < V; ++i) cm = fmaxf(cm, v[i]);
+        for (int i = 0; i < V; ++i) cm = MaxNan(cm, v[i]);
         s *= ExpDiff(m, cm);
 #pragma unroll
         for (int i = 0; i < V; ++i) s += ExpDiff(v[i], cm);
@@ -210,7 +210,7 @@ __device__ __forceinline__ float ThreadMax(const Row& r, int64_t n) {
     float f[Row::V];
     r.Get(v, f);
 #pragma unroll
-    for (int i = 0; i < Row::V; ++i) m = fmaxf(m, f[i]);
+    for (int i = 0; i < Row::V; ++i) m = MaxNan(m, f[i]);
   }
   return m;
 }
@@ -370,7 +370,7 @@ __global__ void __launch_bounds__(RowTeam<kTeam>::kBlock) SoftmaxRowBwdKernel(So
         LoadVec<T, V>(x + col, xb[c]);
         LoadVec<T, V>(dy + col, db[c]);
 #pragma unroll
-        for (int i = 0; i < V; ++i) m = fmaxf(m, xb[c][i]);
+        for (int i = 0; i < V; ++i) m = MaxNan(m, xb[c][i]);
       } else {
 #pragma unroll
         for (int i = 0; i < V; ++i) xb[c][i] = -INFINITY, db[c][i] = 0.f;
@@ -389,7 +389,7 @@ __global__ void __launch_bounds__(RowTeam<kTeam>::kBlock) SoftmaxRowBwdKernel(So
     for_tail([&](int64_t, const float(&v)[V], const float(&d)[V]) {
       BwdState<kLog> chunk{-INFINITY, 0.f, 0.f};
 #pragma unroll
-      for (int i = 0; i < V; ++i) chunk.m = fmaxf(chunk.m, v[i]);
+      for (int i = 0; i < V; ++i) chunk.m = MaxNan(chunk.m, v[i]);
 #pragma unroll
       for (int i = 0; i < V; ++i) {
         const float e = ExpDiff(v[i], chunk.m);
@@ -507,7 +507,7 @@ __global__ void __launch_bounds__(kStridedThreads) SoftmaxStridedFwdKernel(Softm
     LoadVec<T, V>(x + k * p.inner, v);
 #pragma unroll
     for (int j = 0; j < V; ++j) {
-      const float cm = fmaxf(m[j], v[j]);
+      const float cm = MaxNan(m[j], v[j]);
       s[j] = s[j] * ExpDiff(m[j], cm) + ExpDiff(v[j], cm);
       m[j] = cm;
     }
@@ -545,7 +545,7 @@ __global__ void __launch_bounds__(kStridedThreads) SoftmaxStridedBwdKernel(Softm
     LoadVec<T, V>(x + k * p.inner, v);
 #pragma unroll
     for (int j = 0; j < V; ++j) {
-      const float cm = fmaxf(m[j], v[j]);
+      const float cm = MaxNan(m[j], v[j]);
       s[j] = s[j] * ExpDiff(m[j], cm) + ExpDiff(v[j], cm);
       m[j] = cm;
     }

@@ -38,6 +38,7 @@ from jax.interpreters import batching
 from jax.interpreters import mlir
 import numpy as np
 
+from jax_dnn._src import derivatives
 from jax_dnn._src import extension
 from jax_dnn._src import mesh_types
 from jax_dnn._src import sharding as sharding_lib
@@ -186,7 +187,7 @@ def vjp_op(fwd_p: Primitive, bwd_p: Primitive, bwd_argnums=None, saved: int = 0
     out = fwd_p.bind(*args, **dict(params))
     return (out[0], tuple(out[1:])) if saved else (out, ())
 
-  @functools.partial(jax.custom_vjp, nondiff_argnums=(0,))
+  @functools.partial(derivatives.custom_vjp, nondiff_argnums=(0,))
   def op(params, *args):
     return forward(params, args)[0]
 
