@@ -143,12 +143,11 @@ def define_primitive(
   mlir.register_lowering(shard, reference_lowering)
   mlir.register_lowering(shard, cuda_lowering, platform="cuda")
 
-  # Differentiating the primitive itself (not the op, whose custom VJP calls
-  # the kernels) happens only in higher-order reverse mode -- jax.grad of a
-  # function that takes jax.grad through an op, jax.hessian's reverse parts
-  # aside (forward mode stops at the op's custom_vjp). The value is still the
-  # kernel's; the tangent is the reference's (XLA), whose linear part JAX
-  # transposes.
+  # Differentiating the primitive itself: forward mode through an op (its
+  # tangent evaluates the op's function under jax.jvp, derivatives.py) and
+  # higher orders (jax.grad of a function that takes jax.grad through an
+  # op). The value is still the kernel's; the tangent is the reference's
+  # (XLA), whose linear part JAX transposes.
   def jvp(primals, tangents, **params):
     tangents = tuple(ad.instantiate_zeros(t) for t in tangents)
     out = prim.bind(*primals, **params)
