@@ -200,6 +200,26 @@ def test_cuda_lowering_calls_kernels(name):
     assert f"custom_call @{fwd}(" in cuda_hlo(mapped, _stack(args[0], 0, 2, 70), *args[1:])
 
 
+@pytest.mark.parametrize("name", NAMES)
+def test_cuda_lowering_of_grad_of_vmap_and_jvp(name):
+  """grad of a vmapped op still transposes to the backward kernels (the
+  tangent equation's batching rule keeps it one equation), and forward
+  mode's primal value is the forward kernel's."""
+  _require_cuda_handlers()
+  case = BY_NAME[name]
+  if not case.lowering_here:
+    pytest.skip(f"{name}: its own test file lowers the shapes its kernels take")
+  args = case.make_args(case.kernel_dtype)
+  fwd, *bwd = case.targets
+  axes = (0,) + (None,) * (len(args) - 1)
+  loss = lambda *a: jnp.sum(jax.vmap(case.fn, in_axes=axes)(*a).astype(jnp.float32))
+  text = cuda_hlo(jax.grad(loss, case.argnums), _stack(args[0], 0, 2, 75), *args[1:])
+  for target in bwd:
+    assert f"custom_call @{target}(" in text, target
+  jvp = lambda *a: jax.jvp(case.fn, a, a)
+  assert f"custom_call @{fwd}(" in cuda_hlo(jvp, *args)
+
+
 def _public_ops():
   """The public functions of the op modules (jax_dnn/_src/<op>.py), but
   those that run nothing (op_cases.NOT_OPS)."""
