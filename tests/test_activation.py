@@ -3,6 +3,7 @@ against fp64 references over shapes and dtypes, extreme inputs, bad inputs.
 jit/vmap/grad, check_grads and the CUDA lowering of each op:
 tests/test_transforms.py (the table in tests/op_cases.py)."""
 
+import contextlib
 import functools
 
 import jax
@@ -12,7 +13,7 @@ import numpy as np
 import pytest
 
 import jax_dnn
-from helpers import DTYPES, check_fwd_bwd, on_gpu, randn
+from helpers import DTYPES, check_fwd_bwd, on_gpu, randn, x64
 
 UNARY = {
     "relu": (jax_dnn.relu, jax.nn.relu),
@@ -170,8 +171,6 @@ def test_relu_grad_at_zero_matches_jax(device):
 
 def test_bad_inputs():
   x = jnp.ones((2, 8), jnp.float32)
-  with pytest.raises(TypeError, match="relu: x has dtype int32"):
-    jax_dnn.relu(jnp.ones(3, jnp.int32))
   with pytest.raises(ValueError, match="activation must be one of"):
     jax_dnn.bias_act(x, jnp.ones(8), activation="swish")
   with pytest.raises(ValueError, match=r"bias must have shape \(8,\)"):
@@ -212,3 +211,89 @@ def test_bias_act_odd_widths_gpu(gpu, dtype, shape):
                            functools.partial(naive_bias_act, activation=activation), (x, bias),
                            dtype, what=f"bias_act {activation} {shape}")
     assert reused >= 1
+
+
+def _result(fn, *args):
+  """fn's result type (dtype, shape, weak type) and values, or its exception's type."""
+  try:
+    y = fn(*args)
+  except Exception as e:  # pylint: disable=broad-except
+    return type(e), None
+  return jax.typeof(y), np.asarray(y)
+
+
+def assert_like_peer(what, ours, peer, *args):
+  (got_type, got), (want_type, want) = _result(ours, *args), _result(peer, *args)
+  assert got_type == want_type, what
+  if want is not None:
+    np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-6, err_msg=what)
+
+
+# What the kernels do not take, as (input, whether under x64): the peers
+# return int for relu, float32 for gelu/tanh, raise TypeError for
+# sigmoid/silu of int or bool, keep complex, type Python scalars weakly. A
+# NumPy float64 array without x64 is float32 to JAX: the kernels run it.
+DTYPE_GRID = {
+    "int32": (np.array([[-2, 0, 3]], np.int32), False),
+    "bool": (np.array([[True, False, True]]), False),
+    "complex64": (np.array([[1 + 1j, -2.0, 0.5j]], np.complex64), False),
+    "python float": (-1.5, False),
+    "python int": (3, False),
+    "numpy float64": (np.array([[-1.5, 0.25, 2.0]]), False),
+    "float64": (np.array([[-1.5, 0.25, 2.0]]), True),
+}
+
+
+@pytest.mark.parametrize("name", UNARY)
+def test_dtypes_like_peer(device, name):
+  ours, peer = UNARY[name]
+  for what, (x, wide) in DTYPE_GRID.items():
+    with x64() if wide else contextlib.nullcontext():
+      assert_like_peer(what, ours, peer, x)
+
+
+@pytest.mark.parametrize("activation", ["relu", "gelu_tanh", "sigmoid"])
+def test_bias_act_dtypes_like_peer(device, activation):
+  """bias_act of what the kernels do not take is act(x + bias), JAX's promotion."""
+  ours = functools.partial(jax_dnn.bias_act, activation=activation)
+  peer = lambda x, bias: NAIVE[activation](x + bias)
+  bias = np.array([0.5, -1.0, 2.0], np.float32)
+  for what, (x, wide) in DTYPE_GRID.items():
+    if np.ndim(x):  # bias_act takes x of rank >= 1
+      with x64() if wide else contextlib.nullcontext():
+        assert_like_peer(what, ours, peer, x, bias)
+  x = np.array([[-1.5, 0.25, 2.0]], np.float32)
+  assert_like_peer("int32 bias", ours, peer, x, np.array([1, -2, 0], np.int32))
+
+
+# NaN, +inf and -inf give what the peer gives (jax.nn's forms in fp32, rounded
+# once): NaN exactly where it has NaN, the same infinities, close elsewhere.
+TOL = {jnp.dtype(jnp.float32): 1e-5, jnp.dtype(jnp.bfloat16): 2e-2, jnp.dtype(jnp.float16): 2e-3}
+
+
+@pytest.mark.parametrize("name", UNARY)
+@pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: jnp.dtype(d).name)
+def test_nan_and_inf_like_peer(device, name, dtype):
+  ours, peer = UNARY[name]
+  x = randn(51, (3, 8), dtype, scale=3.0)
+  x = x.at[0, 1].set(jnp.nan).at[1, 2].set(jnp.inf).at[2, 3].set(-jnp.inf).at[2, 5].set(jnp.nan)
+  bias = randn(52, (8,), dtype)
+  with_bias = lambda a, b: jax_dnn.bias_act(a, b, activation=name)
+  for got, want in ((jax.jit(ours)(x), peer(x.astype(jnp.float32))),
+                    (jax.jit(with_bias)(x, bias),
+                     peer(x.astype(jnp.float32) + bias.astype(jnp.float32)))):
+    got = np.asarray(got.astype(jnp.float32))
+    want = np.asarray(want.astype(dtype).astype(jnp.float32))
+    np.testing.assert_array_equal(np.isnan(got), np.isnan(want))
+    np.testing.assert_allclose(got, want, rtol=TOL[jnp.dtype(dtype)], atol=TOL[jnp.dtype(dtype)])
+
+
+def test_bias_act_no_columns(device):
+  """x [3, 0]: an empty result and empty gradients, as act(x + bias)."""
+  x, bias = jnp.ones((3, 0), jnp.bfloat16), jnp.ones((0,), jnp.float32)
+  y = jax.jit(jax_dnn.bias_act)(x, bias)
+  assert y.shape == (3, 0) and y.dtype == jnp.bfloat16
+  loss = lambda a, b: jax_dnn.bias_act(a, b).astype(jnp.float32).sum()
+  dx, dbias = jax.grad(loss, (0, 1))(x, bias)
+  assert (dx.shape, dx.dtype) == ((3, 0), jnp.bfloat16)
+  assert (dbias.shape, dbias.dtype) == ((0,), jnp.float32)

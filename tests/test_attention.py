@@ -19,7 +19,7 @@ import jax_dnn
 from jax_dnn._src import attention as attention_src
 from jax_dnn._src import plans
 import jax_dnn.nn
-from helpers import check_fwd_bwd, cuda_hlo, randn
+from helpers import check_fwd_bwd, cuda_hlo, randn, x64
 
 
 def naive_attention(q, k, v, bias=None, valid=None, *, scale=None, softcap=None):
@@ -238,17 +238,17 @@ def test_bad_inputs():
     dpa(q, k[:, :, :1].repeat(3, axis=2), v[:, :, :1].repeat(3, axis=2))
   with pytest.raises(ValueError, match="key head dim 8 must equal query head dim 16"):
     dpa(q, k[..., :8], v)
-  with pytest.raises(ValueError, match="must have one rank"):
-    dpa(q[0], k, v)
-  with pytest.raises(ValueError, match="rank 4 .* or 3"):
-    dpa(q[0, 0], k[0, 0], v[0, 0])
-  with pytest.raises(ValueError, match="mask must broadcast"):
+  with pytest.raises(ValueError, match="query must have rank 4 .* or less"):
+    dpa(q[None], k, v)
+  with pytest.raises(ValueError, match=r"share the batch size; got shapes \(2, 4, 4, 16\)"):
+    dpa(jnp.concatenate([q, q]), k, v)
+  # Where jax.nn raises, the same exception type: TypeError for a shape that
+  # does not broadcast (jax's broadcasting), ValueError for dtypes.
+  with pytest.raises(TypeError, match="mask must broadcast"):
     dpa(q, k, v, mask=jnp.ones((1, 1, 4, 5), bool))
-  with pytest.raises(TypeError, match="mask must be boolean"):
+  with pytest.raises(ValueError, match="mask must be boolean"):
     dpa(q, k, v, mask=jnp.ones((4, 4), jnp.float32))
-  with pytest.raises(TypeError, match="query has dtype int32"):
-    dpa(q.astype(jnp.int32), k, v)
-  with pytest.raises(TypeError, match="share one dtype"):
+  with pytest.raises(ValueError, match="share one dtype"):
     dpa(q.astype(jnp.bfloat16), k, v)
   with pytest.raises(ValueError, match="given together"):
     dpa(q, k, v, q_segment_ids=jnp.zeros((1, 4), jnp.int32))
@@ -256,8 +256,10 @@ def test_bad_inputs():
     dpa(q, k, v, logits_soft_cap=-1.0)
   with pytest.raises(ValueError, match="implementation"):
     dpa(q, k, v, implementation="flash")
-  with pytest.raises(ValueError, match="bias must broadcast to"):
+  with pytest.raises(TypeError, match="bias must broadcast to"):
     dpa(q, k, v, randn(1, (2, 4, 4), jnp.float32))
+  with pytest.raises(ValueError, match="bias must have rank at most 4"):
+    dpa(q, k, v, randn(1, (1, 1, 4, 4, 4), jnp.float32))
   with pytest.raises(TypeError, match="local_window_size"):
     dpa(q, k, v, local_window_size="wide")
   with pytest.raises(TypeError, match="deterministic_backward must be a bool"):
@@ -439,3 +441,195 @@ def test_reference_memory_is_linear_in_s():
     bound[s] = 6 * score_block + 32 * (4 * s * 64)  # 6 blocks, 32 [S, 64] fp32 arrays
     assert temp[s] < min(bound[s], 4 * s * s // 8), (s, temp, bound)  # and < dense / 8
   assert temp[131072] < 4 * temp[32768], temp  # 4x S: linear <= 4x, quadratic 16x
+
+
+# Padding holding NaN or Inf (a KV-cache page not yet written, a padded batch)
+# never reaches a result: each option excludes some key rows [b, s, kv head]
+# from every query of their batch and head group, and some query rows
+# [b, t, n] from every key; those rows of k, v and q are poisoned. B, T, S,
+# N, K, H = 2, 5, 9, 4, 2, 16 (bfloat16: the kernels' case on a GPU).
+def _padding_options():
+  b, t, s, n, kh = 2, 5, 9, 4, 2
+  dead_k, dead_q = np.zeros((b, s, kh), bool), np.zeros((b, t, n), bool)
+  opts = {}
+
+  def add(name, kwargs, keys=(), rows=()):
+    k_, q_ = dead_k.copy(), dead_q.copy()
+    for i in keys:
+      k_[i] = True
+    for i in rows:
+      q_[i] = True
+    opts[name] = (kwargs, k_, q_)
+
+  add("kv_lengths", dict(key_value_seq_lengths=jnp.array([9, 4])), [(1, slice(4, None))])
+  add("causal_t_below_s", dict(is_causal=True), [(slice(None), slice(5, None))])  # T < S
+  add("window", dict(local_window_size=(1, 2)), [(slice(None), slice(7, None))])  # s > T-1+2
+  add("query_lengths_causal", dict(query_seq_lengths=jnp.array([5, 2]), is_causal=True),
+      [(0, slice(5, None)), (1, slice(2, None))], [(1, slice(2, None))])
+  # Key 3 of batch 0 is masked for query heads 0 and 1 (kv head 0's group)
+  # alone: live for kv head 1. Key 6 of batch 1 is masked for every head;
+  # query row 2 of batch 1, head 1 sees no key.
+  mask = np.random.default_rng(4).random((b, n, t, s)) < 0.7
+  mask[..., 0] = True
+  mask[0, :2, :, 3] = False
+  mask[0, 2:, :, 3] = True
+  mask[1, :, :, 6] = False
+  mask[1, 1, 2, :] = False
+  add("mask_grouped_heads", dict(mask=jnp.asarray(mask)), [(0, 3, 0), (1, 6)], [(1, 2, 1)])
+  # Segments no query (key) of the batch has; query row 4 of batch 1 too.
+  q_seg = jnp.array([[0, 0, 1, 1, 1], [2, 2, 2, 2, 7]])
+  kv_seg = jnp.array([[0, 0, 1, 1, 3, 3, 3, 3, 3], [2, 2, 2, 2, 2, 2, 5, 5, 5]])
+  add("segments", dict(q_segment_ids=q_seg, kv_segment_ids=kv_seg),
+      [(0, slice(4, None)), (1, slice(6, None))], [(1, 4)])
+  return opts
+
+
+def _poisoned(q, k, v, dead_k, dead_q, value):
+  k_ = jnp.where(dead_k[..., None], value, k)
+  v_ = jnp.where(dead_k[..., None], value, v)
+  return jnp.where(dead_q[..., None], value, q), k_, v_
+
+
+@pytest.mark.parametrize("value", [np.nan, np.inf], ids=["nan", "inf"])
+@pytest.mark.parametrize("option", list(_padding_options()))
+def test_padding_holding_nan_never_reaches_a_result(device, option, value):
+  kwargs, dead_k, dead_q = _padding_options()[option]
+  q, k, v = qkv(40, 2, 5, 9, 4, 2, 16, jnp.bfloat16)
+  w = jnp.cos(jnp.arange(q.size, dtype=jnp.float32)).reshape(q.shape)  # a varied cotangent
+
+  def loss(*a):
+    o = jax_dnn.dot_product_attention(*a, **kwargs).astype(jnp.float32)
+    return jnp.sum(o * w), o
+
+  f = jax.jit(jax.grad(loss, (0, 1, 2), has_aux=True))
+  g_clean, o_clean = f(q, k, v)
+  g, o = f(*_poisoned(q, k, v, dead_k, dead_q, value))
+  # The same values as from clean inputs, up to one bfloat16 rounding (the
+  # kernels' single-pass backward adds dQ in an order that varies).
+  tol = dict(rtol=1e-2, atol=1e-2)
+  assert np.isfinite(o).all()
+  np.testing.assert_allclose(o, o_clean, **tol)
+  for name, x, y, dead in zip("qkv", g, g_clean, (dead_q, dead_k, dead_k)):
+    x = np.asarray(x, np.float32)
+    assert np.isfinite(x).all(), f"d{name}"
+    np.testing.assert_array_equal(x[dead], 0.0, err_msg=f"d{name} at the padding")
+    np.testing.assert_allclose(x, np.asarray(y, np.float32), err_msg=f"d{name}", **tol)
+
+
+def test_padding_holding_nan_under_vmap(device):
+  """The same under vmap (lengths and mask batched): grad of vmap and vmap
+  of grad, jitted."""
+  q, k, v = qkv(41, 3, 4, 8, 2, 1, 16, jnp.bfloat16)
+  lens = jnp.array([8, 5, 2])
+  mask = jnp.ones((3, 1, 4, 8), bool).at[1, :, :, 1].set(False)
+  dead = (jnp.arange(8)[None] >= lens[:, None]) | ~mask[:, 0, 0]  # [B, S]
+  k_, v_ = (jnp.where(dead[:, :, None, None], jnp.nan, x) for x in (k, v))
+
+  def one(q, k, v, lens, mask):  # one example: [T, N, H]
+    return jax_dnn.dot_product_attention(q, k, v, mask=mask, key_value_seq_lengths=lens[None])
+
+  batched = jax.vmap(one)
+  loss = lambda *a: jnp.sum(batched(*a, lens, mask).astype(jnp.float32) ** 2)
+  o = jax.jit(batched)(q, k_, v_, lens, mask)
+  np.testing.assert_allclose(np.asarray(o, np.float32),
+                             np.asarray(batched(q, k, v, lens, mask), np.float32), rtol=1e-2,
+                             atol=1e-2)  # one bfloat16 rounding
+  for g in jax.jit(jax.grad(loss, (0, 1, 2)))(q, k_, v_):
+    assert np.isfinite(np.asarray(g, np.float32)).all()
+  per_example = jax.jit(jax.vmap(jax.grad(
+      lambda *a: jnp.sum(one(*a).astype(jnp.float32) ** 2), (0, 1, 2))))
+  for g in per_example(q, k_, v_, lens, mask):
+    assert np.isfinite(np.asarray(g, np.float32)).all()
+
+
+@pytest.mark.parametrize("dtype", [jnp.float32, jnp.bfloat16], ids=lambda d: jnp.dtype(d).name)
+def test_nan_in_an_attended_position_propagates_as_jax_nn(device, dtype):
+  """NaN in valid data is never hidden: a value that every query of its
+  head group attends to (key 0 under a causal mask), and a query element,
+  give NaN exactly where jax.nn gives it, padding elsewhere set to NaN."""
+  q, k, v = qkv(42, 2, 5, 9, 4, 2, 16, dtype)
+  lens = jnp.array([9, 6])
+  v = v.at[0, 0, 1, 3].set(jnp.nan).at[1, 6:].set(jnp.nan)  # batch 1: 6.. is padding
+  q = q.at[1, 2, 0, 5].set(jnp.nan)
+  kw = dict(is_causal=True, key_value_seq_lengths=lens)
+  ours = np.asarray(jax_dnn.dot_product_attention(q, k, v, **kw), np.float32)
+  f32 = [x.astype(jnp.float32).at[1, 6:].set(0.0) if i == 2 else x.astype(jnp.float32)
+         for i, x in enumerate((q, k, v))]  # jax.nn's own padding is poisoned by NaN
+  theirs = np.asarray(jax.nn.dot_product_attention(*f32, **kw))
+  want = np.zeros(theirs.shape, bool)
+  want[0, :, 2:, 3] = True  # query heads 2, 3 share kv head 1
+  want[1, 2, 0, :] = True
+  np.testing.assert_array_equal(np.isnan(theirs), want)
+  np.testing.assert_array_equal(np.isnan(ours), want)
+
+
+def test_inputs_jax_nn_takes():
+  """Inputs jax.nn.dot_product_attention accepts are accepted, with its
+  results: integer and bool inputs (jax.nn's own dtype rules), lists,
+  integer and scalar biases, lower ranks (left-padded with ones), a traced
+  integer scale, head dim 0, and float64 under jax_enable_x64."""
+  dpa = jax_dnn.dot_product_attention
+  q, k, v = qkv(43, 2, 4, 6, 2, 1, 8, jnp.float32)
+  close = functools.partial(np.testing.assert_allclose, rtol=1e-5, atol=1e-6)
+  ints = [jnp.round(4 * x).astype(jnp.int32) for x in (q, k, v)]
+  np.testing.assert_array_equal(dpa(*ints), jax.nn.dot_product_attention(*ints))
+  bools = [x > 0 for x in (q, k, v)]
+  np.testing.assert_array_equal(dpa(*bools, is_causal=True),
+                                jax.nn.dot_product_attention(*bools, is_causal=True))
+  close(dpa(*(np.asarray(x).tolist() for x in (q, k, v))), dpa(q, k, v))
+  for bias in (jnp.arange(6, dtype=jnp.int32) % 3, 0.5):
+    close(dpa(q, k, v, bias), jax.nn.dot_product_attention(q, k, v, bias))
+  # Rank 2: [heads, head_dim] (T = S = 1); ranks 3 and 4 (a batch of one).
+  for args in ((q[0, :, 0], k[0, :2, 0], v[0, :2, 0]), (q[0], k[:1], v[:1])):
+    close(dpa(*args), jax.nn.dot_product_attention(*args))
+  traced = jax.jit(lambda s: dpa(q, k, v, scale=s))
+  close(traced(2), jax.nn.dot_product_attention(q, k, v, scale=2))
+  # Head dim 0: every logit is 0 (uniform attention), whatever the scale.
+  assert dpa(q[..., :0], k[..., :0], v[..., :0]).shape == (2, 4, 2, 0)
+  close(dpa(q[..., :0], k[..., :0], v), jnp.broadcast_to(
+      jnp.mean(v, axis=1, keepdims=True), (2, 4, 2, 8)))
+  with x64():
+    q64, k64, v64 = (x.astype(jnp.float64) for x in (q, k, v))
+    bias = randn(44, (2, 1, 4, 6), jnp.float32)
+    kw = dict(is_causal=True, key_value_seq_lengths=jnp.array([6, 3], jnp.int32))
+    o = dpa(q64, k64, v64, bias, **kw)
+    assert o.dtype == jnp.float64
+    close(o, jax.nn.dot_product_attention(q64, k64, v64, bias, **kw))  # jax.nn's softmax: fp32
+    loss = lambda f, *a: jnp.sum(f(*a, **kw) ** 2)
+    g = jax.grad(functools.partial(loss, dpa), (0, 1, 2, 3))(q64, k64, v64, bias)
+    assert [x.dtype for x in g] == [jnp.float64] * 3 + [jnp.float32]
+    g2 = jax.grad(functools.partial(loss, jax.nn.dot_product_attention), (0, 1, 2, 3))(
+        q64, k64, v64, bias)
+    jax.tree.map(close, g, g2)
+    # float32 inputs under x64: float32 throughout, the bias's gradient too.
+    g = jax.grad(functools.partial(loss, dpa), (0, 1, 2, 3))(q, k, v, bias)
+    assert [x.dtype for x in g] == [jnp.float32] * 4
+
+
+@pytest.mark.parametrize("case", [
+    "rank_4_and_5", "batch_dims_swapped", "batch_dims_flattened", "kv_batch_differs",
+    "mask_does_not_broadcast", "bias_does_not_broadcast"])
+def test_nn_bad_shapes_raise_as_flax_does(case):
+  """jax_dnn.nn.dot_product_attention folds the batch dims into one: query
+  and key/value batch dims that differ would pair mismatched batches. The
+  same exception type as flax.nnx.dot_product_attention, naming the
+  argument."""
+  t, s, n, h = 4, 5, 2, 8
+  x = lambda batch, length: randn(45, batch + (length, n, h), jnp.float32)
+  q4, kv4 = x((2,), t), x((2,), s)
+  args, kwargs, error, match = {
+      "rank_4_and_5": ((q4, x((1, 2), s), x((1, 2), s)), {}, ValueError, "same rank"),
+      "batch_dims_swapped": ((x((2, 3), t), x((3, 2), s), x((3, 2), s)), {}, ValueError,
+                             "same batch dims"),
+      "batch_dims_flattened": ((x((6,), t), x((2, 3), s), x((2, 3), s)), {}, ValueError,
+                               "same rank"),
+      "kv_batch_differs": ((q4, x((1,), s), x((1,), s)), {}, ValueError, "same batch dims"),
+      "mask_does_not_broadcast": ((q4, kv4, kv4), dict(mask=jnp.ones((2, n, t, s + 1), bool)),
+                                  TypeError, r"mask of shape \(2, 2, 4, 6\) does not broadcast"),
+      "bias_does_not_broadcast": ((q4, kv4, kv4), dict(bias=jnp.ones((3, n, t, s))),
+                                  TypeError, r"bias of shape \(3, 2, 4, 5\) does not broadcast"),
+  }[case]
+  with pytest.raises(error, match=match):
+    jax_dnn.nn.dot_product_attention(*args, **kwargs)
+  with pytest.raises(error):
+    nnx.dot_product_attention(*args, **kwargs)

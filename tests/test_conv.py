@@ -621,6 +621,84 @@ def test_bad_inputs_raise_as_lax(lhs_shape, rhs_shape, kw):
     jax_dnn.conv_general_dilated(x, w, **kw)
 
 
+_NHWC = ("NHWC", "HWIO", "NHWC")
+
+
+@pytest.mark.parametrize("kw,name", [
+    (dict(window_strides=(0, 1)), "window_strides"),
+    (dict(window_strides=(1, -1)), "window_strides"),
+    (dict(rhs_dilation=(-1, 1)), "rhs_dilation"),
+    (dict(lhs_dilation=(1, 0)), "lhs_dilation"),
+], ids=str)
+def test_nonpositive_strides_and_dilations_are_named(kw, name):
+  """lax's exception type (its verifier's ValueError for strides, under jit;
+  its TypeError for dilations), with a message naming the argument."""
+  x, w = randn(1, (1, 5, 5, 2), jnp.float32), randn(2, (3, 3, 2, 4), jnp.float32)
+  bad = kw[name]
+  kw = dict(dict(window_strides=(1, 1), padding=((1, 1), (1, 1)), dimension_numbers=_NHWC), **kw)
+  want = _lax_error(lambda: jax.jit(lambda x, w: lax.conv_general_dilated(x, w, **kw))(x, w))
+  with pytest.raises(type(want), match=f"conv_general_dilated: {name} must hold positive ints"):
+    jax.jit(lambda x, w: jax_dnn.conv_general_dilated(x, w, **kw))(x, w)
+  # conv_transpose's strides (lax's lhs dilation there).
+  want = _lax_error(lambda: lax.conv_transpose(x, w, bad, "SAME"))
+  with pytest.raises(type(want), match="conv_transpose: strides must hold positive ints"):
+    jax_dnn.conv_transpose(x, w, bad, "SAME")
+
+
+def _lax_fused(x, k, b, strides=1, padding="SAME"):
+  return lax.conv_general_dilated(x, k, (strides,) * (x.ndim - 2), padding,
+                                  dimension_numbers=_NHWC) + b
+
+
+@pytest.mark.parametrize("dtype", [jnp.int32, jnp.complex64, "float64", "numpy"],
+                         ids=lambda d: jnp.dtype(d).name if d != "numpy" else d)
+def test_other_dtypes_run_lax(dtype):
+  """conv and matmul take what lax.conv_general_dilated and jnp.matmul take
+  (integers, complex, float64 under x64; NumPy float64 as float32 without
+  it): their values and dtypes."""
+  rng = np.random.default_rng(3)
+  shapes = [(2, 6, 5, 3), (3, 3, 3, 4), (4,)]
+  with x64() if dtype == "float64" else contextlib.nullcontext():
+    if dtype == "numpy":
+      x, k, b = (rng.normal(size=s) for s in shapes)
+    else:
+      x, k, b = (jnp.asarray(rng.integers(-3, 4, s)).astype(dtype) for s in shapes)
+      if dtype == jnp.complex64:
+        x = x + 1j * x[::-1]
+    y = jax_dnn.conv(x, k, b, strides=2, activation="relu" if dtype == jnp.int32 else None)
+    want = _lax_fused(jnp.asarray(x), jnp.asarray(k), jnp.asarray(b), 2)
+    want = jax.nn.relu(want) if dtype == jnp.int32 else want
+    assert y.dtype == want.dtype
+    np.testing.assert_allclose(y, want, rtol=1e-6, atol=1e-6)
+    xm, wm = np.asarray(x)[..., 0, :], np.asarray(k)[0, 0]  # [2, 6, 3] @ [3, 4]
+    y, want = jax_dnn.matmul(xm, wm, b), jnp.matmul(jnp.asarray(xm), jnp.asarray(wm)) + b
+    assert y.dtype == want.dtype
+    np.testing.assert_allclose(y, want, rtol=1e-6, atol=1e-6)
+
+
+def test_matmul_of_bools_as_jnp():
+  x, w = jnp.asarray([[True, False], [False, False]]), jnp.asarray([[True], [True]])
+  y = jax_dnn.matmul(x, w)
+  assert y.dtype == jnp.bool_
+  np.testing.assert_array_equal(y, jnp.matmul(x, w))
+
+
+def test_window_past_the_input_gives_no_output():
+  """As lax: extent 0 where the window does not fit the padded input."""
+  x, k, b = randn(3, (2, 4, 5, 3), jnp.float32), randn(4, (6, 2, 3, 4), jnp.float32), jnp.ones(4)
+  y = jax_dnn.conv(x, k, b, padding="VALID")
+  assert y.shape == _lax_fused(x, k, b, padding="VALID").shape == (2, 0, 4, 4)
+  assert jax.grad(lambda x: jnp.sum(jax_dnn.conv(x, k, b, padding="VALID")))(x).shape == x.shape
+
+
+@pytest.mark.parametrize("sm_count", [-1, 0, 1.5, True])
+def test_conv_algorithms_rejects_a_nonpositive_sm_count(sm_count):
+  x = jax.ShapeDtypeStruct((8, 28, 28, 64), jnp.bfloat16)
+  k = jax.ShapeDtypeStruct((3, 3, 64, 128), jnp.bfloat16)
+  with pytest.raises(ValueError, match="sm_count must be None .* or a positive int"):
+    jax_dnn.conv_algorithms(x, k, sm_count=sm_count)
+
+
 def test_bad_inputs_of_the_fused_form():
   x, k = jnp.ones((2, 5, 5, 4)), jnp.ones((3, 3, 4, 6))
   with pytest.raises(ValueError, match=r"conv: kernel must be \[\*window, C / groups, K\]"):
@@ -645,8 +723,6 @@ def test_bad_inputs_of_the_fused_form():
     jax_dnn.conv(x, k, strides=(1, 2, 3))
   with pytest.raises(ValueError, match="conv: dilation must be >= 1"):
     jax_dnn.conv(x, k, dilation=0)
-  with pytest.raises(TypeError, match="conv: x has dtype int32"):
-    jax_dnn.conv(x.astype(jnp.int32), k)
   with pytest.raises(ValueError, match=r"matmul: x must be \[..., K\] with K = w.shape\[0\] = 4"):
     jax_dnn.matmul(jnp.ones((3, 5)), jnp.ones((4, 2)))
   with pytest.raises(ValueError, match=r"matmul: w must be \[K, N\]"):

@@ -15,7 +15,7 @@ import pytest
 
 import jax_dnn
 import jax_dnn.nn
-from helpers import DTYPES, check_fwd_bwd, f64, on_gpu, randn
+from helpers import DTYPES, check_fwd_bwd, f64, on_gpu, randn, x64
 
 EPS = 1e-5
 ACTS = {None: lambda z: z, "relu": jax.nn.relu, "silu": jax.nn.silu, "sigmoid": jax.nn.sigmoid,
@@ -217,8 +217,8 @@ def test_bad_inputs():
     jax_dnn.group_norm(x, num_groups=None)
   with pytest.raises(ValueError, match="num_groups must be a positive int"):
     jax_dnn.group_norm(x, num_groups=0)
-  with pytest.raises(TypeError, match="group_norm: x has dtype int32"):
-    jax_dnn.group_norm(jnp.ones((2, 8), jnp.int32), num_groups=2)
+  with pytest.raises(TypeError, match="group_norm: x must be an array"):
+    jax_dnn.group_norm([[1.0, 2.0]], num_groups=2)
   with pytest.raises(ValueError, match=r"rank >= 2"):
     jax_dnn.instance_norm(jnp.ones(8))
   with pytest.raises(ValueError, match=r"channels\) must be > 0"):
@@ -233,6 +233,73 @@ def test_bad_inputs():
     jax_dnn.nn.GroupNorm(8, num_groups=2, activation="swish", rngs=nnx.Rngs(0))
   with pytest.raises(ValueError, match="does not divide"):  # Flax's own check
     jax_dnn.nn.GroupNorm(10, num_groups=4, rngs=nnx.Rngs(0))
+
+
+@pytest.mark.parametrize("shape", [(0, 4, 8), (2, 0, 8), (0, 0, 8)], ids=str)
+def test_empty_inputs_as_flax(shape):
+  """No samples or no positions: Flax's empty result (functions and layers),
+  its gradients empty too."""
+  x = jnp.ones(shape, jnp.float32)
+  for y in (jax_dnn.group_norm(x, num_groups=2), jax_dnn.instance_norm(x),
+            jax_dnn.nn.GroupNorm(8, num_groups=2, rngs=nnx.Rngs(0))(x),
+            jax_dnn.nn.InstanceNorm(8, rngs=nnx.Rngs(0))(x)):
+    assert y.shape == nnx.InstanceNorm(8, rngs=nnx.Rngs(0))(x).shape == shape
+    assert y.dtype == jnp.float32
+  g = jax.grad(lambda s: jnp.sum(jax_dnn.instance_norm(x, s)))(jnp.ones(8))
+  np.testing.assert_array_equal(g, np.zeros(8))
+
+
+def _flax_group_norm(x, scale, bias, groups):
+  layer = nnx.GroupNorm(x.shape[-1], num_groups=groups, use_fast_variance=False,
+                        param_dtype=scale.dtype, rngs=nnx.Rngs(0))
+  layer.scale[...], layer.bias[...] = scale, bias
+  return layer(x)
+
+
+@pytest.mark.parametrize("dtype", [jnp.int32, jnp.bool_, jnp.complex64, "float64"],
+                         ids=lambda d: jnp.dtype(d).name)
+def test_other_dtypes_as_flax(dtype):
+  """Integers and bools normalize as float32 (Flax promotes them with its
+  float32 parameters); float64 (under x64) and complex run the reference in
+  their dtype: Flax's values and dtype, and float64 gradients."""
+  with x64():
+    rng = np.random.default_rng(8)
+    x = jnp.asarray(rng.integers(-3, 4, (2, 5, 6)))
+    x = x.astype(dtype) if dtype != "float64" else x + jnp.asarray(rng.normal(size=x.shape))
+    if dtype == jnp.complex64:
+      x = x + 1j * jnp.asarray(rng.integers(-3, 4, x.shape), jnp.float32)
+    pdtype = jnp.float64 if dtype == "float64" else jnp.float32
+    scale = jnp.asarray(rng.uniform(0.5, 1.5, 6), pdtype)
+    bias = jnp.asarray(rng.normal(size=6), pdtype)
+    tol = 1e-12 if dtype == "float64" else 1e-5
+    for groups in (3, 6):
+      y = (jax_dnn.group_norm(x, scale, bias, num_groups=groups) if groups == 3
+           else jax_dnn.instance_norm(x, scale, bias))
+      want = _flax_group_norm(x, scale, bias, groups)
+      assert y.dtype == want.dtype
+      np.testing.assert_allclose(y, want, rtol=tol, atol=tol)
+    if dtype == "float64":
+      grad = lambda f: jax.grad(lambda x, s: jnp.sum(jnp.sin(f(x, s))), (0, 1))(x, scale)
+      ours = grad(lambda x, s: jax_dnn.group_norm(x, s, bias, num_groups=3))
+      theirs = grad(lambda x, s: _flax_group_norm(x, s, bias, 3))
+      for a, b in zip(ours, theirs):
+        assert a.dtype == jnp.float64
+        np.testing.assert_allclose(a, b, rtol=1e-10, atol=1e-12)
+  x = np.random.default_rng(9).normal(size=(2, 5, 6))  # NumPy float64: float32 without x64
+  assert jax_dnn.group_norm(x, num_groups=3).dtype == jnp.float32
+
+
+def test_layer_with_the_wrong_feature_count():
+  """A clear error naming the features, where Flax's reshape fails; an
+  InstanceNorm without parameters takes any width, as Flax's."""
+  x = randn(1, (2, 4, 6), jnp.float32)
+  with pytest.raises(ValueError, match="GroupNorm: x has 6 features.*num_features=8"):
+    jax_dnn.nn.GroupNorm(8, num_groups=4, rngs=nnx.Rngs(0))(x)
+  with pytest.raises(ValueError, match="InstanceNorm: x has 6 features.*num_features=3"):
+    jax_dnn.nn.InstanceNorm(3, rngs=nnx.Rngs(0))(x)
+  kw = dict(use_bias=False, use_scale=False, rngs=nnx.Rngs(0))
+  np.testing.assert_allclose(jax_dnn.nn.InstanceNorm(3, **kw)(x), nnx.InstanceNorm(3, **kw)(x),
+                             rtol=1e-5, atol=1e-5)
 
 
 # --- the Flax drop-ins ------------------------------------------------------------

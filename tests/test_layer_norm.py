@@ -3,15 +3,17 @@ shapes (including per-group parameters), the saved statistics, optional
 parameters, bad inputs. jit/vmap/grad, check_grads and the CUDA lowering:
 tests/test_transforms.py (the table in tests/op_cases.py)."""
 
+import contextlib
 import functools
 
+from flax import nnx
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
 
 import jax_dnn
-from helpers import DTYPES, check_fwd_bwd, on_gpu, randn
+from helpers import DTYPES, check_fwd_bwd, on_gpu, randn, x64
 
 EPS = 1e-5
 
@@ -228,20 +230,96 @@ def test_optional_parameters(device):
 
 def test_bad_inputs():
   x = jnp.ones((2, 8), jnp.float32)
-  with pytest.raises(TypeError, match="layer_norm: x has dtype int32"):
-    jax_dnn.layer_norm(jnp.ones((2, 8), jnp.int32))
   with pytest.raises(ValueError, match=r"layer_norm: scale must have shape \(8,\)"):
     jax_dnn.layer_norm(x, jnp.ones(4))
   with pytest.raises(ValueError, match=r"rms_norm: scale must have shape \(8,\)"):
     jax_dnn.rms_norm(x, jnp.ones((2, 8)))
   with pytest.raises(ValueError, match="rank >= 1"):
     jax_dnn.rms_norm(jnp.float32(1))
-  with pytest.raises(ValueError, match=r"x.shape\[-1\] must be > 0"):
-    jax_dnn.layer_norm(jnp.ones((3, 0)))
   with pytest.raises(ValueError, match="epsilon must be > 0"):
     jax_dnn.layer_norm(x, epsilon=0.0)
   with pytest.raises(TypeError, match="scale must be floating point"):
     jax_dnn.layer_norm(x, jnp.ones(8, jnp.int32))
+
+
+def _flax_norm(name, x, scale, bias):
+  """Flax's layer (exact variance) with the given parameters, or none."""
+  kw = dict(epsilon=EPS, use_fast_variance=False, use_scale=scale is not None, rngs=nnx.Rngs(0))
+  if scale is not None:
+    kw["param_dtype"] = scale.dtype
+  if name == "layer_norm":
+    layer = nnx.LayerNorm(x.shape[-1], use_bias=bias is not None, **kw)
+    if bias is not None:
+      layer.bias[...] = bias
+  else:
+    layer = nnx.RMSNorm(x.shape[-1], **kw)
+  if scale is not None:
+    layer.scale[...] = scale
+  return layer(x)
+
+
+# Inputs the kernels do not take, as (x, parameters' dtype or None, whether
+# under x64): Flax promotes integer and bool x with the parameters (to
+# float32 without floating ones) and keeps float64 and complex.
+DTYPE_GRID = {
+    "int32": (np.arange(-6, 6, dtype=np.int32).reshape(2, 6) ** 2, jnp.float32, False),
+    "int32, no parameters": (np.arange(-6, 6, dtype=np.int32).reshape(2, 6), None, False),
+    "int32, bfloat16 parameters": (np.arange(12, dtype=np.int32).reshape(2, 6), jnp.bfloat16,
+                                   False),
+    "bool": (np.arange(12).reshape(2, 6) % 3 == 0, jnp.float32, False),
+    "complex64": ((np.arange(12) + 1j * np.arange(12) ** 2).reshape(2, 6).astype(np.complex64),
+                  jnp.float32, False),
+    "float64": (np.random.default_rng(0).normal(size=(2, 6)), jnp.float64, True),
+}
+
+
+@pytest.mark.parametrize("name", OPS)
+def test_dtypes_like_flax(device, name):
+  ours = OPS[name][0]
+  for what, (x, pdtype, wide) in DTYPE_GRID.items():
+    with x64() if wide else contextlib.nullcontext():
+      params = [None, None]
+      if pdtype is not None:
+        params = [p.astype(pdtype) for p in _params(6, 2, jnp.float32)]
+      got = ours(x, *params[:OPS[name][2]])
+      want = _flax_norm(name, x, *params)
+      assert jax.typeof(got) == jax.typeof(want), what
+      tol = 1e-12 if wide else 1e-2 if pdtype == jnp.bfloat16 else 1e-5
+      np.testing.assert_allclose(got, want, rtol=tol, atol=tol, err_msg=what)
+  with x64():  # float64 gradients, from JAX's differentiation of the reference
+    x = jnp.asarray(DTYPE_GRID["float64"][0])
+    scale = _params(6, 1, jnp.float32)[0].astype(jnp.float64)
+    grads = jax.grad(lambda a, s: jnp.sum(ours(a, s) ** 3), (0, 1))(x, scale)
+    want = jax.grad(lambda a, s: jnp.sum(_flax_norm(name, a, s, None) ** 3), (0, 1))(x, scale)
+    for g, w in zip(grads, want):
+      assert g.dtype == jnp.float64
+      np.testing.assert_allclose(g, w, rtol=1e-10, atol=1e-10)
+
+
+@pytest.mark.parametrize("name", OPS)
+@pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: jnp.dtype(d).name)
+def test_nan_in_one_row(device, name, dtype):
+  """That row NaN; the others finite and as they are without it."""
+  ours, _, nparams = OPS[name]
+  x = randn(71, (4, 33), dtype, scale=2.0, offset=1.0)
+  params = _params(33, nparams, dtype)
+  got = np.asarray(jax.jit(ours)(x.at[2, 5].set(jnp.nan), *params).astype(jnp.float32))
+  assert np.isnan(got[2]).all() and np.isfinite(np.delete(got, 2, axis=0)).all()
+  want = np.asarray(jax.jit(ours)(x, *params).astype(jnp.float32))
+  np.testing.assert_array_equal(np.delete(got, 2, axis=0), np.delete(want, 2, axis=0))
+
+
+def test_no_columns(device):
+  """x [3, 0]: an empty result (and empty gradients), as Flax's."""
+  x, scale, bias = jnp.ones((3, 0), jnp.bfloat16), jnp.ones((0,)), jnp.zeros((0,))
+  for name, (ours, _, nparams) in OPS.items():
+    params = (scale, bias)[:nparams]
+    y = jax.jit(ours)(x, *params)
+    want = _flax_norm(name, x, scale, bias if nparams == 2 else None)
+    assert y.shape == want.shape == (3, 0) and y.dtype == x.dtype
+    loss = lambda *a: ours(*a).astype(jnp.float32).sum()
+    grads = jax.grad(loss, tuple(range(nparams + 1)))(x, *params)
+    assert [g.shape for g in grads] == [(3, 0)] + [(0,)] * nparams
 
 
 # Widths that are not a multiple of the 16-byte vector (one element a

@@ -19,7 +19,7 @@ import pytest
 
 import jax_dnn
 import jax_dnn.nn
-from helpers import randn
+from helpers import randn, x64
 
 # (in, out, kernel_size, x shape, constructor options): 1D/2D/3D, strides,
 # dilations, every padding form Flax takes, groups, masks, channel counts that
@@ -230,6 +230,34 @@ def test_mask_of_the_wrong_shape_raises():
     layer = cls(2, 4, (3, 3), mask=jnp.ones((3, 3, 4, 2)), rngs=nnx.Rngs(0))
     with pytest.raises(ValueError, match="Mask needs to have the same shape as weights"):
       layer(jnp.ones((1, 5, 5, 2)))
+
+
+def test_edge_inputs_as_flax():
+  """A window past the input (no output), float64 under x64, an empty batch
+  with CIRCULAR padding (Flax's own reshape fails there: ours gives the
+  empty result), and a negative dilation (Flax's exception type, the
+  argument named)."""
+  conv = lambda cls, **kw: _pair(cls, nnx.Conv if cls is jax_dnn.nn.Conv else nnx.ConvTranspose,
+                                 (3, 4, (3, 3)), kw)
+  ours, theirs = conv(jax_dnn.nn.Conv, padding="VALID")
+  x = randn(1, (2, 2, 5, 3), jnp.float32)
+  assert ours(x).shape == theirs(x).shape == (2, 0, 3, 4)
+  with x64():
+    ours, theirs = conv(jax_dnn.nn.Conv, param_dtype=jnp.float64)
+    x = jnp.asarray(np.random.default_rng(2).normal(size=(2, 5, 5, 3)))
+    y, want = ours(x), theirs(x)
+    assert y.dtype == want.dtype == jnp.float64
+    np.testing.assert_allclose(y, want, rtol=1e-12, atol=1e-12)
+  ours, theirs = conv(jax_dnn.nn.ConvTranspose, strides=2, padding="CIRCULAR")
+  assert ours(jnp.ones((0, 5, 5, 3))).shape == (0,) + theirs(jnp.ones((1, 5, 5, 3))).shape[1:]
+  ours, theirs = conv(jax_dnn.nn.Conv, kernel_dilation=-1)
+  x = randn(1, (1, 5, 5, 3), jnp.float32)
+  try:
+    theirs(x)
+  except (TypeError, ValueError) as e:
+    want = type(e)
+  with pytest.raises(want, match="rhs_dilation must hold positive ints"):
+    ours(x)
 
 
 def test_training_step_under_nnx_jit(device):

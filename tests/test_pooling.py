@@ -19,7 +19,7 @@ import jax_dnn
 from jax_dnn._src import extension
 from jax_dnn._src import plans
 from jax_dnn._src import pooling
-from helpers import DTYPES, check_fwd_bwd, cuda_hlo, on_gpu, randn
+from helpers import DTYPES, check_fwd_bwd, cuda_hlo, on_gpu, randn, x64
 
 # --- the NumPy reference ------------------------------------------------------------
 
@@ -330,23 +330,124 @@ def test_empty_output_like_flax():
   assert jax_dnn.max_pool(x, (4, 4)).shape == nn.max_pool(x, (4, 4)).shape == (2, 0, 0, 4)
 
 
+def test_empty_input_axis_reads_padding_alone():
+  """An empty spatial axis with padding: every window is padding (-inf for
+  max, 0 for the average), gradients included."""
+  x = randn(1, (2, 0, 5, 3), jnp.float32)
+  for ours, theirs in ((jax_dnn.max_pool, nn.max_pool), (jax_dnn.avg_pool, nn.avg_pool)):
+    call = lambda f, x: f(x, (2, 2), padding=((1, 1), (0, 0)))
+    np.testing.assert_array_equal(call(ours, x), call(theirs, x))
+    assert jax.grad(lambda x: jnp.sum(call(ours, x)))(x).shape == x.shape
+
+
+# --- inputs the kernels do not take: flax's computation -------------------------------
+
+
+def _small_ints(shape):
+  return np.random.default_rng(3).integers(-4, 5, shape)
+
+
+@pytest.mark.parametrize("dtype", [jnp.int32, jnp.uint8, jnp.bool_, jnp.complex64],
+                         ids=lambda d: jnp.dtype(d).name)
+@pytest.mark.parametrize("name", ["max_pool", "avg_pool"])
+def test_other_dtypes_as_flax(name, dtype):
+  """Integer, bool and complex inputs: flax's values and dtype (an integer
+  average is float32; bool averages raise, as flax's)."""
+  x = jnp.asarray(_small_ints((2, 7, 6, 3))).astype(dtype)
+  if dtype == jnp.complex64:
+    x = x + 1j * jnp.asarray(_small_ints((2, 7, 6, 3)), jnp.float32)[::-1]
+  ours, theirs = getattr(jax_dnn, name), getattr(nn, name)
+  args = ((3, 2), (2, 1), ((1, 1), (0, 1)))
+  if name == "avg_pool" and dtype == jnp.bool_:
+    with pytest.raises(TypeError):
+      theirs(x, *args)
+    with pytest.raises(TypeError):
+      ours(x, *args)
+    return
+  y, want = ours(x, *args), theirs(x, *args)
+  assert y.dtype == want.dtype and y.shape == want.shape
+  np.testing.assert_allclose(y, want, rtol=1e-6)
+
+
+@pytest.mark.parametrize("name", ["max_pool", "avg_pool"])
+def test_float64_and_numpy_inputs_as_flax(name):
+  ours, theirs = getattr(jax_dnn, name), getattr(nn, name)
+  x = np.random.default_rng(4).normal(size=(2, 9, 4))  # NumPy float64: float32 without x64
+  y = ours(x, (3,), (2,), "SAME")
+  assert y.dtype == jnp.float32
+  np.testing.assert_allclose(y, theirs(x, (3,), (2,), "SAME"), rtol=1e-6)
+  with x64():
+    x = jnp.asarray(x)
+    fn = lambda x: jnp.sum(jnp.sin(ours(x, (3,), (2,), "SAME")))
+    y, want = ours(x, (3,), (2,), "SAME"), theirs(x, (3,), (2,), "SAME")
+    assert y.dtype == jnp.float64
+    np.testing.assert_allclose(y, want, rtol=1e-13)
+    np.testing.assert_allclose(
+        jax.grad(fn)(x), jax.grad(lambda x: jnp.sum(jnp.sin(theirs(x, (3,), (2,), "SAME"))))(x),
+        rtol=1e-13)
+
+
+@pytest.mark.parametrize("name", ["max_pool", "avg_pool"])
+def test_four_spatial_axes_as_flax(name):
+  x = randn(5, (2, 4, 3, 5, 4, 2), jnp.float32)
+  args = ((2, 2, 3, 2), (1, 2, 1, 2), "SAME")
+  ours, theirs = getattr(jax_dnn, name), getattr(nn, name)
+  np.testing.assert_allclose(ours(x, *args), theirs(x, *args), rtol=1e-6)
+
+
+# (padding, count_include_pad): crops on one side, both, crop and pad on
+# one axis; crops that pass each other (nothing of the axis left: windows
+# of padding alone, as lax pads).
+NEGATIVE_PADDING = [
+    (((-1, 0), (0, -2)), True),
+    (((-2, 1), (1, -1)), False),
+    (((-1, -1), (2, -1)), True),
+    (((-8, 5), (0, 0)), True),
+    (((5, -8), (1, 1)), True),
+    (((-4, -3), (0, 0)), False),
+]
+
+
+@pytest.mark.parametrize("padding, include", NEGATIVE_PADDING, ids=str)
+@pytest.mark.parametrize("name", ["max_pool", "avg_pool"])
+def test_negative_padding_crops_as_flax(name, padding, include):
+  x = randn(6, (2, 6, 5, 3), jnp.float32)
+  kw = {} if name == "max_pool" else dict(count_include_pad=include)
+  ours = lambda x: getattr(jax_dnn, name)(x, (2, 2), (1, 2), padding, **kw)
+  want = getattr(nn, name)(x, (2, 2), (1, 2), padding, **kw)
+  y = ours(x)
+  assert y.shape == want.shape
+  # flax's average over a window of padding alone without count_include_pad
+  # is 0 / 0; ours is 0 (avg_pool's docstring).
+  np.testing.assert_allclose(y, jnp.where(jnp.isnan(want), 0.0, want), rtol=1e-6)
+  # The gradient: flax's of the input cropped first (jax.grad of flax's
+  # reduce_window with negative padding itself fails in lax's slice).
+  if all(min(lo, 0) + min(hi, 0) + length >= 0 for (lo, hi), length in zip(padding, (6, 5))):
+    crop = [(0, 0, 0)] + [(min(lo, 0), min(hi, 0), 0) for lo, hi in padding] + [(0, 0, 0)]
+    rest = [(max(lo, 0), max(hi, 0)) for lo, hi in padding]
+    theirs = lambda x: getattr(nn, name)(jax.lax.pad(x, 0.0, crop), (2, 2), (1, 2), rest, **kw)
+    dy = randn(7, y.shape, jnp.float32)
+    np.testing.assert_allclose(jax.vjp(ours, x)[1](dy)[0], jax.vjp(theirs, x)[1](dy)[0],
+                               rtol=1e-6, atol=1e-6)
+
+
 # --- bad inputs ---------------------------------------------------------------------
 
 
 @pytest.mark.parametrize("call, error, match", [
     (lambda x: jax_dnn.max_pool(x, 3), TypeError, "window_shape"),
     (lambda x: jax_dnn.max_pool(x, (3, 0)), ValueError, "window_shape"),
-    (lambda x: jax_dnn.max_pool(x, (1, 1, 1, 1)), ValueError, "window_shape"),
+    (lambda x: jax_dnn.max_pool(x, (1, 1, 1, 1)), ValueError, "inputs"),
     (lambda x: jax_dnn.max_pool(x, (2, 2), (1,)), ValueError, "strides"),
     (lambda x: jax_dnn.max_pool(x, (2, 2), (1, 0)), ValueError, "strides"),
     (lambda x: jax_dnn.max_pool(x, (2, 2), padding="FULL"), ValueError, "padding"),
     (lambda x: jax_dnn.max_pool(x, (2, 2), padding=((1, 1),)), ValueError, "padding"),
-    (lambda x: jax_dnn.max_pool(x, (2, 2), padding=((1, -1), (0, 0))), ValueError, "padding"),
     (lambda x: jax_dnn.avg_pool(x, (2, 2), count_include_pad="yes"), TypeError,
      "count_include_pad"),
-    (lambda x: jax_dnn.max_pool(x.astype(jnp.int32), (2, 2)), TypeError, "inputs"),
     (lambda x: jax_dnn.max_pool(x[0, 0], (2, 2)), ValueError, "inputs"),
     (lambda x: jax_dnn.avg_pool([1.0], (1,)), TypeError, "inputs"),
+    (lambda x: jax_dnn.max_pool(x, (2, 2), padding=((1, 1.5), (0, 0))), TypeError, "padding"),
+    (lambda x: jax_dnn.adaptive_max_pool(x.astype(jnp.int32), 2), TypeError, "inputs"),
     (lambda x: jax_dnn.adaptive_avg_pool(x, (0, 2)), ValueError, "output_size"),
     (lambda x: jax_dnn.adaptive_avg_pool(x, "7"), TypeError, "output_size"),
     (lambda x: jax_dnn.adaptive_max_pool(x, (2, 2, 2, 2)), ValueError, "output_size"),
@@ -522,7 +623,8 @@ def test_argmax_offsets(device, case, fill):
     x = np.where(rng.random(shape) < 0.1, np.nan, x).astype(np.float32)
   rank = len(window)
   xj = jnp.asarray(x, jnp.bfloat16)
-  _, params = pooling._window_params("max_pool", xj, window, strides, padding)
+  window, strides, pads = pooling._window_args("max_pool", xj, window, strides, padding)
+  params = pooling._window_params(xj.shape[1:-1], window, strides, pads)
   params.update(count_include_pad=False, deterministic=False)
   x5, _ = pooling._to_3d(xj, rank)
   y, idx = jax.jit(lambda x: pooling.max_pool_idx_fwd_p.bind(x, **params))(x5)

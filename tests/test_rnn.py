@@ -16,7 +16,7 @@ from jax.test_util import check_grads
 import numpy as np
 import pytest
 
-from helpers import DTYPES, assert_rule, check_fwd_bwd, cuda_hlo, f64
+from helpers import DTYPES, assert_rule, check_fwd_bwd, cuda_hlo, f64, x64
 import jax_dnn
 from jax_dnn import nn as jnn
 from jax_dnn._src import extension
@@ -510,6 +510,88 @@ def test_bad_inputs_raise():
     jax_dnn.gru(x, h_0, w, lens, *args)  # LSTM-sized weights
 
 
+def test_weight_helpers_reject_sizes_that_do_not_match():
+  """Sizes, vectors and per-layer arrays that do not make the layout raise
+  a ValueError naming the argument, never a silently wrong model."""
+  lstm_w = jax_dnn.init_lstm_weight(jax.random.key(0), 3, 4, 1, False)
+  with pytest.raises(ValueError, match=r"unpack_gru_weights: weights must be the flat vector "
+                                       r"of shape \(108,\).*got shape \(144,\)"):
+    jax_dnn.unpack_gru_weights(lstm_w, 3, 4, 1, False)
+  with pytest.raises(ValueError, match="get_num_params_in_gru: hidden_size must be an int >= 1; "
+                                       "got -3"):
+    jax_dnn.get_num_params_in_gru(4, -3, 1, False)
+  with pytest.raises(ValueError, match="get_num_params_in_lstm: input_size must be an int"):
+    jax_dnn.get_num_params_in_lstm(0, 4, 1, False)
+  with pytest.raises(ValueError, match="init_lstm_weight: hidden_size must be an int >= 1"):
+    jax_dnn.init_lstm_weight(jax.random.key(0), 3, 0, 1, False)
+  with pytest.raises(TypeError, match="get_num_params_in_rnn: bidirectional must be a bool"):
+    jax_dnn.get_num_params_in_rnn(3, 4, 1, "no")
+  w_ih, w_hh, b_ih, b_hh = jax_dnn.unpack_lstm_weights(
+      jax_dnn.init_lstm_weight(jax.random.key(0), 3, 4, 2, False), 3, 4, 2, False)
+  with pytest.raises(ValueError, match=r"pack_rnn_weights: W_ih, W_hh, b_ih and b_hh must each "
+                                       r"hold one array per pseudo-layer.*'W_hh': 1"):
+    jax_dnn.pack_rnn_weights(w_ih, {0: w_hh[0]}, b_ih, b_hh)
+  with pytest.raises(ValueError, match=r"W_hh\[1\] must have shape \(16, 4\).*got \(16, 5\)"):
+    jax_dnn.pack_rnn_weights(w_ih, {0: w_hh[0], 1: jnp.zeros((16, 5))}, b_ih, b_hh)
+  with pytest.raises(ValueError, match=r"b_ih\[0\] must have shape \(16,\).*got \(12,\)"):
+    jax_dnn.pack_rnn_weights(w_ih, w_hh, {0: b_ih[0][:12], 1: b_ih[1]}, b_hh)
+  with pytest.raises(ValueError, match=r"W_ih\[1\] must have shape \(16, "):
+    jax_dnn.pack_rnn_weights({0: w_ih[0], 1: w_ih[1][:12]}, w_hh, b_ih, b_hh)
+  with pytest.raises(ValueError, match=r"W_hh\[0\] must have shape \(G \* hidden_size, "
+                                       r"hidden_size\)"):
+    jax_dnn.pack_rnn_weights(w_ih, {0: w_hh[0][:, :3], 1: w_hh[1]}, b_ih, b_hh)
+
+
+def test_torch_state_dict_errors_name_the_tensor():
+  sd = jax_dnn.rnn_weights_to_torch(
+      np.asarray(jax_dnn.init_lstm_weight(jax.random.key(0), 3, 4, 2, True)), "lstm", 3, 4, 2,
+      True)
+  convert = jax_dnn.rnn_weights_from_torch
+  with pytest.raises(ValueError, match="missing bias_hh_l0$"):
+    convert({k: v for k, v in sd.items() if k != "bias_hh_l0"})
+  with pytest.raises(ValueError, match=r"weight_hh_l0 must have shape \(G \* hidden_size, "
+                                       r"hidden_size\).*got \(16, 5\)"):
+    convert({**sd, "weight_hh_l0": np.zeros((16, 5), np.float32)})
+  with pytest.raises(ValueError, match=r"weight_hh_l1_reverse must have shape \(16, 4\).*got "
+                                       r"\(16, 3\)"):
+    convert({**sd, "weight_hh_l1_reverse": np.zeros((16, 3), np.float32)})
+  with pytest.raises(ValueError, match=r"weight_ih_l1 must have shape \(16, 8\)"):
+    convert({**sd, "weight_ih_l1": np.zeros((16, 4), np.float32)})
+  with pytest.raises(ValueError, match=r"bias_ih_l1 must have shape \(16,\)"):
+    convert({**sd, "bias_ih_l1": np.zeros((12,), np.float32)})
+  with pytest.raises(ValueError, match="no weight_hh_l0 in the state dict"):
+    convert({k: v for k, v in sd.items() if k != "weight_hh_l0"})
+  one_way = {k: v for k, v in sd.items() if "reverse" not in k and "l1" not in k}
+  with pytest.raises(ValueError, match=r"unexpected keys \['bias_hh_l0_reverse'\] for 1 "
+                                       "layers, one direction"):
+    convert({**one_way, "bias_hh_l0_reverse": sd["bias_hh_l0_reverse"]})
+  with pytest.raises(ValueError, match="missing weight_hh_l1"):
+    convert({k: v for k, v in sd.items() if k != "weight_hh_l1"})
+
+
+def test_float64_runs_the_reference():
+  """Under jax_enable_x64, float64 inputs (jax.experimental.rnn.lstm's cuDNN
+  path takes them) run the reference in float64: values and gradients as
+  the float64 per-step reference, within float64 rounding."""
+  with x64():
+    x, h_0, c_0, w = (a.astype(jnp.float64) for a in _problem("lstm", 3, 4, 3, 4, 1, True))
+    lens = jnp.asarray([4, 2, 0], jnp.int32)
+    static = (3, 4, 1, True)
+    ours = lambda *a: _ours("lstm", *a, lens, *static)
+    naive = lambda *a: _naive("lstm", *a, lens, *static)
+    outs = jax.jit(ours)(x, h_0, c_0, w)
+    assert [o.dtype for o in outs] == [jnp.float64] * 3
+    for a, b in zip(outs, naive(x, h_0, c_0, w)):
+      np.testing.assert_allclose(a, b, rtol=1e-12, atol=1e-12)
+    grad = lambda fn: jax.jit(jax.grad(lambda *a: jnp.sum(jnp.concatenate(
+        [jnp.ravel(jnp.sin(o)) for o in fn(*a)])), argnums=(0, 1, 2, 3)))
+    for a, b in zip(grad(ours)(x, h_0, c_0, w), grad(naive)(x, h_0, c_0, w)):
+      assert a.dtype == jnp.float64
+      np.testing.assert_allclose(a, b, rtol=1e-11, atol=1e-12)
+    layer = jnn.GRU(3, 4, param_dtype=jnp.float64, rngs=nnx.Rngs(0))
+    assert layer(x)[0].dtype == jnp.float64
+
+
 # --- PyTorch state dicts ------------------------------------------------------------
 
 
@@ -625,19 +707,57 @@ def test_cuda_lowering_of_gru_under_vmap(fake_kernels):
   assert ("gru", "float32", 5, 6, 4, None, 1) in fake_kernels
 
 
-def test_cuda_lowering_of_exact_fp32_runs_the_reference(fake_kernels):
-  """fp32 at HIGHEST (the precision argument or JAX's default) asks for exact
-  products, which the kernels' TF32 does not give; bf16 is unaffected."""
+def _entry_point(name, batch):
+  """fn(x [batch, 5, 3] fp32, precision) of one public entry point over a
+  recurrence of width 4 (precision: the argument where the entry point has
+  one, else ignored)."""
+  lens = jnp.full((batch,), 5, jnp.int32)
+  if name in ("lstm", "gru", "rnn"):
+    _, h_0, c_0, w = _problem({"rnn": "rnn_tanh"}.get(name, name), batch, 5, 3, 4, 1, True)
+    args = (lens, 3, 4, 1, 0.0, True)
+    op = {"lstm": lambda x, p: jax_dnn.lstm(x, h_0, c_0, w, *args, p),
+          "gru": lambda x, p: jax_dnn.gru(x, h_0, w, *args, p),
+          "rnn": lambda x, p: jax_dnn.rnn(x, h_0, w, *args, p)}[name]
+    return lambda x, precision=None: op(x, precision)[0]
+  if name in ("nn.LSTM", "nn.GRU"):
+    layer = (jnn.LSTM if name == "nn.LSTM" else jnn.GRU)(3, 4, bidirectional=True,
+                                                          rngs=nnx.Rngs(0))
+    return lambda x, precision=None: layer(x, seq_lengths=lens)[0]
+  carry = lambda: (jnp.zeros((batch, 4)),) * 2
+  if name == "nn.Bidirectional":
+    module = jnn.Bidirectional(jnn.RNN(nnx.LSTMCell(3, 4, rngs=nnx.Rngs(0))),
+                               jnn.RNN(nnx.GRUCell(3, 4, rngs=nnx.Rngs(1))))
+    return lambda x, precision=None: module(x, initial_carry=(carry(), carry()[0]))
+  module = jnn.RNN(nnx.LSTMCell(3, 4, rngs=nnx.Rngs(0)), reverse=name == "nn.RNN reverse")
+  return lambda x, precision=None: module(x, initial_carry=carry(), seq_lengths=lens)
+
+
+@pytest.mark.parametrize("name", ["lstm", "gru", "rnn", "nn.LSTM", "nn.GRU", "nn.RNN",
+                                  "nn.RNN reverse", "nn.Bidirectional"])
+def test_cuda_lowering_follows_the_matmul_precision(fake_kernels, name):
+  """fp32 runs the TF32 kernels where the peer's fp32 products are TF32 on
+  the GPU (JAX's default, "tensorfloat32") and the exact reference where
+  they are exact ("highest", "float32"); bf16 always runs the kernels. The
+  Flax layers' peer multiplies one step's rows at a time, a vector-matrix
+  product in full fp32 for one row: batch 1 runs exact there."""
   del fake_kernels
-  x, h_0, _, w = _problem("rnn_tanh", 2, 5, 3, 4)
-  lens = jnp.asarray([5, 1], jnp.int32)
-  fn = lambda x, precision=None: jax_dnn.rnn(x, h_0, w, lens, 3, 4, 1, 0.0, False,
-                                            precision)[0]
-  assert "@jax_dnn_rnn_fwd" in cuda_hlo(fn, x)
-  assert "jax_dnn_rnn" not in cuda_hlo(functools.partial(fn, precision="highest"), x)
-  with jax.default_matmul_precision("highest"):
-    assert "jax_dnn_rnn" not in cuda_hlo(fn, x)
-    assert "@jax_dnn_rnn_fwd" in cuda_hlo(fn, x.astype(jnp.bfloat16))
+  kernel = lambda fn, x: "@jax_dnn_rnn_fwd" in cuda_hlo(fn, x)
+  flax_layer = name.startswith("nn.") and name not in ("nn.LSTM", "nn.GRU")
+  for batch in (1, 2):
+    fn = _entry_point(name, batch)
+    x = randn(batch, (batch, 5, 3), jnp.float32)
+    tf32 = not (flax_layer and batch == 1)
+    assert kernel(fn, x) == tf32, batch
+    with jax.default_matmul_precision("tensorfloat32"):
+      assert kernel(fn, x) == tf32, batch
+    for exact in ("highest", "float32"):
+      with jax.default_matmul_precision(exact):
+        assert not kernel(fn, x), (batch, exact)
+        if name in ("lstm", "gru", "rnn"):  # (the layers' fp32 parameters promote bf16 x)
+          assert kernel(fn, x.astype(jnp.bfloat16))
+    if name in ("lstm", "gru", "rnn"):
+      assert not kernel(functools.partial(fn, precision="highest"), x)
+      assert kernel(functools.partial(fn, precision="tensorfloat32"), x)
 
 
 def test_cuda_lowering_without_plans_runs_the_reference(monkeypatch):
@@ -869,6 +989,126 @@ def test_nn_lstm_and_gru_layers():
       x, jnp.zeros((1, 2, 4)), gru.weights[...], jnp.full((2,), 5, jnp.int32), 3, 4, 1, 0.0, False)
   np.testing.assert_allclose(value, jnp.sum(want[0]), rtol=1e-6)
   assert np.all(np.isfinite(grads["weights"][...])) and np.any(grads["weights"][...] != 0)
+
+
+def test_nn_rnn_seq_lengths_checks_follow_flax():
+  """Float lengths: Flax's TypeError where it indexes with them (a reverse
+  direction, the returned carry, Bidirectional), accepted where it ignores
+  them. Lengths of another batch shape: a ValueError naming seq_lengths
+  (Flax's broadcasting ValueError where it reads them); a scalar broadcasts."""
+  cell = nnx.LSTMCell(3, 4, rngs=nnx.Rngs(0))
+  x = randn(20, (3, 5, 3), jnp.float32)
+  lens = jnp.asarray([5, 3, 2], jnp.int32)
+  floats = lens.astype(jnp.float32)
+  for kwargs in (dict(reverse=True), dict(return_carry=True)):
+    for cls in (jnn.RNN, nnx.RNN):
+      with pytest.raises(TypeError, match="seq_lengths must be integers" if cls is jnn.RNN
+                         else "integer"):
+        cls(cell)(x, seq_lengths=floats, **kwargs)
+      with pytest.raises(ValueError, match=r"seq_lengths must have the inputs' batch shape "
+                                           r"\(3,\).*got shape \(2,\)" if cls is jnn.RNN
+                         else "broadcast"):
+        cls(cell)(x, seq_lengths=lens[:2], **kwargs)
+  for cls in (jnn.Bidirectional, nnx.Bidirectional):
+    with pytest.raises(TypeError):
+      cls(jnn.RNN(cell), jnn.RNN(cell))(x, seq_lengths=floats)
+  nnx.RNN(cell)(x, seq_lengths=floats)  # forward, no carry: Flax ignores the lengths
+  np.testing.assert_array_equal(jnn.RNN(cell)(x, seq_lengths=floats),
+                                jnn.RNN(cell)(x, seq_lengths=lens))
+  with pytest.raises(ValueError, match="seq_lengths must have the inputs' batch shape"):
+    jnn.RNN(cell)(x, seq_lengths=lens[:2])
+  got, want = (m(cell, return_carry=True)(x, seq_lengths=jnp.asarray(3))
+               for m in (jnn.RNN, nnx.RNN))
+  for a, b in zip(jax.tree.leaves(got[0]), jax.tree.leaves(want[0])):
+    np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("cell,carry,error,match", [
+    ("LSTMCell", ((3, 5), (3, 5)), TypeError,
+     r"\(c, h\), each of shape \(3, 4\), a LSTMCell's carry.*got 2 arrays of shapes "
+     r"\(\(3, 5\), \(3, 5\)\)"),
+    ("LSTMCell", ((4, 4), (4, 4)), TypeError, r".*got 2 arrays of shapes \(\(4, 4\), \(4, 4\)\)"),
+    ("LSTMCell", (3, 4), ValueError, r"\(c, h\).*got an array of shape \(3, 4\)"),
+    ("LSTMCell", ((3, 4),) * 3, ValueError, ".*got 3 arrays of shapes"),
+    ("GRUCell", (3, 5), TypeError, r"an array of shape \(3, 4\), a GRUCell's carry.*got an "
+                                   r"array of shape \(3, 5\)"),
+    ("SimpleCell", ((3, 4),) * 2, ValueError, r"an array of shape \(3, 4\), a SimpleCell's"),
+])
+def test_nn_rnn_bad_initial_carry_raises(cell, carry, error, match):
+  """The exception type Flax's cells raise (lax's TypeError for a carry of
+  the wrong shape, a ValueError for the wrong structure), with a message
+  naming initial_carry, its shapes and the expected ones."""
+  cell = CELLS[cell](3, 4, rngs=nnx.Rngs(0))
+  x = randn(21, (3, 5, 3), jnp.float32)
+  carry = (jnp.zeros(carry) if isinstance(carry[0], int)
+           else tuple(jnp.zeros(shape) for shape in carry))
+  with pytest.raises(error, match="RNN: initial_carry must be " + match):
+    jnn.RNN(cell)(x, initial_carry=carry)
+  with pytest.raises(error):
+    nnx.RNN(cell)(x, initial_carry=carry)
+
+
+def test_nn_rnn_fp32_error_within_flax(device):
+  """fp32 RNN(LSTMCell, reverse=True), outputs and gradients against float64
+  under the tolerance rule, Flax's fp32 run on the same device the
+  baseline: with one row Flax's products are exact fp32 (XLA's
+  vector-matrix products) and so are ours; with three both are TF32 on a
+  GPU."""
+  cell = nnx.LSTMCell(8, 32, rngs=nnx.Rngs(0))
+  graph, params = nnx.split(cell)
+  leaves, tree = jax.tree.flatten(params)
+
+  def run(cls):
+    def fn(x, c, h, *leaves):
+      module = cls(nnx.merge(graph, jax.tree.unflatten(tree, leaves)), reverse=True,
+                   keep_order=True)
+      return module(x, initial_carry=(c, h))
+    return fn
+
+  for batch in (1, 3):
+    x = randn(22, (batch, 16, 8), jnp.float32)
+    c, h = (randn(k, (batch, 32), jnp.float32, scale=0.5) for k in (23, 24))
+    check_fwd_bwd(device, run(jnn.RNN), run(nnx.RNN), (x, c, h, *leaves), jnp.float32,
+                  key=25, what=f"batch {batch}")
+
+
+def test_relu_nan_propagates_as_the_peers(device):
+  """The ReLU RNN: a NaN in one step of one row's input makes that row's
+  outputs NaN from that step on and its final state NaN, as jax.nn.relu
+  in Flax's SimpleCell and the per-step reference (jnp.maximum); a NaN
+  cotangent where relu's input is negative gives a zero gradient, as
+  jax.nn.relu's where(z > 0, g, 0)."""
+  tol = 1e-2 if device.platform == "gpu" else 1e-5  # TF32 on the GPU (test_kernel_nn_rnn...)
+  graph, params = nnx.split(nnx.SimpleCell(3, 4, activation_fn=jax.nn.relu, rngs=nnx.Rngs(0)))
+  x = randn(26, (3, 6, 3), jnp.float32).at[1, 2, 0].set(jnp.nan)
+  carry = randn(27, (3, 4), jnp.float32, scale=0.5)
+  run = lambda cls: jax.jit(lambda p, x, c: cls(nnx.merge(graph, p), return_carry=True)(
+      x, initial_carry=c))
+  c1, y1 = run(jnn.RNN)(params, x, carry)
+  c2, y2 = run(nnx.RNN)(params, x, carry)
+  assert np.all(np.isnan(y1[1, 2:])) and np.all(np.isnan(c1[1]))
+  np.testing.assert_array_equal(np.isnan(y1), np.isnan(y2))
+  np.testing.assert_allclose(y1, y2, rtol=tol, atol=tol)
+  np.testing.assert_allclose(c1, c2, rtol=tol, atol=tol)
+
+  x, h_0, _, w = _problem("rnn_relu", 3, 6, 3, 4, key=28)
+  lens = jnp.asarray([6, 6, 4], jnp.int32)
+  op = lambda x: jax_dnn.rnn(x, h_0, w, lens, 3, 4, 1, 0.0, False, nonlinearity="relu")[0]
+  naive = lambda x: _naive("rnn_relu", x, h_0, None, w, lens, 3, 4, 1, False)[0]
+  xn = x.at[0, 3, 1].set(jnp.nan)
+  got, want = jax.jit(op)(xn), naive(xn)
+  assert np.all(np.isnan(got[0, 3:])) and not np.any(np.isnan(got[1:]))
+  np.testing.assert_allclose(got, want, rtol=tol, atol=tol)
+
+  x = randn(29, (3, 6, 3), jnp.float32)
+  _, y = run(nnx.RNN)(params, x, carry)
+  dead = tuple(int(i[0]) for i in np.nonzero(np.asarray(y) == 0))  # relu's input < 0 there
+  dy = jnp.ones_like(y).at[dead].set(jnp.nan)
+  vjp = lambda cls: jax.jit(lambda p, x, c, dy: jax.vjp(
+      lambda p, x, c: run(cls)(p, x, c)[1], p, x, c)[1](dy))(params, x, carry, dy)
+  for a, b in zip(jax.tree.leaves(vjp(jnn.RNN)), jax.tree.leaves(vjp(nnx.RNN))):
+    assert np.all(np.isfinite(a)) and np.all(np.isfinite(b))
+    np.testing.assert_allclose(a, b, rtol=tol, atol=tol)
 
 
 # --- GPU: the kernels ------------------------------------------------------------------------

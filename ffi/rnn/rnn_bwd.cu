@@ -230,6 +230,8 @@ __global__ void __launch_bounds__(kRnnThreads, 1)
         aux[i] = d * z;
       } else {
         const float h = st[0];
+        // relu: jax.nn.relu's gradient, d where z > 0 (there h > 0), else 0
+        // (a NaN z too).
         dz[0] = relu ? (h > 0.f ? d : 0.f) : d * (1.f - h * h);
         dgh[0] = dz[0];
       }

@@ -3,6 +3,10 @@
     relu, gelu (exact or tanh approximation), silu, sigmoid, tanh:  y = act(x)
     bias_act(x, bias, activation):  y = act(x + bias), bias over the last axis
 
+The kernels take float32, bfloat16 and float16 arrays; anything else
+(integer, bool, complex, float64 under x64, Python scalars) runs jax.nn's
+function itself (`_act`), with its dtype rules, values and errors.
+
 Numerics: fp32 math, output in x's dtype. The backward recomputes act'(x)
 from the saved input (one read of x and dy, one write of dx); bias_act's
 dbias is reduced over rows deterministically (per-block partials summed in a
@@ -26,7 +30,6 @@ from jax_dnn._src.primitive import ShapedArray, define_primitive, vjp_op
 # FFI attribute values; the numbering matches enum Activation in ffi/activation/activation.h.
 ACTIVATIONS = {"relu": 0, "gelu": 1, "gelu_tanh": 2, "silu": 3, "sigmoid": 4, "tanh": 5}
 _NAMES = {v: k for k, v in ACTIVATIONS.items()}
-
 
 
 def _act(x, activation):
@@ -185,10 +188,15 @@ _bias_act = vjp_op(bias_act_fwd_p, bias_act_bwd_p)
 # --- public API -------------------------------------------------------------------
 
 
+def _apply(name: str, x):
+  if not checks.kernels_take(x):
+    return _act(x, ACTIVATIONS[name])
+  return _activation(jnp.asarray(x), activation=ACTIVATIONS[name])
+
+
 def _unary(name: str):
   def fn(x: jax.Array) -> jax.Array:
-    checks.check_float(name, "x", x)
-    return _activation(x, activation=ACTIVATIONS[name])
+    return _apply(name, x)
 
   fn.__name__ = name
   return fn
@@ -206,25 +214,30 @@ tanh.__doc__ = "tanh(x) elementwise."
 
 def gelu(x: jax.Array, approximate: bool = True) -> jax.Array:
   """GELU elementwise; `approximate=True` (the jax.nn.gelu default) uses tanh."""
-  checks.check_float("gelu", "x", x)
   if not isinstance(approximate, bool):
     raise TypeError(f"gelu: approximate must be a bool, got {approximate!r}")
-  return _activation(x, activation=ACTIVATIONS["gelu_tanh" if approximate else "gelu"])
+  return _apply("gelu_tanh" if approximate else "gelu", x)
 
 
 def bias_act(x: jax.Array, bias: jax.Array, activation: str = "gelu") -> jax.Array:
   """act(x + bias) in one pass; bias has shape (x.shape[-1],).
 
   activation: one of "relu", "gelu" (exact), "gelu_tanh", "silu", "sigmoid",
-  "tanh". The backward gives dx and dbias (reduced over all leading axes).
+  "tanh". The result is in x's dtype; where x or bias is not what the kernels
+  take (x integer, bool, complex, float64; bias not floating), it is
+  act(x + bias) with JAX's dtype promotion. The backward gives dx and dbias
+  (reduced over all leading axes).
   """
   op = "bias_act"
-  checks.check_float(op, "x", x)
-  if x.ndim == 0:
-    raise ValueError(f"{op}: x must have rank >= 1, got a scalar")
   if activation not in ACTIVATIONS:
     raise ValueError(f"{op}: activation must be one of {sorted(ACTIVATIONS)}, got {activation!r}")
-  width = x.shape[-1]
-  checks.check_param(op, "bias", bias, width)
-  bias2 = bias.astype(jnp.float32).reshape(1, width)
-  return _bias_act(x, bias2, activation=ACTIVATIONS[activation])
+  if jnp.ndim(x) == 0:
+    raise ValueError(f"{op}: x must have rank >= 1, got a scalar")
+  width = jnp.shape(x)[-1]
+  checks.check_param_shape(op, "bias", bias, width)
+  code = ACTIVATIONS[activation]
+  if not (checks.kernels_take(x) and jnp.issubdtype(bias.dtype, jnp.floating)):
+    return _act(x + bias, code)
+  if width == 0:  # no columns: nothing for the kernels to do
+    return jnp.zeros(x.shape, x.dtype)
+  return _bias_act(jnp.asarray(x), bias.astype(jnp.float32).reshape(1, width), activation=code)

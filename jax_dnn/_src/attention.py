@@ -14,6 +14,16 @@ Math, per head n (kv head n // (N / K)), in fp32:
 A fully masked query row gives o = 0 (and lse = -inf), with zero gradients:
 never NaN. (jax.nn.dot_product_attention instead averages V over such rows,
 except for rows beyond query_seq_lengths, which it also zeroes.)
+Padding never reaches a result, even holding NaN or Inf (a KV-cache page not
+yet written, a padded batch): a key position that no query of its batch and
+kv head can attend to -- past key_value_seq_lengths, a column the mask
+excludes for every query row of every head sharing the kv head, past the
+causal or local window's reach from the query length, a segment id no query
+has -- contributes nothing, and a query row that one of these alone leaves
+without keys gives 0 and zero gradients (_zero_excluded: such rows of q, k
+and v are zeroed before the kernels and the reference; a zero probability
+times NaN would be NaN). NaN or Inf in a key or value that some query
+attends to propagates as jax.nn propagates it.
 
 On CUDA the primitives lower to the fused Hopper kernels (ffi/attention/)
 for bfloat16/float16 with head dims that are multiples of 8 up to 256 (key and
@@ -25,6 +35,8 @@ jax.default_matmul_precision("highest") asks for full fp32):
 it materializes the [T, S] scores of a call up to 2^28 of them, and past that
 runs over blocks of up to 256 query rows, so that its memory too is linear in S
 (_REF_BLOCK_ROWS). A bias is passed to the kernels as float32.
+float64 inputs (jax_enable_x64) run the reference in float64; integer, bool
+and complex ones run jax.nn.dot_product_attention itself (its dtype rules).
 """
 
 from __future__ import annotations
@@ -43,6 +55,7 @@ from jax_dnn._src.batching import (NOT_MAPPED, batch_size, merge_leading, move_t
                                    split_leading)
 from jax_dnn._src.config import config
 from jax_dnn._src.mesh_types import like_primal, same_manual_axes
+from jax_dnn._src.derivatives import custom_vjp
 from jax_dnn._src.primitive import ShapedArray, define_primitive
 
 # Operand order after q, k, v; each present or absent (params record which).
@@ -52,6 +65,12 @@ _OPTIONAL = ("bias", "mask", "q_lens", "kv_lens", "q_seg", "kv_seg")
 # --- the reference (pure JAX; what runs where the kernels do not) -------------
 
 
+def _acc_dtype(dtype):
+  """The dtype of the scores and statistics: float32, or float64 for float64
+  inputs (jax.nn's logits dtype, promote_types(query's, float32))."""
+  return jnp.promote_types(dtype, jnp.float32)
+
+
 def _by_set(op, s, x):
   """op(s, x) for s [B, ...] and x [G, ...] with G dividing B (see above)."""
   g = x.shape[0]
@@ -59,18 +78,19 @@ def _by_set(op, s, x):
 
 
 def _logits_and_valid(q, k, ops, *, scale, softcap, is_causal, window, q0=0):
-  """fp32 scores [B, N, T, S] and the boolean mask of allowed positions, for
-  query rows q0 .. q0 + T - 1 (a block of them: the row operands in `ops`,
-  bias, mask and q_seg, hold those rows only)."""
+  """Scores [B, N, T, S] (fp32, fp64 for fp64 inputs) and the boolean mask of
+  allowed positions, for query rows q0 .. q0 + T - 1 (a block of them: the
+  row operands in `ops`, bias, mask and q_seg, hold those rows only)."""
   b, t, n, _ = q.shape
   s_len, kh = k.shape[1], k.shape[2]
   g = n // kh
-  kf = jnp.repeat(k.astype(jnp.float32), g, axis=2) if g > 1 else k.astype(jnp.float32)
-  s = jnp.einsum("btnh,bsnh->bnts", q.astype(jnp.float32), kf) * scale
+  acc = _acc_dtype(q.dtype)
+  kf = jnp.repeat(k.astype(acc), g, axis=2) if g > 1 else k.astype(acc)
+  s = jnp.einsum("btnh,bsnh->bnts", q.astype(acc), kf) * scale
   if softcap:
     s = softcap * jnp.tanh(s / softcap)
   if ops.get("bias") is not None:
-    s = _by_set(lambda a, c: a + c, s, ops["bias"].astype(jnp.float32))
+    s = _by_set(lambda a, c: a + c, s, ops["bias"].astype(acc))
   valid = jnp.ones((1, 1, t, s_len), bool)
   qi = q0 + jnp.arange(t)[:, None]
   kj = jnp.arange(s_len)[None, :]
@@ -185,7 +205,7 @@ def _fwd_dense(q, k, v, ops, *, q0=0, **params):
   p = jnp.where(valid, jnp.exp(s - m_safe), 0.0)
   l = jnp.sum(p, axis=-1, keepdims=True)
   g = q.shape[2] // k.shape[2]
-  vf = v.astype(jnp.float32)
+  vf = v.astype(s.dtype)
   vf = jnp.repeat(vf, g, axis=2) if g > 1 else vf
   o = jnp.einsum("bnts,bsnh->btnh", p / jnp.where(l > 0, l, 1.0), vf)
   lse = jnp.where(l[..., 0] > 0, m_safe[..., 0] + jnp.log(jnp.where(l > 0, l, 1.0))[..., 0],
@@ -194,16 +214,17 @@ def _fwd_dense(q, k, v, ops, *, q0=0, **params):
 
 
 def _bwd_reference(do, q, k, v, o, lse, *operands, present, **params):
-  """(dq, dk, dv), and with a bias dlogits [B, N, T, S] fp32."""
+  """(dq, dk, dv), and with a bias dlogits [B, N, T, S] (fp32; fp64 for fp64)."""
   del o, lse  # the reference recomputes
   b, t, n, _ = q.shape
   s_len = k.shape[1]
   has_bias = "bias" in present
   rest = operands[1:] if has_bias else operands
   diff = [q, k, v]
+  acc = _acc_dtype(q.dtype)
   if has_bias:  # differentiate w.r.t. a full-shaped bias: dlogits, as the kernel returns
-    diff.append(jnp.broadcast_to(_by_set(lambda a, c: a + c, jnp.zeros((b, n, t, s_len)),
-                                          operands[0].astype(jnp.float32)), (b, n, t, s_len)))
+    diff.append(jnp.broadcast_to(_by_set(lambda a, c: a + c, jnp.zeros((b, n, t, s_len), acc),
+                                          operands[0].astype(acc)), (b, n, t, s_len)))
 
   params.pop("deterministic", None)  # a kernel option
   blocks, rows = _ref_blocks(q, k)
@@ -216,13 +237,14 @@ def _bwd_reference(do, q, k, v, o, lse, *operands, present, **params):
 
   # Blocks of query rows: each block's vjp gives its dQ rows and dlogits
   # rows, and adds to dK and dV, accumulated in fp32 over the blocks (the
-  # block's math is fp32 whatever the input dtype, as in the dense form).
+  # block's math is fp32 whatever the input dtype, as in the dense form;
+  # fp64 for fp64 inputs).
   ops = dict(zip(present, operands))
   if has_bias:  # the full-shaped bias of the dense form, [B, N, T, S]
     ops["bias"] = diff[3]
   block = _blocked_rows(q, ops, blocks, rows)
-  dop = _pad_rows(do.astype(q.dtype).astype(jnp.float32), 1, blocks * rows)
-  kf, vf = k.astype(jnp.float32), v.astype(jnp.float32)
+  dop = _pad_rows(do.astype(q.dtype).astype(acc), 1, blocks * rows)
+  kf, vf = k.astype(acc), v.astype(acc)
 
   def one(carry, i):
     q_i, ops_i, q0 = block(i)
@@ -232,7 +254,7 @@ def _bwd_reference(do, q, k, v, o, lse, *operands, present, **params):
       return _fwd_dense(qb, kb, vb, dict(ops_i, **({"bias": bias[0]} if bias else {})),
                         q0=q0, **params)[0]
 
-    primals = (q_i.astype(jnp.float32), kf, vf) + ((bias_i,) if has_bias else ())
+    primals = (q_i.astype(acc), kf, vf) + ((bias_i,) if has_bias else ())
     g = jax.vjp(f, *primals)[1](_row_block(dop, 1, i, rows))
     dk, dv = carry
     return (dk + g[1], dv + g[2]), (g[0], g[3] if has_bias else None)
@@ -252,18 +274,19 @@ def _bwd_reference(do, q, k, v, o, lse, *operands, present, **params):
 
 
 def _fwd_abstract(q, k, v, *operands, present, **params):
-  """o [B, T, N, Hv] in q's dtype, lse [B, N, T] fp32."""
+  """o [B, T, N, Hv] in q's dtype, lse [B, N, T] fp32 (fp64 for fp64 inputs)."""
   b, t, n, _ = q.shape
-  return ShapedArray((b, t, n, v.shape[-1]), q.dtype), ShapedArray((b, n, t), jnp.float32)
+  return (ShapedArray((b, t, n, v.shape[-1]), q.dtype),
+          ShapedArray((b, n, t), _acc_dtype(q.dtype)))
 
 
 def _bwd_abstract(do, q, k, v, o, lse, *operands, present, **params):
   """dq, dk, dv; with a bias, dlogits: the bias gradient before reduction
-  over its broadcast, [B, N, T, S] fp32."""
+  over its broadcast, [B, N, T, S] fp32 (fp64 for fp64 inputs)."""
   out = [ShapedArray(a.shape, a.dtype) for a in (q, k, v)]
   if "bias" in present:
     b, t, n, _ = q.shape
-    out.append(ShapedArray((b, n, t, k.shape[1]), jnp.float32))
+    out.append(ShapedArray((b, n, t, k.shape[1]), _acc_dtype(q.dtype)))
   return tuple(out)
 
 
@@ -465,7 +488,7 @@ attention_bwd_p = define_primitive(
 # --- custom VJP ----------------------------------------------------------------
 
 
-@functools.partial(jax.custom_vjp, nondiff_argnums=(0,))
+@functools.partial(custom_vjp, nondiff_argnums=(0,))
 def _attention(params, q, k, v, *operands):
   o, lse = attention_fwd_p.bind(q, k, v, *operands, **dict(params))
   return o, lse  # a tuple, as the fwd rule returns (bind gives a list)
@@ -504,27 +527,40 @@ _attention.defvjp(_attention_fwd, _attention_bwd)
 _OP = "dot_product_attention"
 
 
-def _check_rank(name, x):
-  checks.check_float(_OP, name, x)
-  if x.ndim not in (3, 4):
-    raise ValueError(f"{_OP}: {name} must have rank 4 ([B, T|S, heads, head_dim]) or 3 (the "
-                     f"same without B); got shape {tuple(x.shape)}")
+def _array(name, x):
+  """x as jax.nn takes it: anything jnp.asarray takes (arrays, lists, scalars)."""
+  try:
+    return jnp.asarray(x)
+  except (TypeError, ValueError) as e:  # jnp.asarray's exception type, as jax.nn raises it
+    raise type(e)(f"{_OP}: {name} must be an array; got {type(x).__name__} ({e})") from None
+
+
+def _as_4d(name, x):
+  """x [B, T|S, heads, head_dim]; a lower rank is left-padded with ones, as
+  jax.nn takes it ([T, N, H]: a batch of one)."""
+  if x.ndim > 4:
+    raise ValueError(f"{_OP}: {name} must have rank 4 ([B, T|S, heads, head_dim]) or less "
+                     f"(left-padded with ones: [T|S, heads, head_dim] is a batch of one); got "
+                     f"shape {tuple(x.shape)}")
+  return x.reshape((1,) * (4 - x.ndim) + x.shape)
 
 
 def _check_logits_operand(name, x, b, n, t, s_len):
   """bias / mask: any shape that broadcasts to [B, N, T, S] (as jax.nn takes
-  them: rank 1-4, left-padded with ones). Returned as [B|1, N|1, T, S]: the
+  them: rank 0-4, left-padded with ones). Returned as [B|1, N|1, T, S]: the
   kernels read a batch or head dim of one as broadcast; T and S are
   broadcast here (a key-padding mask [B, 1, 1, S] becomes [B, 1, T, S]; the
-  bias's gradient is reduced back by broadcast_to's transpose)."""
-  checks.check_array(_OP, name, x)
-  x = jnp.asarray(x)
-  full = (b, n, t, s_len)
-  if not 1 <= x.ndim <= 4 or any(d not in (1, f) for d, f in zip(
-      (1,) * (4 - x.ndim) + x.shape, full)):
-    raise ValueError(f"{_OP}: {name} must broadcast to [B, N, T, S] = {list(full)}; got shape "
-                     f"{tuple(x.shape)}")
+  bias's gradient is reduced back by broadcast_to's transpose). A shape that
+  does not broadcast is a TypeError, as jax's broadcasting raises for it."""
+  x = _array(name, x)
+  full, given = (b, n, t, s_len), tuple(x.shape)
+  if x.ndim > 4:
+    raise ValueError(f"{_OP}: {name} must have rank at most 4 (broadcasting to [B, N, T, S] = "
+                     f"{list(full)}); got shape {given}")
   x = x.reshape((1,) * (4 - x.ndim) + x.shape)
+  if any(d not in (1, f) for d, f in zip(x.shape, full)):
+    raise TypeError(f"{_OP}: {name} must broadcast to [B, N, T, S] = {list(full)}; got shape "
+                    f"{given}")
   if x.shape[2:] != (t, s_len):
     x = jnp.broadcast_to(x, x.shape[:2] + (t, s_len))
   return x
@@ -576,6 +612,62 @@ def _is_static_float(x):
   return isinstance(x, (int, float, np.floating, np.integer)) and not isinstance(x, bool)
 
 
+def _reach(length, other, other_lens, far):
+  """[B|1, length]: whether position p of one side (queries or keys) has a
+  position o on the other, o < `other` (or other_lens[b]), with p <= o + far
+  (far None: any o). None where every position has one (known statically)."""
+  if other_lens is None:
+    if far is None or plans.is_static(length, other) and length <= other + far:
+      return None
+    return jnp.arange(length)[None] < other + far
+  count = other_lens[:, None]
+  return (count > 0) if far is None else (count > 0) & (jnp.arange(length)[None] < count + far)
+
+
+def _zero_excluded(q, k, v, ops, *, is_causal, window):
+  """q, k, v with zeros in the rows no score uses: the key rows [b, s, kv
+  head] that no query of their batch and head group attends to, and the
+  query rows [b, t, n] that attend to no key, as each mask alone decides
+  (a length; the mask's column (row) over every row (column) of the heads
+  sharing a kv head; the causal / local window's reach from the other
+  side's length; a segment id the other side lacks). Such a row is padding
+  (a KV-cache page not yet written, a padded batch) and may hold NaN or Inf:
+  a zero probability times NaN is NaN in P V, dS K and dS^T Q, so it is
+  zeroed here, before the kernels and the reference, and its gradient is
+  zero. Nothing runs where no mask can exclude a row."""
+  t, s_len, kh = q.shape[1], k.shape[1], k.shape[2]
+  left, right = (None, None) if window is None else window
+  if is_causal:
+    right = 0  # key s <= query t
+  q_lens, kv_lens = ops.get("q_lens"), ops.get("kv_lens")
+  # Factors of the live rows, each broadcasting to [B, T, N] / [B, S, K].
+  q_live = [_reach(t, s_len, kv_lens, left)]
+  k_live = [_reach(s_len, t, q_lens, right)]
+  if q_lens is not None:
+    q_live.append(jnp.arange(t)[None] < q_lens[:, None])
+  if kv_lens is not None:
+    k_live.append(jnp.arange(s_len)[None] < kv_lens[:, None])
+  if "q_seg" in ops:
+    isin = jax.vmap(functools.partial(jnp.isin, method="sort"))  # O(S + T) memory, no loop
+    q_live.append(isin(ops["q_seg"], ops["kv_seg"]))
+    k_live.append(isin(ops["kv_seg"], ops["q_seg"]))
+  mask = ops.get("mask")  # [B|1, N|1, T, S]
+  if mask is not None:
+    q_live.append(jnp.moveaxis(mask.any(axis=3), 1, 2))
+    cols = mask.any(axis=2)  # [B|1, N|1, S]
+    if cols.shape[1] not in (1, kh):  # N heads on K kv heads: any head of the group
+      cols = cols.reshape(cols.shape[0], kh, -1, s_len).any(axis=2)
+    k_live.append(jnp.moveaxis(cols, 1, 2))
+
+  def zeroed(x, live):
+    live = [f if f.ndim == 3 else f[..., None] for f in live if f is not None]
+    if not live:
+      return x
+    return jnp.where(functools.reduce(jnp.logical_and, live)[..., None], x, 0)
+
+  return zeroed(q, q_live), zeroed(k, k_live), zeroed(v, k_live)
+
+
 def dot_product_attention(query, key, value, bias=None, mask=None, *, scale=None,
                           is_causal=False, query_seq_lengths=None, key_value_seq_lengths=None,
                           local_window_size=None, implementation=None, return_residual=False,
@@ -583,9 +675,11 @@ def dot_product_attention(query, key, value, bias=None, mask=None, *, scale=None
                           deterministic_backward=None):
   """Scaled dot-product attention, drop-in for jax.nn.dot_product_attention.
 
-  Same arguments, layout ([B, T, N, H], or [T, N, H] without the batch) and
-  semantics as jax.nn.dot_product_attention (see the module docstring for
-  the one difference: fully masked query rows give zeros). Beyond it:
+  Same arguments, layout ([B, T, N, H]; lower ranks left-padded with ones,
+  as [T, N, H] without the batch) and semantics as
+  jax.nn.dot_product_attention (see the module docstring for the
+  differences: fully masked query rows give zeros, padding holding NaN
+  never reaches a result). Beyond it:
     q_segment_ids [B, T], kv_segment_ids [B, S] ([T], [S] for rank-3
       inputs): packed sequences; a query
       attends only to keys with the same segment id.
@@ -594,7 +688,7 @@ def dot_product_attention(query, key, value, bias=None, mask=None, *, scale=None
     key/value may have fewer heads than query (K divides N) and value's head
       dim may differ from query/key's.
     return_residual: also return the logsumexp [B, T, N] ([T, N] for rank-3
-      inputs; fp32, no gradient).
+      inputs; fp32, fp64 for float64 inputs; no gradient).
     deterministic_backward: gradients bitwise reproducible from run to run.
       By default the kernels' backward adds dQ in fp32 from every key tile
       (one pass, five GEMMs per tile instead of seven) where it can (head
@@ -612,22 +706,17 @@ def dot_product_attention(query, key, value, bias=None, mask=None, *, scale=None
   semantics, e.g. for fully masked rows; the options above that jax.nn
   lacks are refused there).
   """
-  for name, x in (("query", query), ("key", key), ("value", value)):
-    _check_rank(name, x)
-  if not query.ndim == key.ndim == value.ndim:
-    raise ValueError(f"{_OP}: query, key and value must have one rank (4, or 3 without the "
-                     f"batch); got {query.ndim}, {key.ndim}, {value.ndim}")
-  unbatched = query.ndim == 3  # [T, N, H], as jax.nn takes it: a batch of one
-  if unbatched:
-    query, key, value = query[None], key[None], value[None]
-    if q_segment_ids is not None and kv_segment_ids is not None:
-      q_segment_ids = jnp.asarray(q_segment_ids)[None]
-      kv_segment_ids = jnp.asarray(kv_segment_ids)[None]
+  given = dict(query=_array("query", query), key=_array("key", key),
+               value=_array("value", value))
+  query, key, value = (_as_4d(name, x) for name, x in given.items())
+  if given["query"].ndim < 4:  # [T], [S] segment ids of unbatched inputs
+    q_segment_ids, kv_segment_ids = (x if x is None or np.ndim(x) != 1 else jnp.asarray(x)[None]
+                                     for x in (q_segment_ids, kv_segment_ids))
   b, t, n, h = query.shape
   kb, s_len, kh, kd = key.shape
   if kb != b or value.shape[0] != b:
-    raise ValueError(f"{_OP}: query, key and value must share the batch size; got "
-                     f"{b}, {kb}, {value.shape[0]}")
+    raise ValueError(f"{_OP}: query, key and value must share the batch size; got shapes "
+                     f"{', '.join(str(tuple(x.shape)) for x in given.values())}")
   if kd != h:
     raise ValueError(f"{_OP}: key head dim {kd} must equal query head dim {h}")
   if value.shape[1] != s_len or value.shape[2] != kh:
@@ -636,31 +725,37 @@ def dot_product_attention(query, key, value, bias=None, mask=None, *, scale=None
   if kh == 0 or n % kh != 0:
     raise ValueError(f"{_OP}: the number of key/value heads ({kh}) must divide the number of "
                      f"query heads ({n})")
-  if not (query.dtype == key.dtype == value.dtype):
-    raise TypeError(f"{_OP}: query, key and value must share one dtype; got {query.dtype}, "
-                    f"{key.dtype}, {value.dtype}")
-  if implementation in ("xla", "cudnn"):
+  if not (query.dtype == key.dtype == value.dtype):  # a ValueError, as jax.nn raises
+    raise ValueError(f"{_OP}: query, key and value must share one dtype; got {query.dtype}, "
+                     f"{key.dtype}, {value.dtype}")
+  # Integer, bool and complex inputs are jax.nn's alone (its dtype rules: the
+  # probabilities cast to the inputs' dtype); floating ones run here, on the
+  # kernels or the reference (float64: in float64).
+  by_dtype = not jnp.issubdtype(query.dtype, jnp.floating)
+  if implementation in ("xla", "cudnn") or by_dtype:
     extra = dict(q_segment_ids=q_segment_ids, kv_segment_ids=kv_segment_ids,
                  logits_soft_cap=logits_soft_cap, deterministic_backward=deterministic_backward
                  or None, value_head_dim=None if value.shape[3] == h else value.shape[3])
-    given = [name for name, x in extra.items() if x is not None]
-    if given:
-      raise ValueError(f"{_OP}: implementation={implementation!r} is jax.nn's, which does not "
-                       f"take {', '.join(given)}; use implementation=None (jax_dnn)")
-    args = (query[0], key[0], value[0]) if unbatched else (query, key, value)
+    named = [name for name, x in extra.items() if x is not None]
+    if named:
+      why = (f"{query.dtype} inputs run jax.nn.dot_product_attention" if by_dtype else
+             f"implementation={implementation!r} is jax.nn's")
+      raise ValueError(f"{_OP}: {why}, which does not take {', '.join(named)}; use "
+                       + ("floating-point inputs" if by_dtype else "implementation=None (jax_dnn)"))
     return jax.nn.dot_product_attention(
-        *args, bias, mask, scale=scale, is_causal=is_causal,
+        *given.values(), bias, mask, scale=scale, is_causal=is_causal,
         query_seq_lengths=query_seq_lengths, key_value_seq_lengths=key_value_seq_lengths,
         local_window_size=local_window_size, implementation=implementation,
         return_residual=return_residual)
   if implementation not in (None, "jax_dnn"):
     raise ValueError(f"{_OP}: implementation must be None or 'jax_dnn' (or jax.nn's 'xla' / "
                      f"'cudnn'); got {implementation!r}")
-  scale = 1.0 / math.sqrt(h) if scale is None else _concrete(scale)
-  if isinstance(scale, jax.core.Tracer) and scale.shape == () and jnp.issubdtype(
-      scale.dtype, jnp.floating):
+  # Head dim 0: every logit is 0, whatever the scale.
+  scale = (1.0 / math.sqrt(h) if h else 1.0) if scale is None else _concrete(scale)
+  if isinstance(scale, jax.core.Tracer) and scale.shape == () and (
+      jnp.issubdtype(scale.dtype, jnp.floating) or jnp.issubdtype(scale.dtype, jnp.integer)):
     # The kernels take a static scale: fold a traced one into the query.
-    query = (query.astype(jnp.float32) * scale).astype(query.dtype)
+    query = (query.astype(_acc_dtype(query.dtype)) * scale).astype(query.dtype)
     scale = 1.0
   if not _is_static_float(scale):
     raise TypeError(f"{_OP}: scale must be a float scalar; got {scale!r}")
@@ -681,14 +776,14 @@ def dot_product_attention(query, key, value, bias=None, mask=None, *, scale=None
 
   ops = {}
   if bias is not None:
-    ops["bias"] = _check_logits_operand("bias", bias, b, n, t, s_len)
-    if not jnp.issubdtype(ops["bias"].dtype, jnp.floating):
-      raise TypeError(f"{_OP}: bias must be floating point; got {ops['bias'].dtype}")
-    ops["bias"] = ops["bias"].astype(jnp.float32)  # what the kernels read; grads flow back
+    # Any real dtype, added to the logits as jax.nn adds it; float32 is what
+    # the kernels read (gradients flow back through the cast).
+    ops["bias"] = _check_logits_operand("bias", bias, b, n, t, s_len).astype(
+        _acc_dtype(query.dtype))
   if mask is not None:
     ops["mask"] = _check_logits_operand("mask", mask, b, n, t, s_len)
-    if ops["mask"].dtype != jnp.bool_:
-      raise TypeError(f"{_OP}: mask must be boolean (True = attend); got {ops['mask'].dtype}")
+    if ops["mask"].dtype != jnp.bool_:  # a ValueError, as jax.nn raises
+      raise ValueError(f"{_OP}: mask must be boolean (True = attend); got {ops['mask'].dtype}")
   if query_seq_lengths is not None:
     ops["q_lens"] = _check_ids("query_seq_lengths", query_seq_lengths, (b,))
   if key_value_seq_lengths is not None:
@@ -700,11 +795,13 @@ def dot_product_attention(query, key, value, bias=None, mask=None, *, scale=None
     ops["kv_seg"] = _check_ids("kv_segment_ids", kv_segment_ids, (b, s_len))
 
   present = tuple(name for name in _OPTIONAL if name in ops)
+  window = _window(local_window_size)
   params = dict(present=present, scale=float(scale), softcap=softcap, is_causal=is_causal,
-                window=_window(local_window_size), deterministic=deterministic_backward)
+                window=window, deterministic=deterministic_backward)
+  query, key, value = _zero_excluded(query, key, value, ops, is_causal=is_causal, window=window)
   o, lse = _attention(tuple(sorted(params.items())),
                       *same_manual_axes(query, key, value, *[ops[name] for name in present]))
   lse = jnp.transpose(jax.lax.stop_gradient(lse), (0, 2, 1))
-  if unbatched:
-    o, lse = o[0], lse[0]
+  rows = given["query"].shape[:-1]  # the query's own rank, as jax.nn returns it
+  o, lse = o.reshape(rows + o.shape[-1:]), lse.reshape(rows)
   return (o, lse) if return_residual else o

@@ -24,7 +24,9 @@ two-pass variance in fp32, with one more all-reduce under `axis_name`.
 
 Numerics: statistics and math in fp32; y in x's dtype; parameters any float
 dtype, their gradients in their dtypes. Per-channel sums are reduced in a
-fixed order on the GPU (deterministic).
+fixed order on the GPU (deterministic). Integer and bool x normalize as
+float32; float64 and complex x, and x without rows or channels, run Flax's
+computation (_flax_stats, _flax_apply) in x's dtype.
 
 Primitives (x, dy, dx, residual [..., C]; the per-channel operands [G, ., C]
 fp32, G parameter sets: row r of x viewed as [M, C] uses set r // (M / G);
@@ -54,6 +56,7 @@ from jax_dnn._src import plans
 from jax_dnn._src import sharding
 from jax_dnn._src.activation import ACTIVATIONS, _act
 from jax_dnn._src.batching import NOT_MAPPED, batch_size, fold_param_sets, move_to_front, split_leading
+from jax_dnn._src.derivatives import custom_vjp
 from jax_dnn._src.primitive import ShapedArray, define_primitive
 
 NO_ACTIVATION = -1
@@ -349,7 +352,7 @@ def _train_fwd(cfg, x, scale, bias, residual):
   return (y, mean, var), (x, scale, bias, residual, mean, rstd, n)
 
 
-@functools.partial(jax.custom_vjp, nondiff_argnums=(0,))
+@functools.partial(custom_vjp, nondiff_argnums=(0,))
 def _train(cfg, x, scale, bias, residual):
   return _train_fwd(cfg, x, scale, bias, residual)[0]
 
@@ -379,7 +382,7 @@ def _infer_fwd(cfg, x, mean, var, scale, bias, residual):
   return y, (x, scale, bias, residual, mean, rstd)
 
 
-@functools.partial(jax.custom_vjp, nondiff_argnums=(0,))
+@functools.partial(custom_vjp, nondiff_argnums=(0,))
 def _infer(cfg, x, mean, var, scale, bias, residual):
   return _infer_fwd(cfg, x, mean, var, scale, bias, residual)[0]
 
@@ -419,12 +422,55 @@ def _groups(op, axis_name, axis_index_groups):
   return tuple(tuple(int(i) for i in g) for g in axis_index_groups)
 
 
+def _kernel_dtype(dtype) -> bool:
+  """The dtypes the kernels take (fp32, bf16, fp16)."""
+  return jnp.dtype(dtype) in [jnp.dtype(d) for d in checks.SUPPORTED_DTYPES]
+
+
+def _as_inexact(op, name, a):
+  """a as a jax array; integers and bools as float32 (what Flax's promotion
+  with its float32 parameters makes of them)."""
+  checks.check_array(op, name, a)
+  a = jnp.asarray(a)
+  return a if jnp.issubdtype(a.dtype, jnp.inexact) else a.astype(jnp.float32)
+
+
 def _check_x(op, x):
-  checks.check_float(op, "x", x)
+  x = _as_inexact(op, "x", x)
   if x.ndim == 0:
     raise ValueError(f"{op}: x must have rank >= 1 (channels along the last axis), got a scalar")
-  if x.shape[-1] == 0:
-    raise ValueError(f"{op}: x.shape[-1] (channels) must be > 0, got shape {tuple(x.shape)}")
+  return x
+
+
+def _flax_stats(cfg, x):
+  """Flax's batch statistics (nnx.BatchNorm's), in x's dtype and at least
+  fp32, E|x|^2 - |E x|^2 or E|x - E x|^2: what runs x the kernels do not
+  take (float64, complex) and x without rows (NaN, as Flax's)."""
+  axes = tuple(range(x.ndim - 1))
+  x = x.astype(jnp.promote_types(x.dtype, jnp.float32))
+  abs_sq = lambda a: jnp.real(a * jnp.conj(a))
+  mean = lambda a: (jnp.mean(a, axes) if cfg.axis_name is None else jax.lax.pmean(
+      jnp.mean(a, axes), cfg.axis_name, axis_index_groups=cfg.axis_index_groups))
+  mu = mean(x)
+  if cfg.fast_variance:
+    return mu, jnp.maximum(0.0, mean(abs_sq(x)) - abs_sq(mu))
+  return mu, mean(abs_sq(x - mu))
+
+
+def _flax_apply(cfg, x, mean, var, scale, bias, residual):
+  """y from the statistics as Flax normalizes (the partner of _flax_stats),
+  then the residual and the activation; in x's dtype."""
+  mul = jax.lax.rsqrt(var + cfg.epsilon)
+  if scale is not None:
+    mul = mul * scale
+  y = (x - mean) * mul
+  if bias is not None:
+    y = y + bias
+  if _present(residual):
+    y = y + residual
+  if cfg.activation != NO_ACTIVATION:
+    y = _act(y, cfg.activation)
+  return y.astype(x.dtype)
 
 
 def _param(op, x, p, name, default):
@@ -438,7 +484,7 @@ def _param(op, x, p, name, default):
 def _residual(op, x, residual):
   if residual is None:
     return _empty(x.dtype)
-  checks.check_array(op, "residual", residual)
+  residual = _as_inexact(op, "residual", residual)
   if tuple(residual.shape) != tuple(x.shape):
     raise ValueError(f"{op}: residual must have x's shape {tuple(x.shape)}, "
                      f"got {tuple(residual.shape)}")
@@ -467,7 +513,8 @@ def batch_norm(x: jax.Array, scale: jax.Array | None = None, bias: jax.Array | N
   with the batch's per-channel mean and (biased) variance.
 
   Args:
-    x: [..., C] float32, bfloat16 or float16 (N, *spatial, C: channels last).
+    x: [..., C] (N, *spatial, C: channels last); float32, bfloat16 and
+      float16 run the kernels (others: the module docstring).
     scale, bias: [C] (any float dtype), or None (ones, zeros).
     residual: x's shape and dtype, added before the activation
       (ResNet's relu(bn(x) + shortcut)), or None.
@@ -481,13 +528,11 @@ def batch_norm(x: jax.Array, scale: jax.Array | None = None, bias: jax.Array | N
       default); False: a second pass centred on the mean (exact for inputs
       whose mean is large against their spread; see the module docstring).
   Returns:
-    (y in x's dtype, mean [C] fp32, var [C] fp32): the statistics for
-    updating running averages.
+    (y in x's dtype, mean [C] fp32, var [C] fp32; in x's dtype for float64
+    and complex x, as Flax's): the statistics for updating running averages.
   """
   op = "batch_norm"
-  _check_x(op, x)
-  if math.prod(x.shape[:-1]) == 0:
-    raise ValueError(f"{op}: x has no rows to take statistics over, shape {tuple(x.shape)}")
+  x = _check_x(op, x)
   epsilon = checks.check_epsilon(op, epsilon)
   if not isinstance(use_fast_variance, bool):
     raise TypeError(f"{op}: use_fast_variance must be a bool, got {use_fast_variance!r}")
@@ -495,6 +540,9 @@ def batch_norm(x: jax.Array, scale: jax.Array | None = None, bias: jax.Array | N
                 _groups(op, axis_name, axis_index_groups), use_fast_variance)
   args = (x, _param(op, x, scale, "scale", 1.0), _param(op, x, bias, "bias", 0.0),
           _residual(op, x, residual))
+  if not _kernel_dtype(x.dtype) or x.size == 0:
+    mean, var = _flax_stats(cfg, x)
+    return _flax_apply(cfg, x, mean, var, scale, bias, args[-1]), mean, var
   return _train(cfg, *mesh_types.same_manual_axes(*args))
 
 
@@ -511,7 +559,7 @@ def batch_norm_inference(x: jax.Array, mean: jax.Array, var: jax.Array,
   x, mean, var, scale, bias and residual.
   """
   op = "batch_norm_inference"
-  _check_x(op, x)
+  x = _check_x(op, x)
   epsilon = checks.check_epsilon(op, epsilon)
   cfg = _Config(epsilon, _activation(op, activation))
   for name, p in (("mean", mean), ("var", var)):
@@ -520,4 +568,6 @@ def batch_norm_inference(x: jax.Array, mean: jax.Array, var: jax.Array,
   args = (x, _param(op, x, mean, "mean", 0.0), _param(op, x, var, "var", 1.0),
           _param(op, x, scale, "scale", 1.0), _param(op, x, bias, "bias", 0.0),
           _residual(op, x, residual))
+  if not _kernel_dtype(x.dtype) or x.size == 0:
+    return _flax_apply(cfg, x, mean, var, scale, bias, args[-1])
   return _infer(cfg, *mesh_types.same_manual_axes(*args))

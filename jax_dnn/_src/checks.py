@@ -3,6 +3,7 @@ message naming the argument, what it got and what is supported."""
 
 from __future__ import annotations
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 
@@ -21,13 +22,30 @@ def check_float(op: str, name: str, x) -> None:
     raise TypeError(f"{op}: {name} has dtype {x.dtype}; supported: {_SUPPORTED_NAMES}")
 
 
-def check_param(op: str, name: str, p, width: int) -> None:
-  """A per-feature parameter: shape (width,), a floating dtype."""
+def kernels_take(x) -> bool:
+  """Whether an op runs x on its kernels: an array whose dtype, as JAX holds
+  it, is float32, bfloat16 or float16, and not weakly typed (a Python scalar,
+  or a value computed from one only: the peer's result is weakly typed too).
+  On anything else the op runs its peer's function, or its reference in x's
+  dtype, with the peer's dtype rules and errors."""
+  if not hasattr(x, "shape") or not hasattr(x, "dtype"):
+    return False
+  aval = jax.typeof(x)
+  return aval.dtype in [jnp.dtype(d) for d in SUPPORTED_DTYPES] and not aval.weak_type
+
+
+def check_param_shape(op: str, name: str, p, width: int) -> None:
+  """A per-feature parameter: an array of shape (width,)."""
   check_array(op, name, p)
   if tuple(p.shape) != (width,):
     raise ValueError(
         f"{op}: {name} must have shape ({width},) to match x.shape[-1]; got {tuple(p.shape)}"
     )
+
+
+def check_param(op: str, name: str, p, width: int) -> None:
+  """A per-feature parameter: shape (width,), a floating dtype."""
+  check_param_shape(op, name, p, width)
   if not jnp.issubdtype(p.dtype, jnp.floating):
     raise TypeError(f"{op}: {name} must be floating point; got {p.dtype}")
 

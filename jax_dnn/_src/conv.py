@@ -63,11 +63,26 @@ try:
 except ImportError:  # pragma: no cover
   _canonicalize_precision = None
 
-_KERNEL_DTYPES = tuple(jnp.dtype(d) for d in checks.SUPPORTED_DTYPES)
+def _kernel_dtype(dtype) -> bool:
+  """The dtypes the kernels take (fp32, bf16, fp16); others run lax's or jnp's computation."""
+  return jnp.dtype(dtype) in [jnp.dtype(d) for d in checks.SUPPORTED_DTYPES]
 
 
 def _is_int(v) -> bool:
   return isinstance(v, (int, np.integer)) and not isinstance(v, bool)
+
+
+def _check_positive(op, name, values, error):
+  """A stride or dilation entry < 1, named, as `error` (the type lax raises
+  for it, where its own message does not name the argument or comes from
+  the MLIR verifier); other mistakes are left to lax's checks."""
+  try:
+    bad = any(_is_int(v) and v < 1 for v in values)
+  except TypeError:  # None or not a sequence
+    return
+  if bad:
+    raise error(f"{op}: {name} must hold positive ints (one a spatial axis); "
+                f"got {tuple(values)!r}")
 
 
 def _has_zero(shape) -> bool:
@@ -197,7 +212,7 @@ def _lax_only(lhs, rhs, out, *, nsp, precision, preferred_element_type, batch_gr
   """Why the kernels cannot take this call in any form (None: they can)."""
   if jnp.dtype(lhs.dtype) != jnp.dtype(rhs.dtype):
     return "operands of two dtypes"
-  if jnp.dtype(lhs.dtype) not in _KERNEL_DTYPES:
+  if not _kernel_dtype(lhs.dtype):
     return f"dtype {lhs.dtype}"
   if preferred_element_type is not None and jnp.dtype(preferred_element_type) != lhs.dtype:
     return "preferred_element_type other than the operands' dtype"
@@ -235,6 +250,9 @@ def conv_general_dilated(lhs, rhs, window_strides, padding, lhs_dilation=None, r
   checks.check_array(_OP, "lhs", lhs)
   checks.check_array(_OP, "rhs", rhs)
   lhs, rhs = jnp.asarray(lhs), jnp.asarray(rhs)
+  _check_positive(_OP, "window_strides", window_strides, ValueError)
+  _check_positive(_OP, "lhs_dilation", lhs_dilation, TypeError)
+  _check_positive(_OP, "rhs_dilation", rhs_dilation, TypeError)
   call = functools.partial(
       lax.conv_general_dilated, window_strides=window_strides, padding=padding,
       lhs_dilation=lhs_dilation, rhs_dilation=rhs_dilation, dimension_numbers=dimension_numbers,
@@ -314,6 +332,9 @@ def conv_transpose(lhs, rhs, strides, padding, rhs_dilation=None, dimension_numb
     raise ValueError(f"{op}: lhs and rhs must have one rank >= 2; got shapes {tuple(lhs.shape)} "
                      f"and {tuple(rhs.shape)}")
   ndims = lhs.ndim
+  # strides become lax's lhs dilation: lax's error would name dilations.
+  _check_positive(op, "strides", strides, TypeError)
+  _check_positive(op, "rhs_dilation", rhs_dilation, TypeError)
   if dimension_numbers is None:
     defaults = {2: ("NC", "IO", "NC"), 3: ("NHC", "HIO", "NHC"), 4: ("NHWC", "HWIO", "NHWC"),
                 5: ("NHWDC", "HWDIO", "NHWDC")}
@@ -383,10 +404,41 @@ def _activation_arg(op, activation) -> int:
   return activation_lib.ACTIVATIONS[activation]
 
 
-def _common_dtype(op, *named):
+def _operands(op, *named):
+  """The operands as jax arrays (None stays None) and their promoted dtype."""
   for name, a in named:
-    checks.check_float(op, name, a)
-  return jnp.result_type(*[a for _, a in named])
+    if a is not None:
+      checks.check_array(op, name, a)
+  arrays = [None if a is None else jnp.asarray(a) for _, a in named]
+  return arrays, jnp.result_type(*[a for a in arrays if a is not None])
+
+
+def _check_bias(op, bias, width, what):
+  if tuple(bias.shape) != (width,):
+    raise ValueError(f"{op}: bias must have shape ({width},) to match {what}; got "
+                     f"{tuple(bias.shape)}")
+
+
+def _activate(y, activation):
+  """The activation as jnp computes it (on the paths without the kernels)."""
+  if activation == prims.NO_ACTIVATION:
+    return y
+  return activation_lib._act(y, activation)  # pylint: disable=protected-access
+
+
+def _lax_conv(x, kernel, bias, residual, activation, strides, pads, dilation, groups):
+  """conv where the kernels take no form of it (dtypes other than
+  fp32/bf16/fp16, empty operands or result): lax's convolution, then the
+  bias, residual and activation, in the operands' promoted dtype."""
+  sp = "DHW"[3 - (x.ndim - 2):]
+  y = lax.conv_general_dilated(x, kernel, strides, pads, rhs_dilation=dilation,
+                               dimension_numbers=(f"N{sp}C", f"{sp}IO", f"N{sp}C"),
+                               feature_group_count=groups)
+  if bias is not None:
+    y = y + bias
+  if residual is not None:
+    y = y + residual
+  return _activate(y, activation)
 
 
 def conv(x, kernel, bias=None, *, residual=None, activation=None, strides=1, padding="SAME",
@@ -396,7 +448,9 @@ def conv(x, kernel, bias=None, *, residual=None, activation=None, strides=1, pad
   after the kernel).
 
   Args:
-    x: [N, *spatial, C], 1 to 3 spatial axes; float32, bfloat16 or float16.
+    x: [N, *spatial, C], 1 to 3 spatial axes. Operands of other dtypes
+      than float32, bfloat16 and float16 (integers, complex, float64) run
+      lax's convolution.
     kernel: [*window, C / groups, K] (flax.nnx.Conv's layout).
     bias: [K], or None.
     residual: an array of the output's shape [N, *out_spatial, K], or None.
@@ -413,12 +467,8 @@ def conv(x, kernel, bias=None, *, residual=None, activation=None, strides=1, pad
   on it (dbias = sum g, dresidual = g).
   """
   op = "conv"
-  named = [("x", x), ("kernel", kernel)] + [(n, a) for n, a in (("bias", bias),
-                                                                 ("residual", residual))
-                                             if a is not None]
-  dtype = _common_dtype(op, *named)
-  if dtype not in _KERNEL_DTYPES:
-    raise TypeError(f"{op}: operands promote to {dtype}; supported: float32, bfloat16, float16")
+  (x, kernel, bias, residual), dtype = _operands(op, ("x", x), ("kernel", kernel),
+                                                 ("bias", bias), ("residual", residual))
   if not 3 <= x.ndim <= 5:
     raise ValueError(f"{op}: x must be [N, *spatial, C] with 1 to 3 spatial axes; got shape "
                      f"{tuple(x.shape)}")
@@ -441,44 +491,50 @@ def conv(x, kernel, bias=None, *, residual=None, activation=None, strides=1, pad
   window = tuple(kernel.shape[:nsp])
   eff = [(w - 1) * d + 1 for w, d in zip(window, dilation)]
   pads = _padding_arg(op, padding, x.shape[1:-1], eff, strides)
-  out_spatial = tuple(prims.output_extent(s, e, st, 1, lo, hi) for s, e, st, (lo, hi) in zip(
-      x.shape[1:-1], eff, strides, pads))
-  if any(o < 0 for o in out_spatial):
-    raise ValueError(f"{op}: the window ({eff} dilated) does not fit the padded input "
-                     f"{tuple(x.shape[1:-1])} with padding {pads}")
+  # A window past the padded input leaves no output (lax's extent 0).
+  out_spatial = tuple(max(0, prims.output_extent(s, e, st, 1, lo, hi)) for s, e, st, (lo, hi)
+                      in zip(x.shape[1:-1], eff, strides, pads))
   out_shape = (x.shape[0], *out_spatial, k)
   if bias is not None:
-    checks.check_param(op, "bias", bias, k)
+    _check_bias(op, bias, k, "the kernel's output channels")
     bias = bias.astype(dtype)
   if residual is not None and tuple(residual.shape) != out_shape:
     raise ValueError(f"{op}: residual must have the output's shape {out_shape}; got "
                      f"{tuple(residual.shape)}")
+  activation = _activation_arg(op, activation)
+  if not _kernel_dtype(dtype) or _has_zero(x.shape) or _has_zero(kernel.shape) or _has_zero(
+      out_shape):
+    return _lax_conv(x.astype(dtype), kernel.astype(dtype), bias,
+                     None if residual is None else residual.astype(dtype), activation, strides,
+                     pads, dilation, groups)
   w = jnp.moveaxis(kernel.astype(dtype), -1, 0)  # [K, *window, C / groups]
   w = _transpose(w, (0,) + tuple(range(1, nsp + 1)) + (nsp + 1,))
   return _forward(x.astype(dtype), w, pads, strides, dilation, groups,
                   _precision(None, dtype), bias=bias,
                   residual=None if residual is None else residual.astype(dtype),
-                  activation=_activation_arg(op, activation))
+                  activation=activation)
 
 
 def matmul(x, w, bias=None, *, activation=None) -> jax.Array:
   """act(x @ w + bias) for x [..., K], w [K, N], bias [N] (or None), on the
   convolution kernels (a 1x1 convolution: x's leading axes are its batch and
   spatial axes). activation: None or one of bias_act's. Operands are
-  promoted to one dtype; gradients flow to each."""
+  promoted to one dtype; gradients flow to each. Operands of other dtypes
+  than float32, bfloat16 and float16 run jnp.matmul."""
   op = "matmul"
-  named = [("x", x), ("w", w)] + ([("bias", bias)] if bias is not None else [])
-  dtype = _common_dtype(op, *named)
-  if dtype not in _KERNEL_DTYPES:
-    raise TypeError(f"{op}: operands promote to {dtype}; supported: float32, bfloat16, float16")
+  (x, w, bias), dtype = _operands(op, ("x", x), ("w", w), ("bias", bias))
   if w.ndim != 2:
     raise ValueError(f"{op}: w must be [K, N]; got shape {tuple(w.shape)}")
   if x.ndim < 1 or x.shape[-1] != w.shape[0]:
     raise ValueError(f"{op}: x must be [..., K] with K = w.shape[0] = {w.shape[0]}; got shape "
                      f"{tuple(x.shape)}")
   if bias is not None:
-    checks.check_param(op, "bias", bias, w.shape[1])
+    _check_bias(op, bias, w.shape[1], "w.shape[1]")
     bias = bias.astype(dtype)
+  activation = _activation_arg(op, activation)
+  if not _kernel_dtype(dtype):
+    y = jnp.matmul(x.astype(dtype), w.astype(dtype))
+    return _activate(y if bias is None else y + bias, activation)
   lead = tuple(x.shape[:-1])
   xc = x.astype(dtype)
   if xc.ndim == 1:
@@ -490,7 +546,7 @@ def matmul(x, w, bias=None, *, activation=None) -> jax.Array:
   nsp = xc.ndim - 2
   wc = _transpose(w.astype(dtype), (1, 0)).reshape((w.shape[1],) + (1,) * nsp + (w.shape[0],))
   y = _forward(xc, wc, [(0, 0)] * nsp, (1,) * nsp, (1,) * nsp, 1, _precision(None, dtype),
-               bias=bias, activation=_activation_arg(op, activation))
+               bias=bias, activation=activation)
   return y.reshape(lead + (w.shape[1],)) if y.shape[:-1] != lead else y
 
 
@@ -603,6 +659,9 @@ def conv_algorithms(x, kernel, bias=None, *, residual=None, activation=None, str
   jax_dnn.conv_general_dilated's calls are the same problems in that
   layout. Needs the extension's algorithm registry (not the GPU).
   """
+  if sm_count is not None and (not _is_int(sm_count) or sm_count < 1):
+    raise ValueError(f"jax_dnn.conv_algorithms: sm_count must be None (the current device) or "
+                     f"a positive int (a GPU's SM count); got {sm_count!r}")
   if not plans.has_conv_plans():
     raise RuntimeError("jax_dnn.conv_algorithms: the extension has no convolution plans "
                        "(jax_dnn is not built, or built without them)")

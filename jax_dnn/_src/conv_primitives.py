@@ -50,6 +50,7 @@ from jax_dnn._src import sharding
 from jax_dnn._src.batching import (NOT_MAPPED, batch_size, merge_leading, move_to_front,
                                    split_leading)
 from jax_dnn._src.mesh_types import like_primal, same_manual_axes
+from jax_dnn._src.derivatives import custom_vjp
 from jax_dnn._src.primitive import ShapedArray, define_primitive
 
 NO_ACTIVATION = -1
@@ -693,7 +694,7 @@ def _fused_forward(x, w, bias, residual, params):
   return activation_lib.activation_fwd_p.bind(z, activation=params["activation"])
 
 
-@functools.partial(jax.custom_vjp, nondiff_argnums=(0,))
+@functools.partial(custom_vjp, nondiff_argnums=(0,))
 def _conv(params, x, w, bias, residual):
   return _fused_forward(x, w, bias, residual, dict(params))
 
@@ -727,7 +728,7 @@ def _conv_bwd(params, res, dy):
 _conv.defvjp(_conv_fwd, _conv_bwd)
 
 
-@functools.partial(jax.custom_vjp, nondiff_argnums=(0,))
+@functools.partial(custom_vjp, nondiff_argnums=(0,))
 def _dgrad(params, dy, w):
   return dgrad(dy, w, **dict(params))
 

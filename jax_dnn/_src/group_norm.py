@@ -7,7 +7,8 @@ channels of a group (G = num_groups; instance norm: one channel a group),
 and act one of bias_act's activations or none (SiLU: the diffusion UNet's
 GroupNorm + SiLU in one pass).
 
-Numerics: statistics and math in fp32, the variance two-pass exact (not
+Numerics: statistics and math in fp32 (float64 and complex x, which only
+the reference takes: in x's dtype), the variance two-pass exact (not
 E[x^2] - E[x]^2); y in x's dtype; the primitives take the parameters as fp32
 [P, C] (cast here) and return fp32 parameter gradients, cast back to the
 parameters' dtypes. The backward recomputes z = xhat * scale + bias and
@@ -55,10 +56,15 @@ def _act(z, activation):
 # --- references (pure JAX; what non-CUDA platforms run) ----------------------
 
 
+def _math_dtype(dtype):
+  """fp32, or x's dtype where wider (float64, complex: the reference alone)."""
+  return jnp.promote_types(dtype, jnp.float32)
+
+
 def _grouped(x, groups):
-  """fp32 [N, S, G, C / G] view of x [N, *spatial, C]."""
+  """[N, S, G, C / G] view of x [N, *spatial, C], in _math_dtype."""
   n, c = x.shape[0], x.shape[-1]
-  return x.astype(jnp.float32).reshape(n, -1, groups, c // groups)
+  return x.astype(_math_dtype(x.dtype)).reshape(n, -1, groups, c // groups)
 
 
 def _per_set(a, params):
@@ -69,7 +75,8 @@ def _per_set(a, params):
 
 def _stats(xg, epsilon):
   mean = jnp.mean(xg, axis=(1, 3))
-  var = jnp.mean(jnp.square(xg - mean[:, None, :, None]), axis=(1, 3))
+  d = xg - mean[:, None, :, None]
+  var = jnp.mean(jnp.real(d * jnp.conj(d)), axis=(1, 3))  # |d|^2
   return mean, jax.lax.rsqrt(var + epsilon)  # [N, G] each
 
 
@@ -275,12 +282,13 @@ _group_norm = vjp_op(group_norm_fwd_p, group_norm_bwd_p, saved=1)
 
 
 def _prepare(op, x, param, name, default):
-  """Checks one parameter and returns it as fp32 [1, C] (default when None)."""
-  width = x.shape[-1]
+  """Checks one parameter and returns it as [1, C] in x's _math_dtype
+  (default when None)."""
+  width, dtype = x.shape[-1], _math_dtype(x.dtype)
   if param is None:
-    return jnp.full((1, width), default, jnp.float32)
+    return jnp.full((1, width), default, dtype)
   checks.check_param(op, name, param, width)
-  return param.astype(jnp.float32).reshape(1, width)
+  return param.astype(dtype).reshape(1, width)
 
 
 def _activation_arg(op, activation) -> int:
@@ -313,22 +321,41 @@ def _groups(op, channels, num_groups, group_size) -> int:
   return num_groups
 
 
+def _kernel_dtype(dtype) -> bool:
+  """The dtypes the kernels take (fp32, bf16, fp16)."""
+  return jnp.dtype(dtype) in [jnp.dtype(d) for d in checks.SUPPORTED_DTYPES]
+
+
 def _check_x(op, x):
-  checks.check_float(op, "x", x)
+  """x as a jax array, integers and bools as float32 (what Flax's promotion
+  with its float32 parameters makes of them)."""
+  checks.check_array(op, "x", x)
+  x = jnp.asarray(x)
+  if not jnp.issubdtype(x.dtype, jnp.inexact):
+    x = x.astype(jnp.float32)
   if x.ndim < 2:
     raise ValueError(f"{op}: x must be [N, *spatial, C] (rank >= 2, channels last); got "
                      f"shape {tuple(x.shape)}")
   if x.shape[-1] == 0:
     raise ValueError(f"{op}: x.shape[-1] (channels) must be > 0, got shape {tuple(x.shape)}")
+  return x
 
 
 def _norm(op, x, scale, bias, groups, epsilon, activation):
+  """The op on checked x: the kernels' primitives for their dtypes; the
+  reference, differentiated by JAX, in float64 or complex x's dtype; an
+  empty x's empty result (Flax's)."""
   epsilon = checks.check_epsilon(op, epsilon)
   act = _activation_arg(op, activation)
   scale2 = _prepare(op, x, scale, "scale", 1.0)
   bias2 = _prepare(op, x, bias, "bias", 0.0)
-  return _group_norm(x, scale2, bias2, groups=groups, epsilon=epsilon, activation=act,
-                     deterministic=bool(config.deterministic))
+  if x.size == 0:
+    return jnp.zeros(x.shape, x.dtype)
+  params = dict(groups=groups, epsilon=epsilon, activation=act,
+                deterministic=bool(config.deterministic))
+  if not _kernel_dtype(x.dtype):
+    return _fwd_reference(x, scale2, bias2, **params)[0]
+  return _group_norm(x, scale2, bias2, **params)
 
 
 def group_norm(x: jax.Array, scale: jax.Array | None = None, bias: jax.Array | None = None, *,
@@ -341,8 +368,9 @@ def group_norm(x: jax.Array, scale: jax.Array | None = None, bias: jax.Array | N
   y = act((x - mean) / sqrt(var + epsilon) * scale + bias).
 
   Args:
-    x: [N, *spatial, C] float32, bfloat16 or float16 (any number of spatial
-      axes, including none).
+    x: [N, *spatial, C] (any number of spatial axes, including none);
+      float32, bfloat16 and float16 run the kernels, float64 and complex the
+      reference in their dtype, integers and bools as float32.
     scale: [C] (any float dtype), or None for no scale.
     bias: [C], or None for no bias.
     num_groups: groups of channels (dividing C); or None with group_size.
@@ -353,7 +381,7 @@ def group_norm(x: jax.Array, scale: jax.Array | None = None, bias: jax.Array | N
   Returns y in x's dtype. Gradients flow to x, scale and bias in their dtypes.
   """
   op = "group_norm"
-  _check_x(op, x)
+  x = _check_x(op, x)
   groups = _groups(op, x.shape[-1], num_groups, group_size)
   return _norm(op, x, scale, bias, groups, epsilon, activation)
 
@@ -365,11 +393,11 @@ def instance_norm(x: jax.Array, scale: jax.Array | None = None, bias: jax.Array 
   sample and channel over all spatial positions.
 
   Args:
-    x: [N, *spatial, C] float32, bfloat16 or float16.
+    x: [N, *spatial, C], dtypes as group_norm's.
     scale, bias: [C] (any float dtype), or None.
     epsilon: added to the variance.
     activation: None, or one of bias_act's activations.
   """
   op = "instance_norm"
-  _check_x(op, x)
+  x = _check_x(op, x)
   return _norm(op, x, scale, bias, x.shape[-1], epsilon, activation)

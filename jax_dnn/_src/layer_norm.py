@@ -3,7 +3,8 @@
     layer_norm: y = (x - mean) / sqrt(var + epsilon) * scale + bias
     rms_norm:   y = x / sqrt(mean(x^2) + epsilon) * scale
 
-Numerics: statistics and math in fp32; y in x's dtype; the kernels take the
+Numerics: statistics and math in fp32 (float64 and complex x, which only the
+reference takes: in x's dtype); y in x's dtype; the kernels take the
 parameters as fp32 [param_sets, width] (cast here) and return fp32 parameter
 gradients, cast back to the parameters' dtypes. Parameter gradients are
 reduced across rows deterministically (per-block partials summed in a fixed
@@ -46,18 +47,37 @@ def _by_param_set(a, params):
 # --- references (pure JAX; what non-CUDA platforms run) ----------------------
 
 
-def _row_stats(x2, rms, epsilon):
-  """mean ([R, 1]; 0 for RMS norm) and rstd ([R, 1]) of fp32 rows [R, W]."""
-  if rms:
-    return 0.0, jax.lax.rsqrt(jnp.mean(x2 * x2, axis=-1, keepdims=True) + epsilon)
-  mean = jnp.mean(x2, axis=-1, keepdims=True)
-  return mean, jax.lax.rsqrt(jnp.mean(jnp.square(x2 - mean), axis=-1, keepdims=True) + epsilon)
+def _compute_dtype(dtype):
+  """fp32, or x's dtype where wider (float64, complex: the reference alone)."""
+  return jnp.promote_types(dtype, jnp.float32)
 
 
-def _fwd_reference(x, scale, bias=None, *, epsilon, rms):
+def _abs_sq(v):
+  return jnp.real(v * jnp.conj(v)) if jnp.iscomplexobj(v) else v * v
+
+
+def _row_stats(x2, rms, epsilon, where=None):
+  """mean ([R, 1]; 0 for RMS norm) and rstd ([R, 1]) of rows [R, W], over the
+  columns `where` [R, W] marks (all when None). A row with none marked has
+  mean 0 and rstd 0 (y = bias): no NaN from masking, in values or gradients."""
+  if where is None:
+    mean_of = lambda v: jnp.mean(v, axis=-1, keepdims=True)
+  else:
+    count = jnp.sum(where, axis=-1, keepdims=True)
+    mean_of = lambda v: jnp.sum(v, axis=-1, keepdims=True, where=where) / jnp.maximum(count, 1)
+  mean = 0.0 if rms else mean_of(x2)
+  rstd = jax.lax.rsqrt(mean_of(_abs_sq(x2 if rms else x2 - mean)) + epsilon)
+  if where is not None:
+    rstd = jnp.where(count > 0, rstd, 0.0)
+  return mean, rstd
+
+
+def _fwd_reference(x, scale, bias=None, *, epsilon, rms, where=None):
   width = x.shape[-1]
-  x2 = x.reshape(-1, width).astype(jnp.float32)
-  mean, rstd = _row_stats(x2, rms, epsilon)
+  x2 = x.reshape(-1, width).astype(_compute_dtype(x.dtype))
+  if where is not None:
+    where = jnp.broadcast_to(where, x.shape).reshape(-1, width)
+  mean, rstd = _row_stats(x2, rms, epsilon, where)
   y = _by_param_set((x2 - mean) * rstd, scale) * scale[:, None, :]
   if rms:
     return y.reshape(x.shape).astype(x.dtype)
@@ -205,21 +225,70 @@ _rms_norm = vjp_op(rms_norm_fwd_p, rms_norm_bwd_p)
 # --- public API -------------------------------------------------------------------
 
 
-def _prepare(op, x, param, name, default):
-  """Checks one parameter and returns it as fp32 [1, W] (default when None)."""
-  width = x.shape[-1]
+def _param_rows(param, width, default, dtype):
+  """A parameter as the primitives take it: [1, W] in dtype (default when None)."""
   if param is None:
-    return jnp.full((1, width), default, jnp.float32)
-  checks.check_param(op, name, param, width)
-  return param.astype(jnp.float32).reshape(1, width)
+    return jnp.full((1, width), default, dtype)
+  return param.astype(dtype).reshape(1, width)
 
 
-def _check_x(op, x):
-  checks.check_float(op, "x", x)
+def _check_mask(op, mask, x_shape):
+  checks.check_array(op, "mask", mask)
+  if mask.dtype != jnp.bool_:  # as jnp.mean(where=...), which Flax's layers call
+    raise ValueError(f"{op}: mask must be a boolean array, got dtype {mask.dtype}")
+  try:
+    shape = jnp.broadcast_shapes(mask.shape, x_shape)
+  except ValueError:
+    shape = None
+  if shape != tuple(x_shape):
+    raise ValueError(f"{op}: mask of shape {tuple(mask.shape)} does not broadcast to x's "
+                     f"shape {tuple(x_shape)}")
+
+
+def _as_inexact(x, params):
+  """Integer and bool x promoted as Flax's canonicalize_dtype promotes them:
+  with the parameters, to float32 where that is not yet inexact."""
+  dtype = jnp.result_type(x, *[p for p in params if p is not None])
+  return x.astype(dtype if jnp.issubdtype(dtype, jnp.inexact) else
+                  jnp.promote_types(jnp.float32, dtype))
+
+
+def normalize(op, x, scale, bias, *, epsilon, rms, mask=None):
+  """layer_norm (rms=False) or rms_norm; `mask` (a boolean array that
+  broadcasts to x, as Flax's layers take it) restricts the statistics to the
+  positions it marks.
+
+  The kernels run float32, bfloat16 and float16 x without a mask; the
+  reference in x's dtype, differentiated by JAX, runs the rest (float64,
+  complex, a mask). Integer and bool x are promoted first (`_as_inexact`).
+  """
+  checks.check_array(op, "x", x)
   if x.ndim == 0:
     raise ValueError(f"{op}: x must have rank >= 1 (normalized over the last axis), got a scalar")
-  if x.shape[-1] == 0:
-    raise ValueError(f"{op}: x.shape[-1] must be > 0, got shape {tuple(x.shape)}")
+  width = x.shape[-1]
+  for name, p in (("scale", scale), ("bias", bias)):
+    if p is not None:
+      checks.check_param(op, name, p, width)
+  epsilon = checks.check_epsilon(op, epsilon)
+  if mask is not None:
+    _check_mask(op, mask, x.shape)
+  x = jnp.asarray(x)
+  if not jnp.issubdtype(x.dtype, jnp.inexact):
+    x = _as_inexact(x, (scale, bias))
+  if width == 0:  # nothing to normalize: an empty result, as Flax's
+    return jnp.zeros(x.shape, x.dtype)
+
+  kernels = checks.kernels_take(x) and mask is None
+  dtype = jnp.float32 if kernels else _compute_dtype(x.dtype)
+  scale = _param_rows(scale, width, 1.0, dtype)
+  if rms:
+    if kernels:
+      return _rms_norm(x, scale, epsilon=epsilon)
+    return _fwd_reference(x, scale, epsilon=epsilon, rms=True, where=mask)
+  bias = _param_rows(bias, width, 0.0, dtype)
+  if kernels:
+    return _layer_norm(x, scale, bias, epsilon=epsilon)
+  return _fwd_reference(x, scale, bias, epsilon=epsilon, rms=False, where=mask)[0]
 
 
 def layer_norm(x: jax.Array, scale: jax.Array | None = None, bias: jax.Array | None = None, *,
@@ -227,29 +296,25 @@ def layer_norm(x: jax.Array, scale: jax.Array | None = None, bias: jax.Array | N
   """Layer normalization over the last axis of `x`.
 
   Args:
-    x: [..., W] float32, bfloat16 or float16.
+    x: [..., W]; float32, bfloat16 and float16 run the kernels (other dtypes:
+      see `normalize`).
     scale: [W] (any float dtype), or None for no scale.
     bias: [W], or None for no bias.
     epsilon: added to the variance.
-  Returns y in x's dtype. Gradients flow to x, scale and bias in their dtypes.
+  Returns y in x's dtype (integer and bool x: promoted as Flax promotes
+  them, see `_as_inexact`). Gradients flow to x, scale and bias in their
+  dtypes.
   """
-  op = "layer_norm"
-  _check_x(op, x)
-  epsilon = checks.check_epsilon(op, epsilon)
-  scale2 = _prepare(op, x, scale, "scale", 1.0)
-  bias2 = _prepare(op, x, bias, "bias", 0.0)
-  return _layer_norm(x, scale2, bias2, epsilon=epsilon)
+  return normalize("layer_norm", x, scale, bias, epsilon=epsilon, rms=False)
 
 
 def rms_norm(x: jax.Array, scale: jax.Array | None = None, *, epsilon: float = 1e-6) -> jax.Array:
   """RMS normalization over the last axis: x / sqrt(mean(x^2) + epsilon) * scale.
 
   Args:
-    x: [..., W] float32, bfloat16 or float16.
+    x: [..., W]; float32, bfloat16 and float16 run the kernels (other dtypes:
+      see `normalize`).
     scale: [W] (any float dtype), or None for no scale.
     epsilon: added to the mean square.
   """
-  op = "rms_norm"
-  _check_x(op, x)
-  epsilon = checks.check_epsilon(op, epsilon)
-  return _rms_norm(x, _prepare(op, x, scale, "scale", 1.0), epsilon=epsilon)
+  return normalize("rms_norm", x, scale, None, epsilon=epsilon, rms=True)

@@ -3,9 +3,12 @@
 (PyTorch's bins), 1D/2D/3D.
 
 Layout: inputs [*batch, *spatial, C] (any number of batch axes, none
-included, as flax.linen.pool). Inside the primitives every call is 3D:
-x [N, D, H, W, C], the batch axes folded into N and a 1D/2D problem given
-unit leading spatial axes; y [N, OD, OH, OW, C].
+included, as flax.linen.pool). Negative padding crops the input first (as
+lax pads); dtypes other than fp32/bf16/fp16 and more than 3 spatial axes
+run flax.linen's computation (_flax_pool), with its dtype rules. Inside
+the primitives every call is 3D: x [N, D, H, W, C], the batch axes folded
+into N and a 1D/2D problem given unit leading spatial axes;
+y [N, OD, OH, OW, C].
 
 Windows. Along each spatial axis a of length L, output o reads the positions
   pooling:  o * stride - pad_lo + j, j < window (positions outside [0, L) are
@@ -58,6 +61,7 @@ from jax_dnn._src import plans
 from jax_dnn._src import sharding
 from jax_dnn._src.config import config
 from jax_dnn._src.batching import batch_size, merge_leading, move_to_front, split_leading
+from jax_dnn._src.derivatives import custom_vjp
 from jax_dnn._src.primitive import ShapedArray, define_primitive
 
 # --- geometry (static: Python ints) --------------------------------------------------
@@ -380,7 +384,12 @@ def pool_plan(op: str, inputs_shape: Sequence[int], window_shape=None, strides=N
   residuals is "none" for average pooling."""
   x = jax.ShapeDtypeStruct(tuple(inputs_shape), jnp.float32)
   if op in ("max_pool", "avg_pool"):
-    _, params = _window_params(op, x, window_shape, strides, padding)
+    window_shape, strides, pads = _window_args(op, x, window_shape, strides, padding)
+    if not 1 <= len(window_shape) <= 3:
+      raise ValueError(f"pool_plan: {op} over {len(window_shape)} spatial axes runs flax's "
+                       "computation, not the kernels: it has no plan")
+    kept, pads = _crop(x.shape[x.ndim - len(window_shape) - 1:-1], pads)
+    params = _window_params([stop - start for start, stop in kept], window_shape, strides, pads)
     params["count_include_pad"] = op == "avg_pool"
   elif op in ("adaptive_max_pool", "adaptive_avg_pool"):
     _, params = _adaptive_params(op, x, output_size)
@@ -448,8 +457,7 @@ def _sharding(operands, results, **params):
 def _kernel_takes(avals, **params):
   """The kernels take fp32/bf16/fp16 and non-empty spatial axes (the
   reference runs the rest)."""
-  return (avals[0].dtype in [jnp.dtype(d) for d in checks.SUPPORTED_DTYPES]
-          and min(params["input"]) > 0)
+  return _kernel_dtype(avals[0].dtype) and min(params["input"]) > 0
 
 
 def _forward_takes(avals, *, max_pool, **params):
@@ -512,7 +520,7 @@ avg_pool_fwd_p = _define("avg_pool_fwd", _fwd_abstract, _avg_fwd_reference,
 avg_pool_bwd_p = _define("avg_pool_bwd", _dx_abstract, _avg_bwd_reference)
 
 
-@functools.partial(jax.custom_vjp, nondiff_argnums=(0,))
+@functools.partial(custom_vjp, nondiff_argnums=(0,))
 def _max_pool(params, x):
   return max_pool_fwd_p.bind(x, **dict(params))
 
@@ -544,7 +552,7 @@ def _max_pool_bwd(params, res, dy):
 _max_pool.defvjp(_max_pool_fwd, _max_pool_bwd)
 
 
-@functools.partial(jax.custom_vjp, nondiff_argnums=(0,))
+@functools.partial(custom_vjp, nondiff_argnums=(0,))
 def _avg_pool(params, x):
   return avg_pool_fwd_p.bind(x, **dict(params))
 
@@ -571,8 +579,8 @@ _avg_pool.defvjp(_avg_pool_fwd, _avg_pool_bwd)
 # --- public API -----------------------------------------------------------------------
 
 
-def _ints(op, name, value, rank, minimum):
-  """A sequence of `rank` ints >= minimum."""
+def _ints(op, name, value, rank, minimum=None):
+  """A sequence of `rank` ints (each >= minimum, where given)."""
   if isinstance(value, (str, bytes)) or not isinstance(value, Sequence):
     raise TypeError(f"{op}: {name} must be a tuple of {rank} ints, got {value!r}")
   if len(value) != rank:
@@ -580,13 +588,24 @@ def _ints(op, name, value, rank, minimum):
   for v in value:
     if isinstance(v, bool) or not isinstance(v, (int, np.integer)):
       raise TypeError(f"{op}: {name} must hold ints, got {value!r}")
-    if v < minimum:
+    if minimum is not None and v < minimum:
       raise ValueError(f"{op}: {name} entries must be >= {minimum}, got {value!r}")
   return tuple(int(v) for v in value)
 
 
+def _kernel_dtype(dtype) -> bool:
+  """The dtypes the primitives take (fp32, bf16, fp16); pooling of others
+  runs flax's computation."""
+  return jnp.dtype(dtype) in [jnp.dtype(d) for d in checks.SUPPORTED_DTYPES]
+
+
+def _as_array(op, inputs):
+  """inputs as a jax array (NumPy arrays too, as flax.linen.pool takes them)."""
+  checks.check_array(op, "inputs", inputs)
+  return jnp.asarray(inputs)
+
+
 def _check_inputs(op, inputs, rank):
-  checks.check_float(op, "inputs", inputs)
   if inputs.ndim < rank + 1:
     raise ValueError(f"{op}: inputs must be [batch..., spatial ({rank} axes), features], "
                      f"rank >= {rank + 1}; got shape {tuple(inputs.shape)}")
@@ -605,12 +624,12 @@ def _pad3(v, fill):
   return (fill,) * (3 - len(v)) + tuple(v)
 
 
-def _window_params(op, inputs, window_shape, strides, padding):
+def _window_args(op, inputs, window_shape, strides, padding):
+  """window_shape, strides and (low, high) pads, checked and read as
+  flax.linen.pool reads them (negative padding crops)."""
   window_shape = _ints(op, "window_shape", window_shape,
                        len(window_shape) if isinstance(window_shape, Sequence) else 0, 1)
   rank = len(window_shape)
-  if not 1 <= rank <= 3:
-    raise ValueError(f"{op}: window_shape must have 1, 2 or 3 entries, got {window_shape!r}")
   _check_inputs(op, inputs, rank)
   strides = (1,) * rank if strides is None else _ints(op, "strides", strides, rank, 1)
   spatial = tuple(inputs.shape[inputs.ndim - rank - 1:-1])
@@ -624,14 +643,50 @@ def _window_params(op, inputs, window_shape, strides, padding):
         isinstance(p, Sequence) and len(p) == 2 for p in padding):
       raise ValueError(f"{op}: padding must be 'SAME', 'VALID' or {rank} (low, high) pairs, "
                        f"got {padding!r}")
-    pads = [_ints(op, "padding", p, 2, 0) for p in padding]
-  pads = [(int(lo), int(hi)) for lo, hi in pads]
+    pads = [_ints(op, "padding", p, 2) for p in padding]
+  return window_shape, strides, [(int(lo), int(hi)) for lo, hi in pads]
+
+
+def _crop(spatial, pads):
+  """Negative padding as lax's pad (and so flax.linen.pool) applies it: each
+  axis' (start, stop) that remains and the padding left (>= 0). Where the
+  crops pass each other the axis keeps nothing and its padded extent stays
+  lax's L + lo + hi: windows of padding alone."""
+  kept, left = [], []
+  for length, (lo, hi) in zip(spatial, pads):
+    start = min(max(-lo, 0), length)
+    stop = max(length - max(-hi, 0), start)
+    extent = max(length + lo + hi, 0) - (stop - start)
+    lo_left = min(max(lo, 0), extent)
+    kept.append((start, stop))
+    left.append((lo_left, extent - lo_left))
+  return kept, left
+
+
+def _window_params(spatial, window_shape, strides, pads):
+  """The primitives' params for 1-3 spatial axes and padding >= 0."""
   output = tuple(max(0, (s + lo + hi - k) // st + 1)
                  for s, (lo, hi), k, st in zip(spatial, pads, window_shape, strides))
-  params = dict(input=_pad3(spatial, 1), output=_pad3(output, 1), window=_pad3(window_shape, 1),
-                strides=_pad3(strides, 1), pad_lo=_pad3([lo for lo, _ in pads], 0),
-                adaptive=False)
-  return rank, params
+  return dict(input=_pad3(spatial, 1), output=_pad3(output, 1), window=_pad3(window_shape, 1),
+              strides=_pad3(strides, 1), pad_lo=_pad3([lo for lo, _ in pads], 0),
+              adaptive=False)
+
+
+def _flax_pool(op, x, window_shape, strides, pads, count_include_pad):
+  """flax.linen.max_pool / avg_pool's computation (lax.reduce_window), with
+  flax's dtype rules (the average of integers is float32): what runs the
+  inputs the primitives do not take (integer, bool, complex, float64; more
+  than 3 spatial axes)."""
+  batch = (1,) * (x.ndim - len(window_shape) - 1)
+  dims, steps = batch + window_shape + (1,), batch + strides + (1,)
+  pads = [(0, 0)] * len(batch) + list(pads) + [(0, 0)]
+  if op == "max_pool":
+    return lax.reduce_window(x, -jnp.inf, lax.max, dims, steps, pads)
+  y = lax.reduce_window(x, 0.0, lax.add, dims, steps, pads)
+  if count_include_pad:
+    return y / np.prod(window_shape)
+  ones = jnp.ones(batch + x.shape[len(batch):-1] + (1,))
+  return y / lax.reduce_window(ones, 0.0, lax.add, dims, steps, pads)
 
 
 def _bind(op_fn, x, rank, params):
@@ -640,23 +695,43 @@ def _bind(op_fn, x, rank, params):
   return back(op_fn(tuple(sorted(params.items())), x5))
 
 
+def _pool(op, op_fn, inputs, window_shape, strides, padding, count_include_pad):
+  """max_pool / avg_pool: flax's computation for what the primitives do not
+  take; else negative padding cropped, and op_fn (_max_pool / _avg_pool)."""
+  inputs = _as_array(op, inputs)
+  window_shape, strides, pads = _window_args(op, inputs, window_shape, strides, padding)
+  rank = len(window_shape)
+  if not (_kernel_dtype(inputs.dtype) and 1 <= rank <= 3):
+    return _flax_pool(op, inputs, window_shape, strides, pads, count_include_pad)
+  first = inputs.ndim - rank - 1
+  kept, pads = _crop(inputs.shape[first:-1], pads)
+  if kept != [(0, n) for n in inputs.shape[first:-1]]:
+    inputs = inputs[(slice(None),) * first + tuple(slice(*k) for k in kept)]
+  params = _window_params(inputs.shape[first:-1], window_shape, strides, pads)
+  if 0 in inputs.shape[first:-1]:  # every window reads padding alone (-inf, or 0)
+    rank_output = params["output"][3 - rank:]
+    return jnp.full(inputs.shape[:first] + rank_output + inputs.shape[-1:],
+                    -jnp.inf if op == "max_pool" else 0, inputs.dtype)
+  return _bind(op_fn, inputs, rank, dict(params, count_include_pad=count_include_pad))
+
+
 def max_pool(inputs: jax.Array, window_shape: Sequence[int], strides: Sequence[int] | None = None,
              padding: str | Sequence[tuple[int, int]] = "VALID") -> jax.Array:
   """Max pooling, as flax.linen.max_pool.
 
   Args:
-    inputs: [batch..., *spatial, features] (batch axes optional), float32,
-      bfloat16 or float16; 1, 2 or 3 spatial axes (len(window_shape)).
+    inputs: [batch..., *spatial, features] (batch axes optional); float32,
+      bfloat16 and float16 with 1, 2 or 3 spatial axes (len(window_shape))
+      run the kernels, other dtypes and ranks flax's computation.
     window_shape: the window, one int a spatial axis.
     strides: one int a spatial axis (default 1).
     padding: 'SAME', 'VALID' or (low, high) pairs, one a spatial axis;
-      padded positions count as -inf.
+      padded positions count as -inf, negative padding crops.
   Returns the maximum of each window, in inputs' dtype. Its gradient goes to
   each window's first maximal position in row-major order, padding included
   (XLA's select_and_scatter_add; see the module docstring).
   """
-  rank, params = _window_params("max_pool", inputs, window_shape, strides, padding)
-  return _bind(_max_pool, inputs, rank, dict(params, count_include_pad=False))
+  return _pool("max_pool", _max_pool, inputs, window_shape, strides, padding, False)
 
 
 def avg_pool(inputs: jax.Array, window_shape: Sequence[int], strides: Sequence[int] | None = None,
@@ -670,16 +745,17 @@ def avg_pool(inputs: jax.Array, window_shape: Sequence[int], strides: Sequence[i
   Returns the averages in inputs' dtype, summed in fp32. (flax's
   count_include_pad=False divides by an fp32 count and so returns fp32 for
   bf16/fp16 inputs, and NaN (0 / 0) for a window wholly in the padding;
-  this returns inputs' dtype, and 0 there.)
+  this returns inputs' dtype, and 0 there.) Inputs the kernels do not take
+  get flax's result and dtype (float32 for integers).
   """
   if not isinstance(count_include_pad, (bool, np.bool_)):
     raise TypeError(f"avg_pool: count_include_pad must be a bool, got {count_include_pad!r}")
-  rank, params = _window_params("avg_pool", inputs, window_shape, strides, padding)
-  return _bind(_avg_pool, inputs, rank, dict(params, count_include_pad=bool(count_include_pad)))
+  return _pool("avg_pool", _avg_pool, inputs, window_shape, strides, padding,
+               bool(count_include_pad))
 
 
 def _adaptive_params(op, inputs, output_size):
-  checks.check_array(op, "inputs", inputs)
+  checks.check_float(op, "inputs", inputs)
   if isinstance(output_size, (int, np.integer)) and not isinstance(output_size, bool):
     rank = inputs.ndim - 2
     if not 1 <= rank <= 3:
@@ -718,6 +794,7 @@ def adaptive_max_pool(inputs: jax.Array, output_size: int | Sequence[int | None]
       single int means inputs are [N, *spatial, C] and applies to each axis.
   Gradients go to each bin's first maximal position (row-major).
   """
+  inputs = _as_array("adaptive_max_pool", inputs)
   rank, params = _adaptive_params("adaptive_max_pool", inputs, output_size)
   return _bind(_max_pool, inputs, rank, dict(params, count_include_pad=False))
 
@@ -726,5 +803,6 @@ def adaptive_avg_pool(inputs: jax.Array, output_size: int | Sequence[int | None]
   """Average pooling into a fixed output size, as PyTorch's
   AdaptiveAvgPool{1,2,3}d (channels-last); output_size 1 is global average
   pooling. Bins and arguments as adaptive_max_pool's; sums in fp32."""
+  inputs = _as_array("adaptive_avg_pool", inputs)
   rank, params = _adaptive_params("adaptive_avg_pool", inputs, output_size)
   return _bind(_avg_pool, inputs, rank, dict(params, count_include_pad=False))

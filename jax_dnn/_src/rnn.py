@@ -32,14 +32,23 @@ layers over packed sequences); steps t >= len_b give y = 0 and leave the
 state alone; len_b = 0 gives the initial state and all-zero y. Lengths are
 read on the device (never on the host), clamped to [0, T].
 
-Numerics: the computation dtype is x's (float32, bfloat16, float16): the
-weights and initial states are cast to it, as a model in that dtype holds
-them. Gates and the cell state are fp32; the matmul W_hh h_{t-1} takes
-h_{t-1} rounded to the dtype (y is stored in the dtype and is exactly the
-value multiplied) and accumulates in fp32; GRU's u * h_{t-1} takes the fp32
-h_{t-1}. float32 inputs: the kernels' recurrent matmul uses TF32 tensor
-cores (JAX's default matmul precision on GPUs); `precision` applies to the
-GEMMs XLA runs (the input projection and the weight gradients).
+Numerics: the computation dtype is x's (float32, bfloat16, float16; float64
+runs the reference): the weights and initial states are cast to it, as a
+model in that dtype holds them. Gates and the cell state are fp32 (float64
+for float64); the matmul W_hh h_{t-1} takes h_{t-1} rounded to the dtype (y
+is stored in the dtype and is exactly the value multiplied) and accumulates
+in fp32; GRU's u * h_{t-1} takes the fp32 h_{t-1}.
+
+float32 products are what the peers' are on the same GPU under the same
+matmul precision (the `precision` argument, else jax.default_matmul_precision):
+HIGHEST ("highest", "float32") is exact fp32, so the recurrence runs the
+reference (the kernels' tensor cores take TF32); anything else (None,
+"default", "high", "tensorfloat32", "bfloat16") is TF32 in XLA's fp32 dots
+and in jax.experimental.rnn's cuDNN LSTM on Ampere and later GPUs (an H200,
+jax 0.11: 3e-4 relative error in a dot, 5e-4 in that LSTM, at any batch),
+so the kernels run. `precision` also applies to the GEMMs XLA runs (the
+input projection, the weight gradients). The Flax layers (nn/recurrent.py)
+follow Flax's per-step products, exact fp32 for a batch of one row.
 
 Flat weight layout (cuDNN's, as jax.experimental.rnn's LSTM): for each
 pseudo-layer p in order, W_ih^p [G * H, I_p] then W_hh^p [G * H, H]
@@ -85,6 +94,7 @@ from jax_dnn._src import plans
 from jax_dnn._src import sharding
 from jax_dnn._src.batching import (NOT_MAPPED, batch_size, merge_leading, move_to_front,
                                    split_leading)
+from jax_dnn._src.derivatives import custom_vjp
 from jax_dnn._src.primitive import ShapedArray, define_primitive
 
 # The kernels' `kind` attribute.
@@ -94,6 +104,12 @@ GATES = {LSTM: 4, GRU: 3, RNN_TANH: 1, RNN_RELU: 1}
 SLOTS = {LSTM: 5, GRU: 5, RNN_TANH: 1, RNN_RELU: 1}
 
 _F32 = jnp.float32
+
+
+def acc_dtype(dtype):
+  """The dtype of the gates, states and sums for inputs of `dtype`: float32,
+  or float64 for float64 inputs."""
+  return jnp.promote_types(dtype, _F32)
 
 
 def empty(dtype):
@@ -170,25 +186,25 @@ def _fwd_reference(gx, w_hh, b_hh, h0, c0, seq_lengths, *, kind, reverse, exact=
                            exact=exact) for d in range(2)]
     return tuple(_joined(a, b) for a, b in zip(*outs))
   steps, batch, _ = gx.shape
-  dtype = gx.dtype
+  dtype, acc = gx.dtype, acc_dtype(gx.dtype)
   lens = _clamp(seq_lengths, steps)
   order = _in_step_order(reverse, lens)
   lstm = kind == LSTM
-  bias = b_hh.astype(_F32)
-  c_init = c0.astype(_F32) if lstm else jnp.zeros((batch, 0), _F32)
+  bias = b_hh.astype(acc)
+  c_init = c0.astype(acc) if lstm else jnp.zeros((batch, 0), acc)
 
   def body(carry, xs):
     h_prev, c_prev = carry
     gxt, k = xs
     hh = jnp.dot(h_prev.astype(dtype), w_hh.T, precision=_dot_precision(exact),
-                 preferred_element_type=_F32) + bias
-    h, c, slots = _step(kind, gxt.astype(_F32), hh, h_prev, c_prev)
+                 preferred_element_type=acc) + bias
+    h, c, slots = _step(kind, gxt.astype(acc), hh, h_prev, c_prev)
     valid = (k < lens)[:, None]
     y = jnp.where(valid, h, 0.0).astype(dtype)
     states = jnp.where(valid[:, None, :], jnp.stack(slots, axis=1), 0.0)
     return (jnp.where(valid, h, h_prev), jnp.where(valid, c, c_prev)), (y, states)
 
-  (h, c), (y, states) = lax.scan(body, (h0.astype(_F32), c_init),
+  (h, c), (y, states) = lax.scan(body, (h0.astype(acc), c_init),
                                  (order(gx), jnp.arange(steps, dtype=jnp.int32)))
   c_n = c.astype(dtype) if lstm else empty(dtype)
   return order(y), h.astype(dtype), c_n, order(states)
@@ -203,24 +219,25 @@ def _bwd_reference(dy, dh_n, dc_n, w_hh, h0, c0, seq_lengths, states, *, kind, r
                            reverse=bool(d), exact=exact) for d in range(2)]
     return tuple(_joined(a, b) for a, b in zip(*outs))
   steps, batch, hidden = dy.shape
+  acc = acc_dtype(dy.dtype)
   lens = _clamp(seq_lengths, steps)
   order = _in_step_order(reverse, lens)
-  w = w_hh.astype(_F32)
+  w = w_hh.astype(acc)
   matmul = functools.partial(jnp.dot, precision=_dot_precision(exact))
   st = order(states)
   # The state before each step: the previous step's, the initial one first.
   if kind == LSTM:
-    prev = jnp.concatenate([c0.astype(_F32)[None], st[:-1, :, 4]], axis=0)
+    prev = jnp.concatenate([c0.astype(acc)[None], st[:-1, :, 4]], axis=0)
   elif kind == GRU:
-    prev = jnp.concatenate([h0.astype(_F32)[None], st[:-1, :, 4]], axis=0)
+    prev = jnp.concatenate([h0.astype(acc)[None], st[:-1, :, 4]], axis=0)
   else:
-    prev = jnp.zeros((steps, batch, 0), _F32)
+    prev = jnp.zeros((steps, batch, 0), acc)
 
   def body(carry, xs):
     dh, dc = carry
     dyt, s, p, k = xs
-    dh_t = dh + dyt.astype(_F32)
-    dgh_n = jnp.zeros((batch, 0), _F32)
+    dh_t = dh + dyt.astype(acc)
+    dgh_n = jnp.zeros((batch, 0), acc)
     dc_prev = dc
     if kind == LSTM:
       i, f, g, o, c = (s[:, j] for j in range(5))
@@ -240,18 +257,20 @@ def _bwd_reference(dy, dh_n, dc_n, w_hh, h0, c0, seq_lengths, states, *, kind, r
       dh_prev = dh_t * u + matmul(jnp.concatenate([dr, du, dgh_n], axis=-1), w)
     else:
       h = s[:, 0]
-      dgx = dh_t * ((1.0 - h * h) if kind == RNN_TANH else (h > 0).astype(_F32))
+      # relu: jax.nn.relu's gradient, where(z > 0, g, 0) (h > 0 exactly
+      # where z > 0; a NaN z gives h = NaN and gradient 0).
+      dgx = dh_t * (1.0 - h * h) if kind == RNN_TANH else jnp.where(h > 0, dh_t, 0.0)
       dh_prev = matmul(dgx, w)
     valid = (k < lens)[:, None]
     return ((jnp.where(valid, dh_prev, dh), jnp.where(valid, dc_prev, dc)),
             (jnp.where(valid, dgx, 0.0), jnp.where(valid, dgh_n, 0.0)))
 
-  dc_init = dc_n.astype(_F32) if kind == LSTM else jnp.zeros((batch, 0), _F32)
+  dc_init = dc_n.astype(acc) if kind == LSTM else jnp.zeros((batch, 0), acc)
   (dh0, dc0), (dgx, dgh_n) = lax.scan(
-      body, (dh_n.astype(_F32), dc_init),
+      body, (dh_n.astype(acc), dc_init),
       (order(dy), st, prev, jnp.arange(steps, dtype=jnp.int32)), reverse=True)
-  dgh_n = order(dgh_n) if kind == GRU else empty(_F32)
-  return order(dgx), dgh_n, dh0, dc0 if kind == LSTM else empty(_F32)
+  dgh_n = order(dgh_n) if kind == GRU else empty(acc)
+  return order(dgx), dgh_n, dh0, dc0 if kind == LSTM else empty(acc)
 
 
 # --- primitives ---------------------------------------------------------------
@@ -268,15 +287,16 @@ def _fwd_abstract(gx, w_hh, b_hh, h0, c0, seq_lengths, *, kind, reverse, exact):
   features = directions_of(w_hh, kind) * w_hh.shape[1]  # K * H
   return (ShapedArray((steps, batch, features), gx.dtype), ShapedArray(h0.shape, gx.dtype),
           ShapedArray(_state_shape(h0.shape, kind), gx.dtype),
-          ShapedArray((steps, batch, SLOTS[kind], features), _F32))
+          ShapedArray((steps, batch, SLOTS[kind], features), acc_dtype(gx.dtype)))
 
 
 def _bwd_abstract(dy, dh_n, dc_n, w_hh, h0, c0, seq_lengths, states, *, kind, reverse, exact):
   del dh_n, dc_n, c0, seq_lengths, states, reverse, exact
   steps, batch, hidden = dy.shape
   dgh_n = (steps, batch, hidden) if kind == GRU else (0,)
-  return (ShapedArray((steps, batch, w_hh.shape[0]), _F32), ShapedArray(dgh_n, _F32),
-          ShapedArray(h0.shape, _F32), ShapedArray(_state_shape(h0.shape, kind), _F32))
+  acc = acc_dtype(dy.dtype)
+  return (ShapedArray((steps, batch, w_hh.shape[0]), acc), ShapedArray(dgh_n, acc),
+          ShapedArray(h0.shape, acc), ShapedArray(_state_shape(h0.shape, kind), acc))
 
 
 def _plan(avals, kind):
@@ -453,7 +473,7 @@ def _previous_h(y, h0, lens, reverse):
   return jnp.where(first[..., None], h0[None], shifted)
 
 
-@functools.partial(jax.custom_vjp, nondiff_argnums=(6, 7, 8))
+@functools.partial(custom_vjp, nondiff_argnums=(6, 7, 8))
 def _recurrence(gx, w_hh, b_hh, h0, c0, seq_lengths, kind, reverse, exact):
   y, h_n, c_n, _ = rnn_fwd_p.bind(gx, w_hh, b_hh, h0, c0, seq_lengths, kind=kind,
                                   reverse=reverse, exact=exact)
@@ -488,7 +508,8 @@ def _recurrence_bwd(kind, reverse, exact, res, cts):
     # (tensor cores for bf16/fp16), fp32 accumulation.
     dw_hh.append(jnp.einsum("tbg,tbh->gh", dgh.astype(dtype),
                             _previous_h(y_d, h0_d, lens, reverse or d == 1),
-                            precision=_dot_precision(exact), preferred_element_type=_F32,
+                            precision=_dot_precision(exact),
+                            preferred_element_type=acc_dtype(dtype),
                             **typed))
     db_hh.append(jnp.sum(dgh, axis=(0, 1)))
   dw_hh, db_hh = jnp.concatenate(dw_hh, axis=0), jnp.concatenate(db_hh)
@@ -511,8 +532,9 @@ def recurrence(gx, w_hh, b_hh, h0, c0, seq_lengths, *, kind: int, reverse: bool,
   b_hh [K*G*H], h0 [B, K*H], c0 [B, K*H] (LSTM; an empty [0] array
   otherwise), all of one float dtype; seq_lengths [B] int32 (clamped to
   [0, T]). precision: lax's, or None for jax.default_matmul_precision: fp32
-  at HIGHEST runs the reference (exact fp32 products) rather than the TF32
-  kernels. Returns y [T, B, K*H], h_n [B, K*H], c_n [B, K*H] (LSTM; else [0]).
+  at HIGHEST runs the reference (exact fp32 products), any other the TF32
+  kernels (module docstring). Returns y [T, B, K*H], h_n [B, K*H], c_n
+  [B, K*H] (LSTM; else [0]).
   """
   if directions_of(w_hh, kind) == 2 and reverse:
     raise ValueError("recurrence: reverse must be False with two directions packed (the "
@@ -553,8 +575,20 @@ def fuses_directions(kind, dtype, steps, batch, hidden) -> bool:
 # --- the flat weight layout -------------------------------------------------------------
 
 
-def _param_shapes(gates, input_size, hidden_size, num_layers, bidirectional):
+def check_sizes(op, input_size, hidden_size, num_layers, bidirectional):
+  """The network's shape arguments: ints >= 1 and a bool (a ValueError or
+  TypeError naming the argument otherwise)."""
+  sizes = tuple(check_positive_int(op, name, v) for name, v in (
+      ("input_size", input_size), ("hidden_size", hidden_size), ("num_layers", num_layers)))
+  if not isinstance(bidirectional, (bool, np.bool_)):
+    raise TypeError(f"{op}: bidirectional must be a bool; got {bidirectional!r}")
+  return sizes + (bool(bidirectional),)
+
+
+def _param_shapes(op, gates, input_size, hidden_size, num_layers, bidirectional):
   """The flat layout's arrays in order (module docstring)."""
+  input_size, hidden_size, num_layers, bidirectional = check_sizes(
+      op, input_size, hidden_size, num_layers, bidirectional)
   dirs = 2 if bidirectional else 1
   rows = gates * hidden_size
   mats, biases = [], []
@@ -566,14 +600,21 @@ def _param_shapes(gates, input_size, hidden_size, num_layers, bidirectional):
   return mats + biases
 
 
-def num_params(gates, input_size, hidden_size, num_layers, bidirectional) -> int:
-  return sum(math.prod(s) for s in _param_shapes(gates, input_size, hidden_size, num_layers,
-                                                 bidirectional))
+def num_params(gates, input_size, hidden_size, num_layers, bidirectional, *,
+               op="num_params") -> int:
+  return sum(math.prod(s) for s in _param_shapes(op, gates, input_size, hidden_size,
+                                                 num_layers, bidirectional))
 
 
-def _unpack(gates, weights, input_size, hidden_size, num_layers, bidirectional):
+def _unpack(gates, weights, input_size, hidden_size, num_layers, bidirectional, *, op):
   """(W_ih, W_hh, b_ih, b_hh), each a dict pseudo-layer -> array."""
-  shapes = _param_shapes(gates, input_size, hidden_size, num_layers, bidirectional)
+  shapes = _param_shapes(op, gates, input_size, hidden_size, num_layers, bidirectional)
+  count = sum(math.prod(s) for s in shapes)
+  if tuple(np.shape(weights)) != (count,):
+    raise ValueError(f"{op}: weights must be the flat vector of shape ({count},) for "
+                     f"input_size={input_size}, hidden_size={hidden_size}, "
+                     f"num_layers={num_layers}, bidirectional={bool(bidirectional)}; got shape "
+                     f"{tuple(np.shape(weights))}")
   pseudo = num_layers * (2 if bidirectional else 1)
   parts, offset = [], 0
   for shape in shapes:
@@ -585,72 +626,105 @@ def _unpack(gates, weights, input_size, hidden_size, num_layers, bidirectional):
           {p: biases[2 * p] for p in range(pseudo)}, {p: biases[2 * p + 1] for p in range(pseudo)})
 
 
-def init_weights(gates, rng, input_size, hidden_size, num_layers, bidirectional):
+def init_weights(gates, rng, input_size, hidden_size, num_layers, bidirectional, *,
+                 op="init_weights"):
+  count = num_params(gates, input_size, hidden_size, num_layers, bidirectional, op=op)
   k = np.sqrt(1.0 / hidden_size)
-  count = num_params(gates, input_size, hidden_size, num_layers, bidirectional)
   return jax.random.uniform(rng, (count,), jnp.float32, minval=-k, maxval=k)
 
 
 def get_num_params_in_lstm(input_size: int, hidden_size: int, num_layers: int,
                            bidirectional: bool) -> int:
   """The flat LSTM weight vector's length (as jax.experimental.rnn's)."""
-  return num_params(4, input_size, hidden_size, num_layers, bidirectional)
+  return num_params(4, input_size, hidden_size, num_layers, bidirectional,
+                    op="get_num_params_in_lstm")
 
 
 def get_num_params_in_gru(input_size: int, hidden_size: int, num_layers: int,
                           bidirectional: bool) -> int:
   """The flat GRU weight vector's length."""
-  return num_params(3, input_size, hidden_size, num_layers, bidirectional)
+  return num_params(3, input_size, hidden_size, num_layers, bidirectional,
+                    op="get_num_params_in_gru")
 
 
 def get_num_params_in_rnn(input_size: int, hidden_size: int, num_layers: int,
                           bidirectional: bool) -> int:
   """The flat Elman RNN weight vector's length."""
-  return num_params(1, input_size, hidden_size, num_layers, bidirectional)
+  return num_params(1, input_size, hidden_size, num_layers, bidirectional,
+                    op="get_num_params_in_rnn")
 
 
 def init_lstm_weight(rng, input_size: int, hidden_size: int, num_layers: int,
                      bidirectional: bool) -> jax.Array:
   """Flat fp32 LSTM weights from U(-k, k), k = sqrt(1 / hidden_size) (PyTorch's)."""
-  return init_weights(4, rng, input_size, hidden_size, num_layers, bidirectional)
+  return init_weights(4, rng, input_size, hidden_size, num_layers, bidirectional,
+                      op="init_lstm_weight")
 
 
 def init_gru_weight(rng, input_size: int, hidden_size: int, num_layers: int,
                     bidirectional: bool) -> jax.Array:
   """Flat fp32 GRU weights from U(-k, k), k = sqrt(1 / hidden_size)."""
-  return init_weights(3, rng, input_size, hidden_size, num_layers, bidirectional)
+  return init_weights(3, rng, input_size, hidden_size, num_layers, bidirectional,
+                      op="init_gru_weight")
 
 
 def init_rnn_weight(rng, input_size: int, hidden_size: int, num_layers: int,
                     bidirectional: bool) -> jax.Array:
   """Flat fp32 Elman RNN weights from U(-k, k), k = sqrt(1 / hidden_size)."""
-  return init_weights(1, rng, input_size, hidden_size, num_layers, bidirectional)
+  return init_weights(1, rng, input_size, hidden_size, num_layers, bidirectional,
+                      op="init_rnn_weight")
 
 
 def unpack_lstm_weights(weights, input_size: int, hidden_size: int, num_layers: int,
                         bidirectional: bool):
   """(W_ih, W_hh, b_ih, b_hh): dicts pseudo-layer -> [4H, I_p], [4H, H], [4H], [4H]."""
-  return _unpack(4, weights, input_size, hidden_size, num_layers, bidirectional)
+  return _unpack(4, weights, input_size, hidden_size, num_layers, bidirectional,
+                 op="unpack_lstm_weights")
 
 
 def unpack_gru_weights(weights, input_size: int, hidden_size: int, num_layers: int,
                        bidirectional: bool):
   """(W_ih, W_hh, b_ih, b_hh): dicts pseudo-layer -> [3H, I_p], [3H, H], [3H], [3H]."""
-  return _unpack(3, weights, input_size, hidden_size, num_layers, bidirectional)
+  return _unpack(3, weights, input_size, hidden_size, num_layers, bidirectional,
+                 op="unpack_gru_weights")
 
 
 def unpack_rnn_weights(weights, input_size: int, hidden_size: int, num_layers: int,
                        bidirectional: bool):
   """(W_ih, W_hh, b_ih, b_hh): dicts pseudo-layer -> [H, I_p], [H, H], [H], [H]."""
-  return _unpack(1, weights, input_size, hidden_size, num_layers, bidirectional)
+  return _unpack(1, weights, input_size, hidden_size, num_layers, bidirectional,
+                 op="unpack_rnn_weights")
+
+
+def _gate_rows(op, name, shape):
+  """G * H of a recurrent weight [G * H, H] (G = 4 LSTM, 3 GRU, 1 RNN)."""
+  if len(shape) != 2 or shape[1] == 0 or shape[0] not in [g * shape[1] for g in (4, 3, 1)]:
+    raise ValueError(f"{op}: {name} must have shape (G * hidden_size, hidden_size) with G = 4 "
+                     f"(LSTM), 3 (GRU) or 1 (RNN); got {tuple(shape)}")
+  return shape[0]
 
 
 def pack_rnn_weights(W_ih, W_hh, b_ih, b_hh):  # pylint: disable=invalid-name
   """The flat vector of per-pseudo-layer arrays (dicts p -> array, or
   sequences in pseudo-layer order): the inverse of unpack_*_weights."""
-  seq = lambda d: [d[p] for p in range(len(d))]
-  mats = [m for pair in zip(seq(W_ih), seq(W_hh)) for m in pair]
-  biases = [v for pair in zip(seq(b_ih), seq(b_hh)) for v in pair]
+  op = "pack_rnn_weights"
+  parts = {"W_ih": W_ih, "W_hh": W_hh, "b_ih": b_ih, "b_hh": b_hh}
+  counts = {name: len(d) for name, d in parts.items()}
+  if len(set(counts.values())) != 1 or not counts["W_hh"]:
+    raise ValueError(f"{op}: W_ih, W_hh, b_ih and b_hh must each hold one array per "
+                     f"pseudo-layer, as many in each; got {counts}")
+  parts = {name: [d[p] for p in range(len(d))] for name, d in parts.items()}
+  rows = _gate_rows(op, "W_hh[0]", np.shape(parts["W_hh"][0]))
+  hidden = np.shape(parts["W_hh"][0])[1]
+  for p in range(counts["W_hh"]):
+    width = np.shape(parts["W_ih"][p])[-1] if np.ndim(parts["W_ih"][p]) == 2 else "I_p"
+    want = {"W_ih": (rows, width), "W_hh": (rows, hidden), "b_ih": (rows,), "b_hh": (rows,)}
+    for name, shape in want.items():
+      if tuple(np.shape(parts[name][p])) != shape:
+        raise ValueError(f"{op}: {name}[{p}] must have shape {shape} (G * H = {rows}, "
+                         f"H = {hidden}, as W_hh[0]); got {tuple(np.shape(parts[name][p]))}")
+  mats = [m for pair in zip(parts["W_ih"], parts["W_hh"]) for m in pair]
+  biases = [v for pair in zip(parts["b_ih"], parts["b_hh"]) for v in pair]
   return jnp.concatenate([jnp.ravel(a) for a in mats + biases])
 
 
@@ -663,33 +737,51 @@ def rnn_weights_from_torch(state_dict) -> np.ndarray:
   state_dict: PyTorch's names (weight_ih_l0, weight_hh_l0, bias_ih_l0,
   bias_hh_l0, ..._reverse) to arrays (NumPy, or anything np.asarray takes:
   `{k: v.numpy() for k, v in module.state_dict().items()}`). PyTorch's gate
-  orders are the layout's; bias=False modules give zero biases. Returns a
-  NumPy vector in the arrays' dtype, for jax_dnn.lstm / gru / rnn.
+  orders are the layout's; bias=False modules (no bias_* at all) give zero
+  biases. Every array must have the shape PyTorch's module gives it: a
+  ValueError names the first that does not. Returns a NumPy vector in the
+  arrays' dtype, for jax_dnn.lstm / gru / rnn.
   """
+  op = "rnn_weights_from_torch"
   arrays = {k: np.asarray(v) for k, v in state_dict.items()}
   unknown = sorted(k for k in arrays if not _TORCH_KEY.fullmatch(k))
   if unknown:
-    raise ValueError(f"rnn_weights_from_torch: unexpected keys {unknown} (projections, "
-                     "proj_size > 0, are not supported; strip any module prefix)")
-  if "weight_ih_l0" not in arrays:
-    raise ValueError("rnn_weights_from_torch: no weight_ih_l0 in the state dict")
+    raise ValueError(f"{op}: unexpected keys {unknown} (projections, proj_size > 0, are not "
+                     "supported; strip any module prefix)")
+  for name in ("weight_ih_l0", "weight_hh_l0"):
+    if name not in arrays:
+      raise ValueError(f"{op}: no {name} in the state dict")
+  rows = _gate_rows(op, "weight_hh_l0", arrays["weight_hh_l0"].shape)
+  hidden = arrays["weight_hh_l0"].shape[1]
+  if arrays["weight_ih_l0"].ndim != 2:
+    raise ValueError(f"{op}: weight_ih_l0 must have shape ({rows}, input_size); got "
+                     f"{arrays['weight_ih_l0'].shape}")
   num_layers = 1 + max(int(_TORCH_KEY.fullmatch(k).group(3)) for k in arrays)
   dirs = 2 if "weight_ih_l0_reverse" in arrays else 1
-  rows, hidden = arrays["weight_hh_l0"].shape
+  has_bias = any(k.startswith("bias") for k in arrays)
   dtype = arrays["weight_ih_l0"].dtype
-  mats, biases = [], []
+
+  def get(name, shape):
+    if name not in arrays:
+      raise ValueError(f"{op}: missing {name}")
+    if arrays[name].shape != shape:
+      raise ValueError(f"{op}: {name} must have shape {shape} (hidden_size {hidden} and "
+                       f"{rows // hidden} gates, as weight_hh_l0); got {arrays[name].shape}")
+    return arrays[name]
+
+  mats, biases, used = [], [], set()
   for layer in range(num_layers):
+    width = arrays["weight_ih_l0"].shape[1] if layer == 0 else dirs * hidden
     for suffix in ("", "_reverse")[:dirs]:
-      for kind in ("ih", "hh"):
-        name = f"weight_{kind}_l{layer}{suffix}"
-        if name not in arrays:
-          raise ValueError(f"rnn_weights_from_torch: missing {name}")
-        mats.append(arrays[name])
-        biases.append(arrays.get(f"bias_{kind}_l{layer}{suffix}", np.zeros((rows,), dtype)))
-  for name, a in zip([f"W{i}" for i in range(len(mats))], mats):
-    if a.ndim != 2 or a.shape[0] != rows:
-      raise ValueError(f"rnn_weights_from_torch: weights of {rows} rows expected (hidden "
-                       f"{hidden}); got {name} of shape {a.shape}")
+      for kind, cols in (("ih", width), ("hh", hidden)):
+        names = f"weight_{kind}_l{layer}{suffix}", f"bias_{kind}_l{layer}{suffix}"
+        mats.append(get(names[0], (rows, cols)))
+        biases.append(get(names[1], (rows,)) if has_bias else np.zeros((rows,), dtype))
+        used.update(names)
+  extra = sorted(set(arrays) - used)
+  if extra:
+    raise ValueError(f"{op}: unexpected keys {extra} for {num_layers} layers, "
+                     f"{'bidirectional' if dirs == 2 else 'one direction'}")
   return np.concatenate([a.ravel().astype(dtype) for a in mats + biases])
 
 
@@ -702,12 +794,13 @@ def rnn_weights_to_torch(weights, mode: str, input_size: int, hidden_size: int,
   if gates is None:
     raise ValueError(f"rnn_weights_to_torch: mode must be 'lstm', 'gru' or 'rnn'; got {mode!r}")
   weights = np.asarray(weights)
-  expected = num_params(gates, input_size, hidden_size, num_layers, bidirectional)
+  expected = num_params(gates, input_size, hidden_size, num_layers, bidirectional,
+                        op="rnn_weights_to_torch")
   if weights.shape != (expected,):
     raise ValueError(f"rnn_weights_to_torch: weights must have shape ({expected},) for this "
                      f"{mode}; got {weights.shape}")
   w_ih, w_hh, b_ih, b_hh = _unpack(gates, weights, input_size, hidden_size, num_layers,
-                                   bidirectional)
+                                   bidirectional, op="rnn_weights_to_torch")
   dirs = 2 if bidirectional else 1
   out = {}
   for p in range(num_layers * dirs):
@@ -762,12 +855,12 @@ def run_layers(op, kind, x, h_0, c_0, weights, seq_lengths, input_size, hidden_s
                num_layers, bidirectional, precision, between_layers):
   """The multi-layer, multi-direction network (module docstring's path).
   between_layers(layer, inputs) gives layer `layer`'s inputs (dropout)."""
-  input_size = check_positive_int(op, "input_size", input_size)
-  hidden_size = check_positive_int(op, "hidden_size", hidden_size)
-  num_layers = check_positive_int(op, "num_layers", num_layers)
-  if not isinstance(bidirectional, (bool, np.bool_)):
-    raise TypeError(f"{op}: bidirectional must be a bool; got {bidirectional!r}")
-  checks.check_float(op, "x", x)
+  input_size, hidden_size, num_layers, bidirectional = check_sizes(
+      op, input_size, hidden_size, num_layers, bidirectional)
+  checks.check_array(op, "x", x)
+  if not jnp.issubdtype(x.dtype, jnp.floating):
+    raise TypeError(f"{op}: x has dtype {x.dtype}; supported: floating point (float32, "
+                    "bfloat16, float16 on the kernels; float64 on the reference)")
   if x.ndim != 3 or x.shape[2] != input_size:
     raise ValueError(f"{op}: x must have shape (batch, seq_len, input_size={input_size}); got "
                      f"{tuple(x.shape)}")
@@ -778,20 +871,14 @@ def run_layers(op, kind, x, h_0, c_0, weights, seq_lengths, input_size, hidden_s
   if kind == LSTM:
     _check_state(op, "c_0", c_0, state_shape)
   checks.check_array(op, "weights", weights)
-  count = num_params(GATES[kind], input_size, hidden_size, num_layers, bidirectional)
-  if tuple(weights.shape) != (count,):
-    raise ValueError(f"{op}: weights must be the flat vector of shape ({count},) for "
-                     f"input_size={input_size}, hidden_size={hidden_size}, "
-                     f"num_layers={num_layers}, bidirectional={bool(bidirectional)}; got "
-                     f"{tuple(weights.shape)}")
+  w_ih, w_hh, b_ih, b_hh = _unpack(GATES[kind], weights, input_size, hidden_size, num_layers,
+                                   bidirectional, op=op)
   if not jnp.issubdtype(weights.dtype, jnp.floating):
     raise TypeError(f"{op}: weights must be floating point; got {weights.dtype}")
   _check_lengths(op, seq_lengths, batch, steps)
 
   dtype = x.dtype
   rows = GATES[kind] * hidden_size
-  w_ih, w_hh, b_ih, b_hh = _unpack(GATES[kind], weights, input_size, hidden_size, num_layers,
-                                   bidirectional)
   lens = jnp.asarray(seq_lengths).astype(jnp.int32)
   inputs = jnp.swapaxes(x, 0, 1)  # [T, B, I]
   h_n, c_n = [], []
@@ -801,9 +888,9 @@ def run_layers(op, kind, x, h_0, c_0, weights, seq_lengths, input_size, hidden_s
     ps = [layer * dirs + d for d in range(dirs)]
     # Both directions' projections as one GEMM.
     w = jnp.concatenate([w_ih[p] for p in ps], axis=0).astype(dtype)
-    bias = jnp.concatenate([b_ih[p] for p in ps]).astype(_F32)
+    bias = jnp.concatenate([b_ih[p] for p in ps]).astype(acc_dtype(dtype))
     gx = (jnp.einsum("tbi,gi->tbg", inputs, w, precision=precision,
-                     preferred_element_type=_F32) + bias).astype(dtype)
+                     preferred_element_type=acc_dtype(dtype)) + bias).astype(dtype)
     ops = [(gx[..., d * rows:(d + 1) * rows], w_hh[p].astype(dtype), b_hh[p].astype(dtype),
             h_0[p].astype(dtype), c_0[p].astype(dtype) if kind == LSTM else empty(dtype))
            for d, p in enumerate(ps)]
@@ -848,7 +935,8 @@ def lstm(x: jax.Array, h_0: jax.Array, c_0: jax.Array, weights: jax.Array,
   """LSTM over batch-major sequences, as jax.experimental.rnn.lstm.
 
   Args:
-    x: [B, T, input_size], float32, bfloat16 or float16 (the computation's dtype).
+    x: [B, T, input_size], float32, bfloat16 or float16 (the computation's
+      dtype; float64, under jax_enable_x64, runs the reference).
     h_0, c_0: [D * num_layers, B, hidden_size], pseudo-layers in order
       (forward 0, reverse 0, forward 1, ...).
     weights: the flat vector (module docstring's layout; init_lstm_weight,
@@ -860,7 +948,8 @@ def lstm(x: jax.Array, h_0: jax.Array, c_0: jax.Array, weights: jax.Array,
     dropout: the probability of dropping each input of layers 1 .. L - 1
       (the outputs of the layers below), as cuDNN and PyTorch; > 0 needs
       dropout_rng.
-    precision: of the GEMMs XLA runs (input projections, weight gradients).
+    precision: of the fp32 products, as lax's (None: jax.default_matmul_precision):
+      HIGHEST exact fp32, any other TF32 on the GPU (module docstring).
     dropout_rng: the PRNG key of the dropout masks (keyword only).
   Returns y [B, T, D * hidden_size] in x's dtype, h_n and c_n
   [D * num_layers, B, hidden_size] in h_0's and c_0's dtypes.

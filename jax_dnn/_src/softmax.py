@@ -1,5 +1,8 @@
 """softmax and log_softmax along any axis.
 
+The kernels take float32, bfloat16 and float16 arrays and one int axis;
+everything else jax.nn.softmax / log_softmax accept runs jax.nn's function.
+
 Numerics: fp32 max/sum/exp, output in the input dtype. The backward takes
 x as its residual and recomputes y = softmax(x) in fp32:
   softmax:      dx = y * (dy - sum(dy * y))
@@ -13,6 +16,7 @@ from __future__ import annotations
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from jax_dnn._src import checks
 from jax_dnn._src import sharding
@@ -88,24 +92,29 @@ softmax_bwd_p = define_primitive(
 _softmax = vjp_op(softmax_fwd_p, softmax_bwd_p)
 
 
-def _check(op, x, axis):
-  checks.check_float(op, "x", x)
+def _apply(op, x, axis, where, log):
+  """The kernels for one int axis of an array they take; jax.nn's function
+  itself for the rest (integer, complex, float64 or weakly typed x, a tuple,
+  None or named axis, `where`), with its dtype rules, values and errors."""
+  if (not checks.kernels_take(x) or where is not None or isinstance(axis, bool)
+      or not isinstance(axis, (int, np.integer))):
+    peer = jax.nn.log_softmax if log else jax.nn.softmax
+    return peer(x, axis=axis, where=where)
   if x.ndim == 0:
     raise ValueError(f"{op}: x must have rank >= 1, got a scalar")
-  return checks.normalize_axis(op, axis, x.ndim)
+  axis = checks.normalize_axis(op, axis, x.ndim)
+  return _softmax(jnp.asarray(x), axis=axis, log=log)
 
 
-def softmax(x: jax.Array, axis: int = -1) -> jax.Array:
-  """Softmax of `x` along `axis` (one int), like `jax.nn.softmax`.
+def softmax(x: jax.Array, axis: int = -1, where: jax.Array | None = None) -> jax.Array:
+  """Softmax of `x` along `axis`, like `jax.nn.softmax`.
 
   fp32/bf16/fp16 in, same dtype out; statistics in fp32. Differentiable
   (custom VJP), batchable (vmap folds into the kernel's rows).
   """
-  axis = _check("softmax", x, axis)
-  return _softmax(x, axis=axis, log=False)
+  return _apply("softmax", x, axis, where, log=False)
 
 
-def log_softmax(x: jax.Array, axis: int = -1) -> jax.Array:
+def log_softmax(x: jax.Array, axis: int = -1, where: jax.Array | None = None) -> jax.Array:
   """Log-softmax of `x` along `axis`, like `jax.nn.log_softmax`."""
-  axis = _check("log_softmax", x, axis)
-  return _softmax(x, axis=axis, log=True)
+  return _apply("log_softmax", x, axis, where, log=True)

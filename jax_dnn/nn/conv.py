@@ -57,9 +57,13 @@ class Conv(nnx.Conv):
     super().__init__(*args, conv_general_dilated=conv_general_dilated, **kwargs)
 
   def _fusable(self, padding, out_sharding) -> bool:
-    """Whether jax_dnn.conv computes this call: bias and convolution in one op."""
+    """Whether jax_dnn.conv computes this call: bias and convolution in one op.
+    Strides or dilations < 1 take Flax's path, whose conv_general_dilated
+    raises lax's error types for them."""
     rank = len(self.kernel_size)
+    steps = _per_axis(self.strides, rank) + _per_axis(self.kernel_dilation, rank)
     return (self.bias is not None
+            and all(isinstance(v, int) and v >= 1 for v in steps)
             and self.conv_general_dilated is jax_dnn.conv_general_dilated
             and _per_axis(self.input_dilation, rank) == (1,) * rank
             and (padding in ("SAME", "VALID") or not isinstance(padding, str))
@@ -116,6 +120,8 @@ def _wrap_periodically(y, periods, *, right_heavy: bool):
     pads.append((diff // 2, (diff + 1) // 2) if right_heavy else ((diff + 1) // 2, diff // 2))
   y = jnp.pad(y, [(0, 0)] + pads + [(0, 0)])
   for axis, period in enumerate(periods, start=1):
-    y = y.reshape(y.shape[:axis] + (-1, period) + y.shape[axis + 1:]).sum(axis=axis)
+    # The count of periods spelled out: -1 is ambiguous for an empty batch.
+    y = y.reshape(y.shape[:axis] + (y.shape[axis] // period, period)
+                  + y.shape[axis + 1:]).sum(axis=axis)
   return y
 

@@ -20,6 +20,7 @@ kernels ("silu": the diffusion UNet's GroupNorm + SiLU).
 
 from __future__ import annotations
 
+import math
 from types import MappingProxyType
 from typing import Any
 
@@ -27,17 +28,30 @@ from flax import nnx
 from flax.nnx.nn import dtypes as nn_dtypes
 import jax.numpy as jnp
 
-from jax_dnn._src import checks
 from jax_dnn._src import group_norm as group_norm_lib
 
 
+def _tuple(axes) -> tuple[int, ...]:
+  return tuple(axes) if isinstance(axes, (tuple, list)) else (axes,)
+
+
 def _axes(ndim, axes) -> frozenset[int]:
-  axes = tuple(axes) if isinstance(axes, (tuple, list)) else (axes,)
-  return frozenset(a % ndim for a in axes)
+  return frozenset(a % ndim for a in _tuple(axes))
 
 
-def _kernel_dtype(x) -> bool:
-  return jnp.dtype(x.dtype) in [jnp.dtype(d) for d in checks.SUPPORTED_DTYPES]
+def _check_features(layer, x, axes, num_features):
+  """Flax reshapes x (GroupNorm) or the parameters (InstanceNorm) onto x's
+  feature axes, which fails with an opaque reshape error where their size
+  is not num_features: name the mismatch instead (axes out of range: Flax's
+  own error)."""
+  axes = _tuple(axes)
+  if not all(-x.ndim <= a < x.ndim for a in axes):
+    return
+  features = math.prod(x.shape[a] for a in axes)
+  if features != num_features:
+    raise ValueError(f"jax_dnn.nn.{type(layer).__name__}: x has {features} features along "
+                     f"axes {tuple(axes)} (shape {tuple(x.shape)}); the layer was built for "
+                     f"num_features={num_features}")
 
 
 def _activate(layer, y):
@@ -55,7 +69,7 @@ def _call(layer, flax_call, x, mask, kernel):
     scale = layer.scale[...] if layer.scale is not None else None
     bias = layer.bias[...] if layer.bias is not None else None
     xp, scale, bias = layer.promote_dtype((x, scale, bias), dtype=layer.dtype)
-    if _kernel_dtype(xp):
+    if group_norm_lib._kernel_dtype(xp.dtype):  # pylint: disable=protected-access
       return kernel(xp, scale, bias)
   return _activate(layer, flax_call(x, mask=mask))
 
@@ -89,6 +103,7 @@ class GroupNorm(nnx.GroupNorm):
             or _axes(x.ndim, self.reduction_axes) == frozenset(range(1, x.ndim)))
 
   def __call__(self, x, *, mask=None):
+    _check_features(self, x, (-1,), self.num_groups * self.group_size)
     kernel = lambda x, scale, bias: group_norm_lib.group_norm(
         x, scale, bias, num_groups=self.num_groups, epsilon=self.epsilon,
         activation=self.activation)
@@ -121,6 +136,8 @@ class InstanceNorm(nnx.InstanceNorm):
             and _axes(x.ndim, self.feature_axes) == frozenset({x.ndim - 1}))
 
   def __call__(self, x, *, mask=None):
+    if self.scale is not None or self.bias is not None:  # Flax takes any width without them
+      _check_features(self, x, self.feature_axes, self.num_features)
     kernel = lambda x, scale, bias: group_norm_lib.instance_norm(
         x, scale, bias, epsilon=self.epsilon, activation=self.activation)
     return _call(self, super().__call__, x, mask, kernel)

@@ -12,6 +12,12 @@ Any other cell runs as Flax runs it (nnx.scan over the cell). Bidirectional
 runs its two directions as one recurrence (one launch) where both are such
 RNNs of one kind, dtype and width and the kernels' plan fits them together.
 
+fp32 products follow Flax's on the same device: TF32 (the kernels) where
+XLA runs Flax's per-step products as TF32 (two or more rows under JAX's
+default matmul precision on Ampere and later GPUs), exact fp32 (the
+reference) where it runs them exact (one row at any precision, as XLA
+computes a vector-matrix product; "highest" or "float32").
+
 Where Flax's results are defined they are matched: the outputs at each
 sequence's valid steps and the carry at its last valid step. Two things
 differ where seq_lengths are given: outputs at padded steps are zeros (Flax
@@ -34,7 +40,9 @@ from flax import nnx
 from flax.nnx import rnglib
 from flax.nnx.nn import dtypes as nn_dtypes
 import jax
+from jax import lax
 import jax.numpy as jnp
+import numpy as np
 
 from jax_dnn._src import checks
 from jax_dnn._src import rnn as rnn_lib
@@ -85,6 +93,46 @@ def _flax_rngs(module, rngs):
   return rngs
 
 
+def _lengths(seq_lengths, batch_dims, *, reads_them):
+  """seq_lengths as the op's [B] int32 lengths: of the inputs' batch shape
+  (or broadcast to it). Flax indexes with them where a reverse direction
+  flips each sequence or the carry is returned, raising a TypeError for
+  non-integers there, and ignores them elsewhere: so do these checks."""
+  lens = jnp.asarray(seq_lengths)
+  if reads_them and not jnp.issubdtype(lens.dtype, jnp.integer):
+    raise TypeError(f"RNN: seq_lengths must be integers (they index the steps of a reverse "
+                    f"direction and the returned carry); got {lens.dtype}")
+  try:
+    fits = np.broadcast_shapes(lens.shape, batch_dims) == tuple(batch_dims)
+  except ValueError:
+    fits = False
+  if not fits:
+    raise ValueError(f"RNN: seq_lengths must have the inputs' batch shape {tuple(batch_dims)} "
+                     f"(one length a sequence); got shape {lens.shape}")
+  return jnp.broadcast_to(lens, batch_dims).astype(jnp.int32).reshape(-1)
+
+
+def _check_carry(cell, initial_carry, batch_dims, hidden):
+  """initial_carry against the cell's: an LSTM's (c, h), else h, each
+  [*batch, H]. The wrong structure is a ValueError and the wrong shape a
+  TypeError, the types Flax's cells raise for them (unpacking the carry;
+  lax's shape checks)."""
+  want = tuple(batch_dims) + (hidden,)
+  lstm = isinstance(cell, (nnx.LSTMCell, nnx.OptimizedLSTMCell))
+  parts = tuple(initial_carry) if lstm and isinstance(initial_carry, (tuple, list)) else (
+      initial_carry,)
+  expected = f"(c, h), each of shape {want}" if lstm else f"an array of shape {want}"
+  shapes = jax.tree.map(lambda a: tuple(np.shape(a)), initial_carry)
+  got = (f"{len(initial_carry)} arrays of shapes {shapes}"
+         if isinstance(initial_carry, (tuple, list)) else f"an array of shape {shapes}")
+  if len(parts) != (2 if lstm else 1) or not all(hasattr(a, "shape") for a in parts):
+    raise ValueError(f"RNN: initial_carry must be {expected}, a {type(cell).__name__}'s "
+                     f"carry; got {got}")
+  if any(tuple(a.shape) != want for a in parts):
+    raise TypeError(f"RNN: initial_carry must be {expected}, a {type(cell).__name__}'s carry "
+                    f"(the inputs' batch shape, hidden_features); got {got}")
+
+
 def _prepare(module, inputs, *, initial_carry, seq_lengths, return_carry, time_major,
              reverse, keep_order, rngs):
   """flax.nnx.RNN.__call__ up to the recurrence op: (its operands as a dict,
@@ -124,8 +172,17 @@ def _prepare(module, inputs, *, initial_carry, seq_lengths, return_carry, time_m
   if seq_lengths is None:
     lens = jnp.full((batch,), steps, jnp.int32)
   else:
-    lens = jnp.asarray(seq_lengths).astype(jnp.int32).reshape(batch)
-  gx = jnp.einsum("tbi,ig->tbg", x.astype(dtype), k_i.astype(dtype), preferred_element_type=_F32)
+    lens = _lengths(seq_lengths, batch_dims, reads_them=reverse or return_carry)
+  _check_carry(cell, initial_carry, batch_dims, hidden)
+  # Flax's cell multiplies one step's B rows at a time. With one row XLA
+  # computes those fp32 products as vector-matrix ones, exact whatever the
+  # precision (an H200, jax 0.11: to H = 1024 at least), and from B = 2 on
+  # as TF32 under JAX's default: with one row the input projection and the
+  # recurrence run exact fp32 too (rnn.py's docstring gives the rule).
+  exact = batch == 1 and jnp.dtype(dtype) == jnp.float32
+  precision = lax.Precision.HIGHEST if exact else None
+  gx = jnp.einsum("tbi,ig->tbg", x.astype(dtype), k_i.astype(dtype), precision=precision,
+                  preferred_element_type=_F32)
   if b_i is not None:
     gx = gx + b_i.astype(_F32)
   rows = k_h.shape[1]
@@ -134,7 +191,7 @@ def _prepare(module, inputs, *, initial_carry, seq_lengths, return_carry, time_m
   c0, h0 = (flat(initial_carry[0]), flat(initial_carry[1])) if lstm else (
       rnn_lib.empty(dtype), flat(initial_carry))
   operands = dict(gx=gx.astype(dtype), w_hh=k_h.T.astype(dtype), b_hh=b_hh, h0=h0, c0=c0,
-                  seq_lengths=lens, kind=kind, reverse=bool(reverse))
+                  seq_lengths=lens, kind=kind, reverse=bool(reverse), precision=precision)
 
   def finish(y, h_n, c_n):
     if reverse and not keep_order:  # Flax's outputs then run in each sequence's step order
@@ -175,7 +232,8 @@ def _run_pair(fwd, bwd, inputs, fwd_kwargs, bwd_kwargs):
     if same and rnn_lib.fuses_directions(a["kind"], a["gx"].dtype, steps, batch,
                                          a["w_hh"].shape[1]):
       ops = [tuple(c[name] for name in ("gx", "w_hh", "b_hh", "h0", "c0")) for c in (a, b)]
-      out_a, out_b = rnn_lib.recurrence_pair(*ops, a["seq_lengths"], kind=a["kind"])
+      out_a, out_b = rnn_lib.recurrence_pair(*ops, a["seq_lengths"], kind=a["kind"],
+                                             precision=a["precision"])
       return [finish_a(*out_a), finish_b(*out_b)]
   results = []
   for module, kwargs, call in zip((fwd, bwd), (fwd_kwargs, bwd_kwargs), calls):
