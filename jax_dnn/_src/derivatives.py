@@ -108,13 +108,27 @@ def _batch_rule(args, dims, *, fun, transpose, num_residuals, out_avals):
   res_axes = list(res_dims)
   vfun = jax.vmap(lambda r, l: fun(r, l), in_axes=(res_axes, 0), out_axes=0)
   vtranspose = jax.vmap(lambda r, c: transpose(r, c), in_axes=(res_axes, 0), out_axes=0)
-  avals = tuple(ShapedArray((size, *a.shape), a.dtype) for a in out_avals)
+  # The mapped outputs keep their manual-axis types (vmap inside shard_map);
+  # shape and dtype come from the vmapped function.
+  shapes = jax.eval_shape(vfun, residuals, linear)
+  avals = tuple(_mapped(a, o) for a, o in zip(out_avals, shapes))
   outs = tangent_p.bind(*residuals, *linear, fun=vfun, transpose=vtranspose,
                         num_residuals=num_residuals, out_avals=avals)
   return outs, [0] * len(outs)
 
 
 batching.primitive_batchers[tangent_p] = _batch_rule
+
+
+def _mapped(aval, shape):
+  """aval with the vmapped axis in front: its other types (sharding,
+  manual axes) kept, the new axis unsplit."""
+  sharding = getattr(aval, "sharding", None)
+  spec = getattr(sharding, "spec", None)
+  if spec is None:
+    return ShapedArray(shape.shape, shape.dtype)
+  spec = jax.sharding.PartitionSpec(None, *spec, *(None,) * (len(aval.shape) - len(spec)))
+  return aval.update(shape=shape.shape, dtype=shape.dtype, sharding=sharding.update(spec=spec))
 
 
 # --- custom_vjp ----------------------------------------------------------------------
