@@ -212,8 +212,7 @@ __global__ void __launch_bounds__(kRnnThreads, 1)
             out[4] = h;
           } else {
             const float a = xg[0] + hh[0];
-            // a < 0 ? 0 : a keeps a NaN, as jax.nn.relu (fmaxf would return 0).
-            h = relu ? (a < 0.f ? 0.f : a) : rnn::Tanh(a);
+            h = relu ? Relu(a) : rnn::Tanh(a);
             out[0] = h;
           }
           hv = FromFloat<T>(h);

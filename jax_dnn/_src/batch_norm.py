@@ -422,10 +422,6 @@ def _groups(op, axis_name, axis_index_groups):
   return tuple(tuple(int(i) for i in g) for g in axis_index_groups)
 
 
-def _kernel_dtype(dtype) -> bool:
-  """The dtypes the kernels take (fp32, bf16, fp16)."""
-  return jnp.dtype(dtype) in [jnp.dtype(d) for d in checks.SUPPORTED_DTYPES]
-
 
 def _as_inexact(op, name, a):
   """a as a jax array; integers and bools as float32 (what Flax's promotion
@@ -540,7 +536,7 @@ def batch_norm(x: jax.Array, scale: jax.Array | None = None, bias: jax.Array | N
                 _groups(op, axis_name, axis_index_groups), use_fast_variance)
   args = (x, _param(op, x, scale, "scale", 1.0), _param(op, x, bias, "bias", 0.0),
           _residual(op, x, residual))
-  if not _kernel_dtype(x.dtype) or x.size == 0:
+  if not checks.kernel_dtype(x.dtype) or x.size == 0:
     mean, var = _flax_stats(cfg, x)
     return _flax_apply(cfg, x, mean, var, scale, bias, args[-1]), mean, var
   return _train(cfg, *mesh_types.same_manual_axes(*args))
@@ -568,6 +564,6 @@ def batch_norm_inference(x: jax.Array, mean: jax.Array, var: jax.Array,
   args = (x, _param(op, x, mean, "mean", 0.0), _param(op, x, var, "var", 1.0),
           _param(op, x, scale, "scale", 1.0), _param(op, x, bias, "bias", 0.0),
           _residual(op, x, residual))
-  if not _kernel_dtype(x.dtype) or x.size == 0:
+  if not checks.kernel_dtype(x.dtype) or x.size == 0:
     return _flax_apply(cfg, x, mean, var, scale, bias, args[-1])
   return _infer(cfg, *mesh_types.same_manual_axes(*args))

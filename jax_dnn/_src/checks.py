@@ -18,8 +18,13 @@ def check_array(op: str, name: str, x) -> None:
 
 def check_float(op: str, name: str, x) -> None:
   check_array(op, name, x)
-  if jnp.dtype(x.dtype) not in [jnp.dtype(d) for d in SUPPORTED_DTYPES]:
+  if not kernel_dtype(x.dtype):
     raise TypeError(f"{op}: {name} has dtype {x.dtype}; supported: {_SUPPORTED_NAMES}")
+
+
+def kernel_dtype(dtype) -> bool:
+  """Whether the kernels take arrays of this dtype (fp32, bf16, fp16)."""
+  return jnp.dtype(dtype) in [jnp.dtype(d) for d in SUPPORTED_DTYPES]
 
 
 def kernels_take(x) -> bool:
@@ -31,7 +36,7 @@ def kernels_take(x) -> bool:
   if not hasattr(x, "shape") or not hasattr(x, "dtype"):
     return False
   aval = jax.typeof(x)
-  return aval.dtype in [jnp.dtype(d) for d in SUPPORTED_DTYPES] and not aval.weak_type
+  return kernel_dtype(aval.dtype) and not aval.weak_type
 
 
 def check_param_shape(op: str, name: str, p, width: int) -> None:

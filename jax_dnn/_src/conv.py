@@ -63,10 +63,6 @@ try:
 except ImportError:  # pragma: no cover
   _canonicalize_precision = None
 
-def _kernel_dtype(dtype) -> bool:
-  """The dtypes the kernels take (fp32, bf16, fp16); others run lax's or jnp's computation."""
-  return jnp.dtype(dtype) in [jnp.dtype(d) for d in checks.SUPPORTED_DTYPES]
-
 
 def _is_int(v) -> bool:
   return isinstance(v, (int, np.integer)) and not isinstance(v, bool)
@@ -212,7 +208,7 @@ def _lax_only(lhs, rhs, out, *, nsp, precision, preferred_element_type, batch_gr
   """Why the kernels cannot take this call in any form (None: they can)."""
   if jnp.dtype(lhs.dtype) != jnp.dtype(rhs.dtype):
     return "operands of two dtypes"
-  if not _kernel_dtype(lhs.dtype):
+  if not checks.kernel_dtype(lhs.dtype):
     return f"dtype {lhs.dtype}"
   if preferred_element_type is not None and jnp.dtype(preferred_element_type) != lhs.dtype:
     return "preferred_element_type other than the operands' dtype"
@@ -502,7 +498,7 @@ def conv(x, kernel, bias=None, *, residual=None, activation=None, strides=1, pad
     raise ValueError(f"{op}: residual must have the output's shape {out_shape}; got "
                      f"{tuple(residual.shape)}")
   activation = _activation_arg(op, activation)
-  if not _kernel_dtype(dtype) or _has_zero(x.shape) or _has_zero(kernel.shape) or _has_zero(
+  if not checks.kernel_dtype(dtype) or _has_zero(x.shape) or _has_zero(kernel.shape) or _has_zero(
       out_shape):
     return _lax_conv(x.astype(dtype), kernel.astype(dtype), bias,
                      None if residual is None else residual.astype(dtype), activation, strides,
@@ -532,7 +528,7 @@ def matmul(x, w, bias=None, *, activation=None) -> jax.Array:
     _check_bias(op, bias, w.shape[1], "w.shape[1]")
     bias = bias.astype(dtype)
   activation = _activation_arg(op, activation)
-  if not _kernel_dtype(dtype):
+  if not checks.kernel_dtype(dtype):
     y = jnp.matmul(x.astype(dtype), w.astype(dtype))
     return _activate(y if bias is None else y + bias, activation)
   lead = tuple(x.shape[:-1])

@@ -321,10 +321,6 @@ def _groups(op, channels, num_groups, group_size) -> int:
   return num_groups
 
 
-def _kernel_dtype(dtype) -> bool:
-  """The dtypes the kernels take (fp32, bf16, fp16)."""
-  return jnp.dtype(dtype) in [jnp.dtype(d) for d in checks.SUPPORTED_DTYPES]
-
 
 def _check_x(op, x):
   """x as a jax array, integers and bools as float32 (what Flax's promotion
@@ -353,7 +349,7 @@ def _norm(op, x, scale, bias, groups, epsilon, activation):
     return jnp.zeros(x.shape, x.dtype)
   params = dict(groups=groups, epsilon=epsilon, activation=act,
                 deterministic=bool(config.deterministic))
-  if not _kernel_dtype(x.dtype):
+  if not checks.kernel_dtype(x.dtype):
     return _fwd_reference(x, scale2, bias2, **params)[0]
   return _group_norm(x, scale2, bias2, **params)
 

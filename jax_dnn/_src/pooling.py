@@ -457,7 +457,7 @@ def _sharding(operands, results, **params):
 def _kernel_takes(avals, **params):
   """The kernels take fp32/bf16/fp16 and non-empty spatial axes (the
   reference runs the rest)."""
-  return _kernel_dtype(avals[0].dtype) and min(params["input"]) > 0
+  return checks.kernel_dtype(avals[0].dtype) and min(params["input"]) > 0
 
 
 def _forward_takes(avals, *, max_pool, **params):
@@ -593,11 +593,6 @@ def _ints(op, name, value, rank, minimum=None):
   return tuple(int(v) for v in value)
 
 
-def _kernel_dtype(dtype) -> bool:
-  """The dtypes the primitives take (fp32, bf16, fp16); pooling of others
-  runs flax's computation."""
-  return jnp.dtype(dtype) in [jnp.dtype(d) for d in checks.SUPPORTED_DTYPES]
-
 
 def _as_array(op, inputs):
   """inputs as a jax array (NumPy arrays too, as flax.linen.pool takes them)."""
@@ -701,7 +696,7 @@ def _pool(op, op_fn, inputs, window_shape, strides, padding, count_include_pad):
   inputs = _as_array(op, inputs)
   window_shape, strides, pads = _window_args(op, inputs, window_shape, strides, padding)
   rank = len(window_shape)
-  if not (_kernel_dtype(inputs.dtype) and 1 <= rank <= 3):
+  if not (checks.kernel_dtype(inputs.dtype) and 1 <= rank <= 3):
     return _flax_pool(op, inputs, window_shape, strides, pads, count_include_pad)
   first = inputs.ndim - rank - 1
   kept, pads = _crop(inputs.shape[first:-1], pads)

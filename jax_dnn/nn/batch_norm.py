@@ -26,7 +26,8 @@ import jax
 import jax.numpy as jnp
 
 from jax_dnn._src.activation import ACTIVATIONS, _act
-from jax_dnn._src.batch_norm import _kernel_dtype, batch_norm, batch_norm_inference
+from jax_dnn._src import checks
+from jax_dnn._src.batch_norm import batch_norm, batch_norm_inference
 
 
 class BatchNorm(nnx.BatchNorm):
@@ -54,7 +55,7 @@ class BatchNorm(nnx.BatchNorm):
     xp, mean, var, scale, bias = self.promote_dtype(
         (x, self.mean[...], self.var[...], scale, bias), dtype=self.dtype)
     last = isinstance(self.axis, int) and self.axis in (-1, x.ndim - 1)
-    if mask is not None or not last or not _kernel_dtype(xp.dtype):
+    if mask is not None or not last or not checks.kernel_dtype(xp.dtype):
       y = super().__call__(x, use_running_average, mask=mask)
       if residual is not None:
         y = y + residual

@@ -28,6 +28,7 @@ from flax import nnx
 from flax.nnx.nn import dtypes as nn_dtypes
 import jax.numpy as jnp
 
+from jax_dnn._src import checks
 from jax_dnn._src import group_norm as group_norm_lib
 
 
@@ -69,7 +70,7 @@ def _call(layer, flax_call, x, mask, kernel):
     scale = layer.scale[...] if layer.scale is not None else None
     bias = layer.bias[...] if layer.bias is not None else None
     xp, scale, bias = layer.promote_dtype((x, scale, bias), dtype=layer.dtype)
-    if group_norm_lib._kernel_dtype(xp.dtype):  # pylint: disable=protected-access
+    if checks.kernel_dtype(xp.dtype):
       return kernel(xp, scale, bias)
   return _activate(layer, flax_call(x, mask=mask))
 

@@ -80,10 +80,6 @@ def _cell_parts(cell):
   return None
 
 
-def _kernel_dtype(dtype) -> bool:
-  return jnp.dtype(dtype) in [jnp.dtype(d) for d in checks.SUPPORTED_DTYPES]
-
-
 def _flax_rngs(module, rngs):
   """The rngs Flax's RNN hands to initialize_carry (the same stream updates)."""
   if rngs is None:
@@ -148,7 +144,7 @@ def _prepare(module, inputs, *, initial_carry, seq_lengths, return_carry, time_m
   carry_dtypes = ([c.dtype for c in jax.tree.leaves(initial_carry)] if initial_carry is not None
                   else [cell.param_dtype])
   dtype = cell.dtype or jnp.result_type(inputs, *params, *carry_dtypes)
-  if not _kernel_dtype(dtype):
+  if not checks.kernel_dtype(dtype):
     return NotImplemented
   # Flax's outputs: the cell's dtype, promoted with the carry's through
   # the state update (LSTM's c, GRU's blend with h); SimpleCell's stay in it.
