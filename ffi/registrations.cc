@@ -15,6 +15,7 @@
 //   The recurrence's plan (ffi/rnn/rnn_plan.h): rnn_plan(kind, dtype,
 //     seq_len, batch, hidden, device, directions=1) -> RnnPlan, and
 //     rnn_variant_workspace_bytes(kind, dtype, batch, hidden, variant).
+//   build_info(): how this extension was built (python -m jax_dnn.doctor).
 #include <nanobind/nanobind.h>
 #include <nanobind/stl/optional.h>
 #include <nanobind/stl/string.h>
@@ -447,6 +448,27 @@ void DefinePlans(nb::module_& m) {
       "n"_a, "c"_a, "spatial"_a, "outputs"_a, "adaptive"_a, "dtype"_a, "device"_a);
 }
 
+// CMake passes the build's CUDA architectures and nvcc version unquoted.
+#define JAX_DNN_STRING(...) #__VA_ARGS__
+#define JAX_DNN_EXPAND_STRING(...) JAX_DNN_STRING(__VA_ARGS__)
+
+nb::dict BuildInfo() {
+  nb::dict info;
+#ifdef JAX_DNN_WITH_CUDA
+  info["cuda"] = true;
+  info["cuda_architectures"] = JAX_DNN_EXPAND_STRING(JAX_DNN_BUILT_CUDA_ARCHS);
+  info["nvcc"] = JAX_DNN_EXPAND_STRING(JAX_DNN_BUILT_NVCC_VERSION);
+#ifdef JAX_DNN_CONV_IGEMM_NOT_BUILT
+  info["implicit_gemm_conv"] = false;
+#else
+  info["implicit_gemm_conv"] = true;
+#endif
+#else
+  info["cuda"] = false;
+#endif
+  return info;
+}
+
 }  // namespace
 
 NB_MODULE(_jax_dnn, m) {
@@ -458,6 +480,7 @@ NB_MODULE(_jax_dnn, m) {
     return false;
 #endif
   });
+  m.def("build_info", &BuildInfo);
   DefinePlanTypes(m);
   DefineConvTypes(m);
   DefinePlans(m);
