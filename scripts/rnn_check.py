@@ -25,7 +25,7 @@ here:
     h and W rounded to TF32, as the kernels' mma does), outputs rounded to D.
   Backward references: jax.vjp of those forwards (the GRU's dgh_n as the
   gradient of a zero term added to hh's n slot).
-  Rule (DESIGN.md): max |ours - ref32| <= 2 max |refD - ref32| + floor,
+  Rule (docs/design.md): max |ours - ref32| <= 2 max |refD - ref32| + floor,
   errors relative to max(1, max |ref32|); floor = 2 ulp(D) at 1 (bf16
   7.8e-3, f16 9.8e-4, f32: TF32's 9.8e-4). Outputs must be finite, and
   exactly zero at padded steps (y, states, dgx, dgh_n).

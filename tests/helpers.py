@@ -44,7 +44,7 @@ def f64(fn, *args):
 
 
 def assert_rule(out, ref, same_dtype, dtype, what="output", extra_floor=0.0):
-  """DESIGN.md's tolerance rule: max error vs the fp64 reference is at most
+  """docs/design.md's tolerance rule: max error vs the fp64 reference is at most
   twice the error of the same computation done in the input dtype, plus a
   small floor."""
   out = np.asarray(jnp.asarray(out, jnp.float32), np.float64)

@@ -1,7 +1,7 @@
 """lstm, gru, rnn and the recurrent layers: against jax.experimental.rnn's
 reference, an independent per-step reference written here, and Flax's RNN /
 Bidirectional; transforms, the CUDA lowering, bad inputs; GPU cases on the
-kernels (marker gpu) under DESIGN.md's tolerance rule."""
+kernels (marker gpu) under docs/design.md's tolerance rule."""
 
 from __future__ import annotations
 
