@@ -4,8 +4,14 @@ message naming the argument, what it got and what is supported."""
 from __future__ import annotations
 
 import jax
+from jax import lax
 import jax.numpy as jnp
 import numpy as np
+
+try:
+  from jax._src.lax.lax import canonicalize_precision as _canonicalize_precision
+except ImportError:  # pragma: no cover
+  _canonicalize_precision = None
 
 SUPPORTED_DTYPES = (jnp.float32, jnp.bfloat16, jnp.float16)
 _SUPPORTED_NAMES = "float32, bfloat16 or float16"
@@ -69,3 +75,24 @@ def check_epsilon(op: str, epsilon) -> float:
   if not epsilon > 0:
     raise ValueError(f"{op}: epsilon must be > 0, got {epsilon}")
   return float(epsilon)
+
+
+def matmul_precision(precision, dtype) -> str | None:
+  """The kernels' precision param for `precision` (or, where None,
+  jax.default_matmul_precision); None where only lax takes it (a dot
+  algorithm). Only fp32 operands care: bf16 and fp16 products are exact."""
+  canon = _canonicalize_precision(precision) if _canonicalize_precision else precision
+  if canon is None:
+    default = jax.config.jax_default_matmul_precision
+    if default is not None and _canonicalize_precision:
+      canon = _canonicalize_precision(default)
+  if canon is None:
+    return "default"
+  pair = canon if isinstance(canon, tuple) else (canon,)
+  if not all(isinstance(p, lax.Precision) for p in pair):
+    return None
+  if jnp.dtype(dtype) != jnp.float32:
+    return "default"
+  if lax.Precision.HIGHEST in pair:
+    return "highest"
+  return "high" if lax.Precision.HIGH in pair else "default"

@@ -58,12 +58,6 @@ from jax_dnn._src import conv_tuning
 from jax_dnn._src import plans
 from jax_dnn._src.config import config
 
-try:
-  from jax._src.lax.lax import canonicalize_precision as _canonicalize_precision
-except ImportError:  # pragma: no cover
-  _canonicalize_precision = None
-
-
 def _is_int(v) -> bool:
   return isinstance(v, (int, np.integer)) and not isinstance(v, bool)
 
@@ -83,27 +77,6 @@ def _check_positive(op, name, values, error):
 
 def _has_zero(shape) -> bool:
   return any(_is_int(d) and d == 0 for d in shape)
-
-
-def _precision(precision, dtype) -> str | None:
-  """The primitives' precision param for `precision` (or, where None,
-  jax.default_matmul_precision); None where only lax takes it (a dot
-  algorithm). Only fp32 operands care: bf16 and fp16 products are exact."""
-  canon = _canonicalize_precision(precision) if _canonicalize_precision else precision
-  if canon is None:
-    default = jax.config.jax_default_matmul_precision
-    if default is not None and _canonicalize_precision:
-      canon = _canonicalize_precision(default)
-  if canon is None:
-    return "default"
-  pair = canon if isinstance(canon, tuple) else (canon,)
-  if not all(isinstance(p, lax.Precision) for p in pair):
-    return None
-  if jnp.dtype(dtype) != jnp.float32:
-    return "default"
-  if lax.Precision.HIGHEST in pair:
-    return "highest"
-  return "high" if lax.Precision.HIGH in pair else "default"
 
 
 def _pad3(values, fill) -> tuple[int, ...]:
@@ -273,7 +246,7 @@ def conv_general_dilated(lhs, rhs, window_strides, padding, lhs_dilation=None, r
     pads = [(int(lo), int(hi)) for lo, hi in padding]
   pads = [(int(lo), int(hi)) for lo, hi in pads]
   out_spatial = [out.shape[i] for i in dn.out_spec[2:]]
-  prec = _precision(precision, lhs.dtype)
+  prec = checks.matmul_precision(precision, lhs.dtype)
   if out_sharding is not None or _lax_only(lhs, rhs, out, nsp=nsp, precision=prec,
                preferred_element_type=preferred_element_type,
                batch_group_count=batch_group_count, lhs_dil=lhs_dil, strides=strides,
@@ -506,7 +479,7 @@ def conv(x, kernel, bias=None, *, residual=None, activation=None, strides=1, pad
   w = jnp.moveaxis(kernel.astype(dtype), -1, 0)  # [K, *window, C / groups]
   w = _transpose(w, (0,) + tuple(range(1, nsp + 1)) + (nsp + 1,))
   return _forward(x.astype(dtype), w, pads, strides, dilation, groups,
-                  _precision(None, dtype), bias=bias,
+                  checks.matmul_precision(None, dtype), bias=bias,
                   residual=None if residual is None else residual.astype(dtype),
                   activation=activation)
 
@@ -541,7 +514,7 @@ def matmul(x, w, bias=None, *, activation=None) -> jax.Array:
     xc = xc[:, None]
   nsp = xc.ndim - 2
   wc = _transpose(w.astype(dtype), (1, 0)).reshape((w.shape[1],) + (1,) * nsp + (w.shape[0],))
-  y = _forward(xc, wc, [(0, 0)] * nsp, (1,) * nsp, (1,) * nsp, 1, _precision(None, dtype),
+  y = _forward(xc, wc, [(0, 0)] * nsp, (1,) * nsp, (1,) * nsp, 1, checks.matmul_precision(None, dtype),
                bias=bias, activation=activation)
   return y.reshape(lead + (w.shape[1],)) if y.shape[:-1] != lead else y
 

@@ -88,7 +88,6 @@ import jax.numpy as jnp
 import numpy as np
 
 from jax_dnn._src import checks
-from jax_dnn._src import conv
 from jax_dnn._src import mesh_types
 from jax_dnn._src import plans
 from jax_dnn._src import sharding
@@ -541,7 +540,7 @@ def recurrence(gx, w_hh, b_hh, h0, c0, seq_lengths, *, kind: int, reverse: bool,
                      "second runs in reverse)")
   if gx.shape[0] == 0:
     return jnp.zeros((0,) + h0.shape, gx.dtype), h0, c0
-  asked = conv._precision(precision, gx.dtype)  # pylint: disable=protected-access
+  asked = checks.matmul_precision(precision, gx.dtype)
   exact = jnp.dtype(gx.dtype) == jnp.float32 and asked in ("highest", None)
   args = mesh_types.same_manual_axes(gx, w_hh, b_hh, h0, c0, seq_lengths)
   return _recurrence(*args, kind, bool(reverse), exact)
