@@ -22,8 +22,8 @@ from jax_dnn._src.rnn import (get_num_params_in_gru, get_num_params_in_lstm,
                               rnn_weights_from_torch, rnn_weights_to_torch, unpack_gru_weights,
                               unpack_lstm_weights, unpack_rnn_weights)
 from jax_dnn._src.softmax import log_softmax, softmax
+from jax_dnn._src.version import __version__
 
-__version__ = "0.1.0"
 
 _extension.registered_targets()  # register the CUDA handlers with JAX on import
 has_cuda_kernels = _extension.has_cuda_kernels

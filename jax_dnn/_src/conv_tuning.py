@@ -64,9 +64,11 @@ import warnings
 
 import jax
 import jax.numpy as jnp
+import jaxlib
 
 from jax_dnn._src import extension
 from jax_dnn._src import plans
+from jax_dnn._src import version
 
 XLA = "xla"
 CACHE_FILE = "conv_benchmark.json"
@@ -131,9 +133,7 @@ def device_key() -> str:
 
 
 def versions_key() -> str:
-  import jax_dnn  # pylint: disable=g-import-not-at-top
-  import jaxlib  # pylint: disable=g-import-not-at-top
-  return f"jax_dnn {jax_dnn.__version__} jaxlib {jaxlib.__version__}"
+  return f"jax_dnn {version.__version__} jaxlib {jaxlib.__version__}"
 
 
 def time_xla(reference, device=None) -> float:
