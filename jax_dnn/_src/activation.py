@@ -5,7 +5,7 @@
 
 The kernels take float32, bfloat16 and float16 arrays; anything else
 (integer, bool, complex, float64 under x64, Python scalars) runs jax.nn's
-function itself (`_act`), with its dtype rules, values and errors.
+function itself (`apply`), with its dtype rules, values and errors.
 
 Numerics: fp32 math, output in x's dtype. The backward recomputes act'(x)
 from the saved input (one read of x and dy, one write of dx); bias_act's
@@ -29,11 +29,29 @@ from jax_dnn._src.primitive import ShapedArray, define_primitive, vjp_op
 
 # FFI attribute values; the numbering matches enum Activation in ffi/activation/activation.h.
 ACTIVATIONS = {"relu": 0, "gelu": 1, "gelu_tanh": 2, "silu": 3, "sigmoid": 4, "tanh": 5}
-_NAMES = {v: k for k, v in ACTIVATIONS.items()}
+NAMES = {v: k for k, v in ACTIVATIONS.items()}
+# The fused ops' (conv, batch norm, group norm) activation param where none
+# is applied.
+NO_ACTIVATION = -1
 
 
-def _act(x, activation):
-  name = _NAMES[activation]
+def activation_arg(op: str, activation: str | None) -> int:
+  """The fused ops' activation param for their `activation` argument: None,
+  or a name of ACTIVATIONS."""
+  if activation is None:
+    return NO_ACTIVATION
+  if activation not in ACTIVATIONS:
+    raise ValueError(f"{op}: activation must be None or one of {sorted(ACTIVATIONS)}; "
+                     f"got {activation!r}")
+  return ACTIVATIONS[activation]
+
+
+def apply(x, activation: int):
+  """act(x) as jax.nn computes it (x for NO_ACTIVATION): the paths without
+  the kernels, and the references."""
+  if activation == NO_ACTIVATION:
+    return x
+  name = NAMES[activation]
   if name == "relu":
     return jax.nn.relu(x)
   if name == "gelu":
@@ -48,7 +66,7 @@ def _act(x, activation):
 
 
 def _act_grad(x, activation):
-  return jax.vmap(jax.grad(lambda v: _act(v, activation)))(x.ravel()).reshape(x.shape)
+  return jax.vmap(jax.grad(lambda v: apply(v, activation)))(x.ravel()).reshape(x.shape)
 
 
 # --- references (pure JAX; what non-CUDA platforms run) ----------------------
@@ -63,7 +81,7 @@ def _with_bias(x, bias):
 
 
 def _fwd_reference(x, bias=None, *, activation):
-  return _act(_with_bias(x, bias), activation).astype(x.dtype)
+  return apply(_with_bias(x, bias), activation).astype(x.dtype)
 
 
 def _bwd_reference(dy, x, bias=None, *, activation):
@@ -190,7 +208,7 @@ _bias_act = vjp_op(bias_act_fwd_p, bias_act_bwd_p)
 
 def _apply(name: str, x):
   if not checks.kernels_take(x):
-    return _act(x, ACTIVATIONS[name])
+    return apply(x, ACTIVATIONS[name])
   return _activation(jnp.asarray(x), activation=ACTIVATIONS[name])
 
 
@@ -237,7 +255,7 @@ def bias_act(x: jax.Array, bias: jax.Array, activation: str = "gelu") -> jax.Arr
   checks.check_param_shape(op, "bias", bias, width)
   code = ACTIVATIONS[activation]
   if not (checks.kernels_take(x) and jnp.issubdtype(bias.dtype, jnp.floating)):
-    return _act(x + bias, code)
+    return apply(x + bias, code)
   if width == 0:  # no columns: nothing for the kernels to do
     return jnp.zeros(x.shape, x.dtype)
   return _bias_act(jnp.asarray(x), bias.astype(jnp.float32).reshape(1, width), activation=code)

@@ -54,12 +54,12 @@ from jax_dnn._src import checks
 from jax_dnn._src import mesh_types
 from jax_dnn._src import plans
 from jax_dnn._src import sharding
-from jax_dnn._src.activation import ACTIVATIONS, _act
+from jax_dnn._src import activation as activation_lib
+from jax_dnn._src.activation import NO_ACTIVATION
 from jax_dnn._src.batching import NOT_MAPPED, batch_size, fold_param_sets, move_to_front, split_leading
 from jax_dnn._src.derivatives import custom_vjp
 from jax_dnn._src.primitive import ShapedArray, define_primitive
 
-NO_ACTIVATION = -1
 
 
 def _present(residual) -> bool:
@@ -87,7 +87,7 @@ def _z(x, coefs, residual):
 
 def _act_and_grad(z, activation):
   """act(z) and act'(z), elementwise."""
-  y, vjp = jax.vjp(lambda v: _act(v, activation), z)
+  y, vjp = jax.vjp(lambda v: activation_lib.apply(v, activation), z)
   return y, vjp(jnp.ones_like(z))[0]
 
 
@@ -106,7 +106,7 @@ def _stats_reference(x, shift):
 def _fwd_reference(x, coefs, residual, *, activation):
   z = _z(x, coefs, residual)
   if activation != NO_ACTIVATION:
-    z = _act(z, activation)
+    z = activation_lib.apply(z, activation)
   return z.reshape(x.shape).astype(x.dtype)
 
 
@@ -465,7 +465,7 @@ def _flax_apply(cfg, x, mean, var, scale, bias, residual):
   if _present(residual):
     y = y + residual
   if cfg.activation != NO_ACTIVATION:
-    y = _act(y, cfg.activation)
+    y = activation_lib.apply(y, cfg.activation)
   return y.astype(x.dtype)
 
 
@@ -487,15 +487,6 @@ def _residual(op, x, residual):
   if residual.dtype != x.dtype:
     raise TypeError(f"{op}: residual must have x's dtype {x.dtype}, got {residual.dtype}")
   return residual
-
-
-def _activation(op, activation) -> int:
-  if activation is None:
-    return NO_ACTIVATION
-  if activation not in ACTIVATIONS:
-    raise ValueError(f"{op}: activation must be None or one of {sorted(ACTIVATIONS)}, "
-                     f"got {activation!r}")
-  return ACTIVATIONS[activation]
 
 
 def batch_norm(x: jax.Array, scale: jax.Array | None = None, bias: jax.Array | None = None, *,
@@ -532,7 +523,7 @@ def batch_norm(x: jax.Array, scale: jax.Array | None = None, bias: jax.Array | N
   epsilon = checks.check_epsilon(op, epsilon)
   if not isinstance(use_fast_variance, bool):
     raise TypeError(f"{op}: use_fast_variance must be a bool, got {use_fast_variance!r}")
-  cfg = _Config(epsilon, _activation(op, activation), axis_name,
+  cfg = _Config(epsilon, activation_lib.activation_arg(op, activation), axis_name,
                 _groups(op, axis_name, axis_index_groups), use_fast_variance)
   args = (x, _param(op, x, scale, "scale", 1.0), _param(op, x, bias, "bias", 0.0),
           _residual(op, x, residual))
@@ -557,7 +548,7 @@ def batch_norm_inference(x: jax.Array, mean: jax.Array, var: jax.Array,
   op = "batch_norm_inference"
   x = _check_x(op, x)
   epsilon = checks.check_epsilon(op, epsilon)
-  cfg = _Config(epsilon, _activation(op, activation))
+  cfg = _Config(epsilon, activation_lib.activation_arg(op, activation))
   for name, p in (("mean", mean), ("var", var)):
     if p is None:
       raise TypeError(f"{op}: {name} is required, got None")

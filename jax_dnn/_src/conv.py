@@ -127,7 +127,7 @@ def _empty(dtype):
 
 
 def _forward(x, w, pads, strides, rhs_dil, groups, precision, bias=None, residual=None,
-             activation=prims.NO_ACTIVATION):
+             activation=activation_lib.NO_ACTIVATION):
   nsp = x.ndim - 2
   x, pads = _crop(x, pads)
   params = _params(k_per_group=_k_per_group(w.shape[0], groups), nsp=nsp, stride=strides,
@@ -364,15 +364,6 @@ def _padding_arg(op, padding, spatial, eff, strides):
   return [(int(lo), int(hi)) for lo, hi in pads]
 
 
-def _activation_arg(op, activation) -> int:
-  if activation is None:
-    return prims.NO_ACTIVATION
-  if activation not in activation_lib.ACTIVATIONS:
-    raise ValueError(f"{op}: activation must be None or one of "
-                     f"{sorted(activation_lib.ACTIVATIONS)}; got {activation!r}")
-  return activation_lib.ACTIVATIONS[activation]
-
-
 def _operands(op, *named):
   """The operands as jax arrays (None stays None) and their promoted dtype."""
   for name, a in named:
@@ -388,13 +379,6 @@ def _check_bias(op, bias, width, what):
                      f"{tuple(bias.shape)}")
 
 
-def _activate(y, activation):
-  """The activation as jnp computes it (on the paths without the kernels)."""
-  if activation == prims.NO_ACTIVATION:
-    return y
-  return activation_lib._act(y, activation)  # pylint: disable=protected-access
-
-
 def _lax_conv(x, kernel, bias, residual, activation, strides, pads, dilation, groups):
   """conv where the kernels take no form of it (dtypes other than
   fp32/bf16/fp16, empty operands or result): lax's convolution, then the
@@ -407,7 +391,7 @@ def _lax_conv(x, kernel, bias, residual, activation, strides, pads, dilation, gr
     y = y + bias
   if residual is not None:
     y = y + residual
-  return _activate(y, activation)
+  return activation_lib.apply(y, activation)
 
 
 def conv(x, kernel, bias=None, *, residual=None, activation=None, strides=1, padding="SAME",
@@ -470,7 +454,7 @@ def conv(x, kernel, bias=None, *, residual=None, activation=None, strides=1, pad
   if residual is not None and tuple(residual.shape) != out_shape:
     raise ValueError(f"{op}: residual must have the output's shape {out_shape}; got "
                      f"{tuple(residual.shape)}")
-  activation = _activation_arg(op, activation)
+  activation = activation_lib.activation_arg(op, activation)
   if not checks.kernel_dtype(dtype) or _has_zero(x.shape) or _has_zero(kernel.shape) or _has_zero(
       out_shape):
     return _lax_conv(x.astype(dtype), kernel.astype(dtype), bias,
@@ -500,10 +484,10 @@ def matmul(x, w, bias=None, *, activation=None) -> jax.Array:
   if bias is not None:
     _check_bias(op, bias, w.shape[1], "w.shape[1]")
     bias = bias.astype(dtype)
-  activation = _activation_arg(op, activation)
+  activation = activation_lib.activation_arg(op, activation)
   if not checks.kernel_dtype(dtype):
     y = jnp.matmul(x.astype(dtype), w.astype(dtype))
-    return _activate(y if bias is None else y + bias, activation)
+    return activation_lib.apply(y if bias is None else y + bias, activation)
   lead = tuple(x.shape[:-1])
   xc = x.astype(dtype)
   if xc.ndim == 1:

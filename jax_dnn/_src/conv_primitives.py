@@ -44,6 +44,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from jax_dnn._src import activation as activation_lib
+from jax_dnn._src.activation import NO_ACTIVATION
 from jax_dnn._src import conv_tuning
 from jax_dnn._src import plans
 from jax_dnn._src import sharding
@@ -53,7 +54,6 @@ from jax_dnn._src.mesh_types import like_primal, same_manual_axes
 from jax_dnn._src.derivatives import custom_vjp
 from jax_dnn._src.primitive import ShapedArray, define_primitive
 
-NO_ACTIVATION = -1
 # Activations whose derivative is a function of their output: the forward
 # fuses them and the backward reads act'(z) from y. The others (gelu,
 # gelu_tanh, silu) need z: under differentiation the forward then runs the
@@ -111,7 +111,7 @@ def _fwd_reference(x, w, bias, residual, *, activation, **params):
   if _present(residual):
     z = z + residual.astype(jnp.float32)
   if activation != NO_ACTIVATION:
-    z = activation_lib._act(z, activation)  # pylint: disable=protected-access
+    z = activation_lib.apply(z, activation)
   return z.astype(x.dtype)
 
 
@@ -661,7 +661,7 @@ def _act_backward(dy, saved, activation):
   if activation not in _FROM_OUTPUT:
     return activation_lib.activation_bwd_p.bind(dy, saved, activation=activation)
   y, g = saved.astype(jnp.float32), dy.astype(jnp.float32)
-  name = activation_lib._NAMES[activation]  # pylint: disable=protected-access
+  name = activation_lib.NAMES[activation]
   if name == "relu":
     g = jnp.where(y > 0, g, 0.0)
   elif name == "sigmoid":

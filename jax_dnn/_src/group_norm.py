@@ -38,6 +38,7 @@ import jax
 import jax.numpy as jnp
 
 from jax_dnn._src import activation as activation_lib
+from jax_dnn._src.activation import NO_ACTIVATION
 from jax_dnn._src import checks
 from jax_dnn._src.config import config
 from jax_dnn._src import plans
@@ -46,11 +47,6 @@ from jax_dnn._src.batching import (NOT_MAPPED, batch_size, fold_param_sets, merg
                                    move_to_front, split_leading)
 from jax_dnn._src.primitive import ShapedArray, define_primitive, vjp_op
 
-NO_ACTIVATION = -1
-
-
-def _act(z, activation):
-  return z if activation == NO_ACTIVATION else activation_lib._act(z, activation)  # pylint: disable=protected-access
 
 
 # --- references (pure JAX; what non-CUDA platforms run) ----------------------
@@ -95,7 +91,7 @@ def _fwd_reference(x, scale, bias, *, groups, epsilon, activation, deterministic
   del deterministic
   xg = _grouped(x, groups)
   mean, rstd = _stats(xg, epsilon)
-  y = _act(_affine(_xhat(xg, mean, rstd), scale, bias), activation)
+  y = activation_lib.apply(_affine(_xhat(xg, mean, rstd), scale, bias), activation)
   return y.reshape(x.shape).astype(x.dtype), jnp.stack([mean, rstd], axis=-1)
 
 
@@ -106,7 +102,7 @@ def _bwd_reference(dy, x, scale, bias, stats, *, groups, epsilon, activation, de
   xhat = _xhat(xg, mean, rstd)  # [N, S, C]
   dz = dy.astype(jnp.float32).reshape(xhat.shape)
   if activation != NO_ACTIVATION:
-    _, act_vjp = jax.vjp(functools.partial(_act, activation=activation),
+    _, act_vjp = jax.vjp(functools.partial(activation_lib.apply, activation=activation),
                          _affine(xhat, scale, bias))
     dz = act_vjp(dz)[0]
   dzs, sc = _per_set(dz, scale)
@@ -291,15 +287,6 @@ def _prepare(op, x, param, name, default):
   return param.astype(dtype).reshape(1, width)
 
 
-def _activation_arg(op, activation) -> int:
-  if activation is None:
-    return NO_ACTIVATION
-  if activation not in activation_lib.ACTIVATIONS:
-    raise ValueError(f"{op}: activation must be None or one of "
-                     f"{sorted(activation_lib.ACTIVATIONS)}; got {activation!r}")
-  return activation_lib.ACTIVATIONS[activation]
-
-
 def _is_int(v) -> bool:
   return isinstance(v, int) and not isinstance(v, bool)
 
@@ -342,7 +329,7 @@ def _norm(op, x, scale, bias, groups, epsilon, activation):
   reference, differentiated by JAX, in float64 or complex x's dtype; an
   empty x's empty result (Flax's)."""
   epsilon = checks.check_epsilon(op, epsilon)
-  act = _activation_arg(op, activation)
+  act = activation_lib.activation_arg(op, activation)
   scale2 = _prepare(op, x, scale, "scale", 1.0)
   bias2 = _prepare(op, x, bias, "bias", 0.0)
   if x.size == 0:

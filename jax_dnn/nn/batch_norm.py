@@ -23,9 +23,8 @@ from __future__ import annotations
 from flax import nnx
 from flax.nnx.module import first_from
 import jax
-import jax.numpy as jnp
 
-from jax_dnn._src.activation import ACTIVATIONS, _act
+from jax_dnn._src import activation as activation_lib
 from jax_dnn._src import checks
 from jax_dnn._src.batch_norm import batch_norm, batch_norm_inference
 
@@ -47,9 +46,7 @@ class BatchNorm(nnx.BatchNorm):
         use_running_average, self.use_running_average,
         error_msg="No `use_running_average` argument was provided to BatchNorm: pass it to "
                   "the constructor or to __call__ (as for flax.nnx.BatchNorm).")
-    if activation is not None and activation not in ACTIVATIONS:
-      raise ValueError(f"jax_dnn.nn.BatchNorm: activation must be None or one of "
-                       f"{sorted(ACTIVATIONS)}, got {activation!r}")
+    act = activation_lib.activation_arg("jax_dnn.nn.BatchNorm", activation)
     scale = self.scale[...] if self.scale is not None else None
     bias = self.bias[...] if self.bias is not None else None
     xp, mean, var, scale, bias = self.promote_dtype(
@@ -59,7 +56,7 @@ class BatchNorm(nnx.BatchNorm):
       y = super().__call__(x, use_running_average, mask=mask)
       if residual is not None:
         y = y + residual
-      return y if activation is None else _act(y, ACTIVATIONS[activation]).astype(y.dtype)
+      return activation_lib.apply(y, act).astype(y.dtype)
     x = xp
     if residual is not None:
       residual = residual.astype(x.dtype)

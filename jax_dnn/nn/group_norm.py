@@ -28,6 +28,7 @@ from flax import nnx
 from flax.nnx.nn import dtypes as nn_dtypes
 import jax.numpy as jnp
 
+from jax_dnn._src import activation as activation_lib
 from jax_dnn._src import checks
 from jax_dnn._src import group_norm as group_norm_lib
 
@@ -58,8 +59,8 @@ def _check_features(layer, x, axes, num_features):
 def _activate(layer, y):
   if layer.activation is None:
     return y
-  return group_norm_lib._act(y, group_norm_lib._activation_arg(layer.__class__.__name__,  # pylint: disable=protected-access
-                                                               layer.activation))
+  return activation_lib.apply(
+      y, activation_lib.activation_arg(layer.__class__.__name__, layer.activation))
 
 
 def _call(layer, flax_call, x, mask, kernel):
@@ -86,7 +87,7 @@ class GroupNorm(nnx.GroupNorm):
                use_fast_variance: bool = True, promote_dtype=nn_dtypes.promote_dtype,
                rngs: nnx.Rngs, bias_metadata=MappingProxyType({}),
                scale_metadata=MappingProxyType({}), activation: str | None = None):
-    group_norm_lib._activation_arg("jax_dnn.nn.GroupNorm", activation)  # pylint: disable=protected-access
+    activation_lib.activation_arg("jax_dnn.nn.GroupNorm", activation)
     super().__init__(num_features, num_groups, group_size, epsilon=epsilon, dtype=dtype,
                      param_dtype=param_dtype, use_bias=use_bias, use_scale=use_scale,
                      bias_init=bias_init, scale_init=scale_init, reduction_axes=reduction_axes,
@@ -121,7 +122,7 @@ class InstanceNorm(nnx.InstanceNorm):
                use_fast_variance: bool = True, promote_dtype=nn_dtypes.promote_dtype,
                rngs: nnx.Rngs, bias_metadata=MappingProxyType({}),
                scale_metadata=MappingProxyType({}), activation: str | None = None):
-    group_norm_lib._activation_arg("jax_dnn.nn.InstanceNorm", activation)  # pylint: disable=protected-access
+    activation_lib.activation_arg("jax_dnn.nn.InstanceNorm", activation)
     super().__init__(num_features, epsilon=epsilon, dtype=dtype, param_dtype=param_dtype,
                      use_bias=use_bias, use_scale=use_scale, bias_init=bias_init,
                      scale_init=scale_init, feature_axes=feature_axes, axis_name=axis_name,
