@@ -822,14 +822,17 @@ def test_plan_key_of_each_primitive():
   s = lambda *shape: jax.core.ShapedArray(shape, jnp.bfloat16)
   fwd = conv_primitives.plan_key("fwd", [s(2, 1, 7, 9, 6), s(8, 1, 3, 3, 3), s(8), s(0)],
                                  dict(params, activation=0))
-  assert fwd == ("fwd", "bfloat16", 2, 6, 8, 2, (1, 7, 9), (1, 3, 3), (1, 4, 9), (1, 2, 1),
-                 (1, 1, 1), (0, 1, 1), (0, 1, 1), 2, 0, True, False)
+  shapes = dict(dtype="bfloat16", n=2, c=6, k=8, groups=2, input=(1, 7, 9), window=(1, 3, 3),
+                output=(1, 4, 9), stride=(1, 2, 1), dilation=(1, 1, 1), pad_lo=(0, 1, 1),
+                pad_hi=(0, 1, 1), rank=2)
+  assert fwd == conv_primitives.ConvKey(op="fwd", activation=0, bias=True, residual=False,
+                                        **shapes)
   dgrad = conv_primitives.plan_key("dgrad", [s(2, 1, 4, 9, 8), s(8, 1, 3, 3, 3)],
                                    dict(params, input=(1, 7, 9)))
-  assert dgrad[:9] == ("dgrad", "bfloat16", 2, 6, 8, 2, (1, 7, 9), (1, 3, 3), (1, 4, 9))
+  assert dgrad == conv_primitives.ConvKey(op="dgrad", **shapes)
   wgrad = conv_primitives.plan_key("wgrad", [s(2, 1, 7, 9, 6), s(2, 1, 4, 9, 8)],
                                    dict(params, window=(1, 3, 3)))
-  assert wgrad[:9] == ("wgrad", "bfloat16", 2, 6, 8, 2, (1, 7, 9), (1, 3, 3), (1, 4, 9))
+  assert wgrad == conv_primitives.ConvKey(op="wgrad", **shapes)
 
 
 # --- the CUDA lowering's use of the plans, against a stand-in registry -------------------------

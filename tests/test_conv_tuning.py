@@ -75,8 +75,9 @@ def tuner(measure, device=DEVICE, path=None):
 
 def key_of(op="fwd", n=8, c=64, k=64, hw=16, dtype="bfloat16"):
   """A plan_key: a 2D 3x3 SAME convolution."""
-  return (op, dtype, n, c, k, 1, (1, hw, hw), (1, 3, 3), (1, hw, hw), (1, 1, 1), (1, 1, 1),
-          (0, 1, 1), (0, 1, 1), 2, -1, False, False)
+  return conv_primitives.ConvKey(op=op, dtype=dtype, n=n, c=c, k=k, groups=1, input=(1, hw, hw),
+                                 window=(1, 3, 3), output=(1, hw, hw), stride=(1, 1, 1),
+                                 dilation=(1, 1, 1), pad_lo=(0, 1, 1), pad_hi=(0, 1, 1), rank=2)
 
 
 def choose(t, key, *, deterministic=False, algorithms=None, heuristic="heuristic's"):
@@ -325,8 +326,10 @@ def test_progress_lines_after_a_second(monkeypatch, capsys):
 
 
 def test_describe():
-  key = ("fwd", "float32", 4, 6, 8, 2, (5, 7, 9), (3, 3, 3), (3, 4, 9), (1, 2, 1), (2, 1, 1),
-         (0, 1, 1), (0, 1, 1), 3, -1, False, False)
+  key = conv_primitives.ConvKey(op="fwd", dtype="float32", n=4, c=6, k=8, groups=2,
+                                input=(5, 7, 9), window=(3, 3, 3), output=(3, 4, 9),
+                                stride=(1, 2, 1), dilation=(2, 1, 1), pad_lo=(0, 1, 1),
+                                pad_hi=(0, 1, 1), rank=3)
   assert conv_tuning.describe(key) == ("conv fwd f32 N=4 5x7x9 6->8 3x3x3 stride 1x2x1 "
                                        "dilation 2x1x1 groups 2")
 

@@ -654,9 +654,7 @@ def conv_algorithms(x, kernel, bias=None, *, residual=None, activation=None, str
     if tuned is not None:
       chosen = next((a for a in algos if a.id == tuned.algorithm_id and a.supported), None)
       times = dict(tuned.times_ms)
-    names = ("op", "dtype", "n", "c", "k", "groups", "input", "window", "output", "stride",
-             "dilation", "pad_lo", "pad_hi", "rank", "activation", "bias", "residual")
-    return ConvAlgorithms(op, dict(zip(names, key)), chosen, algos, times)
+    return ConvAlgorithms(op, dataclasses.asdict(key), chosen, algos, times)
 
   result = {}
   for op, avals, params in calls:

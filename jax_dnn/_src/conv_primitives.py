@@ -165,13 +165,32 @@ def _wgrad_abstract(x, dy, *, window, k_per_group, **params):
 # --- the kernels' plans (ffi/conv/conv_plan.h) ---------------------------------------
 
 
-def problem_of(key):
+@dataclasses.dataclass(frozen=True)
+class ConvKey:
+  """The problem a primitive's operands pose, hashable: plans.conv_problem's
+  arguments (the batch n planned as plans.LARGE where it is symbolic)."""
+  op: str
+  dtype: str
+  n: int
+  c: int
+  k: int
+  groups: int
+  input: tuple[int, int, int]
+  window: tuple[int, int, int]
+  output: tuple[int, int, int]
+  stride: tuple[int, int, int]
+  dilation: tuple[int, int, int]
+  pad_lo: tuple[int, int, int]
+  pad_hi: tuple[int, int, int]
+  rank: int
+  activation: int = NO_ACTIVATION
+  bias: bool = False
+  residual: bool = False
+
+
+def problem_of(key: ConvKey):
   """plans.conv_problem of a plan_key."""
-  op, dtype, n, c, k, groups, inp, window, out, stride, dilation, lo, hi, rank, act, bias, res = key
-  return plans.conv_problem(op=op, dtype=dtype, n=n, c=c, k=k, groups=groups, input=inp,
-                            window=window, output=out, stride=stride, dilation=dilation,
-                            pad_lo=lo, pad_hi=hi, rank=rank, activation=act, bias=bias,
-                            residual=res)
+  return plans.conv_problem(**{f.name: getattr(key, f.name) for f in dataclasses.fields(key)})
 
 
 @functools.lru_cache(maxsize=4096)
@@ -179,10 +198,9 @@ def _plan(key, deterministic):
   return plans.conv_plan(problem_of(key), deterministic=deterministic)
 
 
-def plan_key(op, avals, params):
-  """The problem a primitive's operands pose, as a hashable tuple of
-  plans.conv_problem's arguments, or None where a dimension other than the
-  batch is symbolic (jax.export; a symbolic batch is planned as
+def plan_key(op, avals, params) -> ConvKey | None:
+  """The problem a primitive's operands pose, or None where a dimension other
+  than the batch is symbolic (jax.export; a symbolic batch is planned as
   plans.LARGE, an upper bound of the workspace)."""
   bias = residual = None
   if op == "fwd":
@@ -196,12 +214,14 @@ def plan_key(op, avals, params):
     w, y = _wgrad_abstract(x, dy, **params), dy.shape
   if not plans.is_static(*x.shape[1:], *w.shape, *y[1:]):
     return None
-  return (op, jnp.dtype(x.dtype).name, plans.static_dim(x.shape[0], plans.LARGE), x.shape[-1],
-          w.shape[0], groups_of(w.shape[0], params["k_per_group"]), tuple(x.shape[1:4]),
-          tuple(w.shape[1:4]), tuple(y[1:4]),
-          params["stride"], params["dilation"], params["pad_lo"], params["pad_hi"],
-          params["rank"], params.get("activation", NO_ACTIVATION),
-          op == "fwd" and _present(bias), op == "fwd" and _present(residual))
+  return ConvKey(
+      op=op, dtype=jnp.dtype(x.dtype).name, n=plans.static_dim(x.shape[0], plans.LARGE),
+      c=x.shape[-1], k=w.shape[0], groups=groups_of(w.shape[0], params["k_per_group"]),
+      input=tuple(x.shape[1:4]), window=tuple(w.shape[1:4]), output=tuple(y[1:4]),
+      stride=params["stride"], dilation=params["dilation"], pad_lo=params["pad_lo"],
+      pad_hi=params["pad_hi"], rank=params["rank"],
+      activation=params.get("activation", NO_ACTIVATION),
+      bias=op == "fwd" and _present(bias), residual=op == "fwd" and _present(residual))
 
 
 def _heuristic(key, deterministic):

@@ -195,15 +195,15 @@ def measure_on_device(problem, algorithms, reference) -> dict:
 
 def describe(key) -> str:
   """A problem (a plan_key) in a line: conv fwd bf16 N=128 56x56 64->64 3x3."""
-  op, dtype, n, c, k, groups, inp, window, _, stride, dilation, _, _, rank = key[:14]
-  dims = lambda v: "x".join(str(d) for d in v[3 - rank:])
-  text = f"conv {op} {_DTYPES.get(dtype, dtype)} N={n} {dims(inp)} {c}->{k} {dims(window)}"
-  if any(s != 1 for s in stride):
-    text += f" stride {dims(stride)}"
-  if any(d != 1 for d in dilation):
-    text += f" dilation {dims(dilation)}"
-  if groups != 1:
-    text += f" groups {groups}"
+  dims = lambda v: "x".join(str(d) for d in v[3 - key.rank:])
+  text = (f"conv {key.op} {_DTYPES.get(key.dtype, key.dtype)} N={key.n} {dims(key.input)} "
+          f"{key.c}->{key.k} {dims(key.window)}")
+  if any(s != 1 for s in key.stride):
+    text += f" stride {dims(key.stride)}"
+  if any(d != 1 for d in key.dilation):
+    text += f" dilation {dims(key.dilation)}"
+  if key.groups != 1:
+    text += f" groups {key.groups}"
   return text
 
 
