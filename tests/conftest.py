@@ -56,23 +56,29 @@ def gpu():
     yield dev
 
 
-# --every N: of each test function's cases (its parametrizations, in
-# collection order), the first and every N-th after it; the GPU cases
-# (skipped without a GPU) all stay. CI's second pass (jax 0.11, .ci/run)
-# takes --every 3: every function and a third of its shapes and dtypes run
-# under the second jax, where the first pass runs them all.
+# --every N (default 3): of each test function's CPU cases (its
+# parametrizations, in collection order), the first and every N-th after it;
+# every function runs, and the GPU cases (skipped without a GPU) all stay.
+# The CPU cases run the reference path, one code for every shape and dtype
+# the kernels' variants need: on 2 cores all of them take about an hour,
+# a third about twenty minutes. --every 1 runs them all. --every-offset K
+# takes the cases whose index is K modulo N instead: CI's second pass (jax
+# 0.11, .ci/run) runs cases the first did not.
 
 
 def pytest_addoption(parser):
-  parser.addoption("--every", type=int, default=1, metavar="N",
-                   help="run the first and every N-th case of each test function")
+  parser.addoption("--every", type=int, default=3, metavar="N",
+                   help="run the first and every N-th CPU case of each test function "
+                        "(default 3; 1: all); GPU cases all run")
+  parser.addoption("--every-offset", type=int, default=0, metavar="K",
+                   help="with --every N: the cases whose index is K modulo N")
 
 
 def pytest_collection_modifyitems(config, items):
   every = config.getoption("--every")
   if every <= 1:
     return
-  keep, drop = every_nth(items, every)
+  keep, drop = every_nth(items, every, config.getoption("--every-offset"))
   if drop:
     config.hook.pytest_deselected(items=drop)
     items[:] = keep

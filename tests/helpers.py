@@ -141,16 +141,21 @@ def require_kernels():
                 "(pip install .) and run the GPU tests from tests/")
 
 
-def every_nth(items, every: int):
+def every_nth(items, every: int, offset: int = 0):
   """(kept, dropped) pytest items for conftest's --every: of each test
-  function's cases, in order, the first and every `every`-th after it; the
-  GPU cases all kept (they skip where no GPU is, and a GPU run wants all)."""
-  seen, keep, drop = collections.Counter(), [], []
+  function's cases, in order, those whose index is `offset` modulo `every`
+  (a function with no such case keeps its first); the GPU cases all kept
+  (they skip where no GPU is, and a GPU run wants all)."""
+  cases = collections.defaultdict(list)
   for item in items:
-    if item.get_closest_marker("gpu") is not None:
-      keep.append(item)
-      continue
-    key = (str(item.path), getattr(item.cls, "__name__", ""), item.originalname)
-    (keep if seen[key] % every == 0 else drop).append(item)
-    seen[key] += 1
+    if item.get_closest_marker("gpu") is None:
+      cases[(str(item.path), getattr(item.cls, "__name__", ""), item.originalname)].append(item)
+  kept = set()
+  for group in cases.values():
+    chosen = group[offset % every::every] or group[:1]
+    kept.update(map(id, chosen))
+  keep, drop = [], []
+  for item in items:
+    gpu = item.get_closest_marker("gpu") is not None
+    (keep if gpu or id(item) in kept else drop).append(item)
   return keep, drop

@@ -83,6 +83,12 @@ class OpCase:
   second_order: grad of grad is defined (each primitive's JVP).
   check_grads: numerical differences hold (False at kinks such as relu's).
   check_shape: the leading argument's shape for check_grads (None: `shape`).
+  check_eps: check_grads' finite-difference step. Its default, 1e-4, divides
+    fp32's rounding of values ~10 (~1e-6) into an error of ~1e-2 an element,
+    the tolerance itself; at 1e-3 the kernels' few-ulp differences from XLA
+    stay well inside it, as does the central difference's error (~eps^2).
+    Smaller where a step of 1e-3 crosses a kink (max pooling: two entries
+    of a window that close swap).
   out_split: the result's PartitionSpec when the arguments are split as
     `Arg.split` says (None: as the leading argument's).
   vmap_keeps_batch_split: under vmap, a split of the leading argument's
@@ -115,6 +121,7 @@ class OpCase:
   second_order: bool = True
   check_grads: bool = True
   check_shape: tuple[int, ...] | None = None
+  check_eps: float = 1e-3
   out_split: tuple | None = None
   vmap_keeps_batch_split: bool = True
   vmap_split_gathers: bool = True
@@ -392,7 +399,7 @@ CASES += [
         lambda x: flax_pooling.max_pool(x, (3, 3), (2, 2), "SAME"),
         (8, 6, 10, 4), (_POOL,),
         ("jax_dnn_max_pool_idx_fwd", "jax_dnn_max_pool_idx_bwd"), lowering_here=False,
-        **_POOL_OPTS),
+        check_eps=1e-4, **_POOL_OPTS),
     OpCase(
         "avg_pool",
         lambda x: jax_dnn.avg_pool(x, (2, 3), (2, 1), ((1, 0), (1, 1)), count_include_pad=False),

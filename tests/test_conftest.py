@@ -31,3 +31,11 @@ def test_every_nth_keeps_each_functions_first_and_every_nth_case_and_all_gpu_cas
                                     ["g", "f[0]", "f[3]", "f[0]"])
   assert len(keep) + len(drop) == len(items)
   assert every_nth(items, 1) == (items, [])
+
+
+def test_every_nth_with_an_offset_takes_the_other_cases():
+  items = [_Item("a.py", "f", f"f[{i}]") for i in range(7)] + [_Item("a.py", "g", "g")]
+  keep, _ = every_nth(items, 6, offset=1)
+  assert [i.name for i in keep] == ["f[1]", "g"]
+  first, _ = every_nth(items, 3)
+  assert not {i.name for i in keep[:1]} & {i.name for i in first}

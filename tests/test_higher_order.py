@@ -52,7 +52,7 @@ def test_check_grads_second_order(device, name):
   # fp32 matmuls in full precision: the reference's tangents go through XLA,
   # whose default on GPU (TF32) is too coarse for numerical differences.
   with jax.default_matmul_precision("highest"):
-    check_grads(case.fn, args, order=2, modes=("rev",), atol=2e-2, rtol=2e-2)
+    check_grads(case.fn, args, order=2, modes=("rev",), atol=2e-2, rtol=2e-2, eps=case.check_eps)
 
 
 @pytest.mark.parametrize("name", NAMES)
@@ -84,7 +84,7 @@ def test_check_grads_both_modes(device, name):
                             for i, x in enumerate(args)])
   with jax.default_matmul_precision("highest"):
     check_grads(fn, tuple(args[i] for i in case.argnums), order=2, modes=("fwd", "rev"),
-                atol=2e-2, rtol=2e-2)
+                atol=2e-2, rtol=2e-2, eps=case.check_eps)
 
 
 @pytest.mark.parametrize("name", one_per_family(where=lambda c: c.second_order))
