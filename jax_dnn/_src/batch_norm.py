@@ -61,7 +61,6 @@ from jax_dnn._src.derivatives import custom_vjp
 from jax_dnn._src.primitive import ShapedArray, define_primitive
 
 
-
 def _present(residual) -> bool:
   """Whether the optional residual (x's shape, or an empty [0]) is given."""
   return residual.ndim != 1 or residual.shape[0] != 0
@@ -105,8 +104,7 @@ def _stats_reference(x, shift):
 
 def _fwd_reference(x, coefs, residual, *, activation):
   z = _z(x, coefs, residual)
-  if activation != NO_ACTIVATION:
-    z = activation_lib.apply(z, activation)
+  z = activation_lib.apply(z, activation)
   return z.reshape(x.shape).astype(x.dtype)
 
 
@@ -464,8 +462,7 @@ def _flax_apply(cfg, x, mean, var, scale, bias, residual):
     y = y + bias
   if _present(residual):
     y = y + residual
-  if cfg.activation != NO_ACTIVATION:
-    y = activation_lib.apply(y, cfg.activation)
+  y = activation_lib.apply(y, cfg.activation)
   return y.astype(x.dtype)
 
 

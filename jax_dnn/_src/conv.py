@@ -58,6 +58,7 @@ from jax_dnn._src import conv_tuning
 from jax_dnn._src import plans
 from jax_dnn._src.config import config
 
+
 def _is_int(v) -> bool:
   return isinstance(v, (int, np.integer)) and not isinstance(v, bool)
 
@@ -498,8 +499,8 @@ def matmul(x, w, bias=None, *, activation=None) -> jax.Array:
     xc = xc[:, None]
   nsp = xc.ndim - 2
   wc = _transpose(w.astype(dtype), (1, 0)).reshape((w.shape[1],) + (1,) * nsp + (w.shape[0],))
-  y = _forward(xc, wc, [(0, 0)] * nsp, (1,) * nsp, (1,) * nsp, 1, checks.matmul_precision(None, dtype),
-               bias=bias, activation=activation)
+  y = _forward(xc, wc, [(0, 0)] * nsp, (1,) * nsp, (1,) * nsp, 1,
+               checks.matmul_precision(None, dtype), bias=bias, activation=activation)
   return y.reshape(lead + (w.shape[1],)) if y.shape[:-1] != lead else y
 
 

@@ -110,8 +110,7 @@ def _fwd_reference(x, w, bias, residual, *, activation, **params):
     z = z + bias.astype(jnp.float32)
   if _present(residual):
     z = z + residual.astype(jnp.float32)
-  if activation != NO_ACTIVATION:
-    z = activation_lib.apply(z, activation)
+  z = activation_lib.apply(z, activation)
   return z.astype(x.dtype)
 
 

@@ -48,7 +48,6 @@ from jax_dnn._src.batching import (NOT_MAPPED, batch_size, fold_param_sets, merg
 from jax_dnn._src.primitive import ShapedArray, define_primitive, vjp_op
 
 
-
 # --- references (pure JAX; what non-CUDA platforms run) ----------------------
 
 
