@@ -17,8 +17,9 @@
 # bench.log, <family>.json and .png in $OUT/bench); quickbench adds --quick.
 # BENCH_FAMILIES (e.g. "norms softmax") limits either to those families, to
 # split the full sweep over several calls.
-# Stages after build reuse the install. SANITIZE_ONLY=ops skips attention in
-# the sanitizer stage, SANITIZE_ONLY=attention runs attention only.
+# Stages after build reuse the install. SANITIZE_ONLY (e.g. "conv rows")
+# limits the sanitizer stage to those kernel families of
+# scripts/sanitize_ops.py; "rnn" there means the recurrence driver below.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-$PWD/gpu_out}
@@ -76,22 +77,29 @@ export XLA_PYTHON_CLIENT_PREALLOCATE=false
 xla_flags=${XLA_FLAGS:-}
 export XLA_FLAGS="$xla_flags --xla_gpu_autotune_level=0"
 san=""
+families=${SANITIZE_ONLY:-attention conv group_norm pool batch_norm rows rnn}
 for tool in memcheck racecheck; do
   # racecheck instruments our own kernels only (all in namespace jax_dnn): it
   # segfaults on kernels outside it that XLA runs around ours.
   filter=""; [ $tool = racecheck ] && filter="--kernel-name kns=jax_dnn"
-  (cd scripts && compute-sanitizer --tool $tool $filter --error-exitcode 9 python3 sanitize_ops.py ${SANITIZE_ONLY:-}) \
-    > "$OUT/sanitizer_$tool.log" 2>&1
-  rc=$?
-  san="$san $tool: rc=$rc, $(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY' "$OUT/sanitizer_$tool.log" | sed 's/=* *//');"
-  tail -4 "$OUT/sanitizer_$tool.log"
+  log="$OUT/sanitizer_$tool.log"; : > "$log"
+  # One process a family: a crash of the tool in one leaves the others' summaries.
+  for family in $families; do
+    [ "$family" = rnn ] && continue
+    echo "== $family" >> "$log"
+    (cd scripts && compute-sanitizer --tool $tool $filter --error-exitcode 9 python3 sanitize_ops.py "$family") \
+      >> "$log" 2>&1
+    rc=$?
+    san="$san $tool $family: rc=$rc, $(tail -3 "$log" | grep -E 'ERROR SUMMARY|RACECHECK SUMMARY' | sed 's/=* *//');"
+  done
+  grep -E '^== |SUMMARY' "$log"
 done
 # The recurrence's kernels from a plain CUDA program (scripts/rnn_driver.cu):
 # run through XLA (sanitize_ops.py rnn) the tool exits with a segfault on them.
 # Problems: each kind and dtype, ragged and reversed, a 2-chunk batch, the
 # streamed weights (H = 2048), two forced variants (state in the workspace) and
 # both directions of a layer in one launch.
-if [ "${SANITIZE_ONLY:-}" != attention ]; then
+if [[ " $families " == *" rnn "* ]]; then
   if nvcc -std=c++17 -O3 -arch=sm_90a --expt-relaxed-constexpr -I. -o "$OUT/rnn_driver" \
       scripts/rnn_driver.cu ffi/rnn/rnn_fwd.cu ffi/rnn/rnn_bwd.cu ffi/rnn/rnn_plan.cc \
       > "$OUT/rnn_driver_build.log" 2>&1; then

@@ -1,13 +1,8 @@
 """Runs every kernel once (forward and backward, each dtype, awkward shapes)
 so that compute-sanitizer can check them: see scripts/gpu_check.sh.
-`python3 sanitize_ops.py ops` skips attention (the memory-bound ops only),
-`python3 sanitize_ops.py attention` runs attention only, `python3
-sanitize_ops.py conv` the convolutions only (also part of the default run),
-`python3 sanitize_ops.py group_norm` group and instance norm only, `python3
-sanitize_ops.py pool` the pooling kernels only, `python3 sanitize_ops.py
-batch_norm` batch norm's kernels only, `python3 sanitize_ops.py rnn` the
-recurrence kernels only (these four also part of the default and `ops`
-runs).
+`python3 sanitize_ops.py [FAMILY ...]` runs the named families (FAMILIES
+below: attention, conv, group_norm, pool, batch_norm, rnn, rows), all of
+them without arguments.
 
 The row ops come from the table of ops (tests/op_cases.py): each one with
 `rows` set runs over SHAPES; attention's layouts, and the kernels' paths
@@ -264,39 +259,10 @@ def rnn(key):
   run(jax.jit(jax.vmap(fn)), x, h0)
 
 
-def main():
-  key = jax.random.key(0)
-  if sys.argv[1:] == ["rnn"]:
-    rnn(key)
-    print("sanitize_ops: recurrence kernels ran")
-    return
-  if sys.argv[1:] == ["group_norm"]:
-    group_norm(key)
-    print("sanitize_ops: group norm kernels ran")
-    return
-  if sys.argv[1:] == ["pool"]:
-    pool(key)
-    print("sanitize_ops: pooling kernels ran")
-    return
-  if sys.argv[1:] == ["conv"]:
-    conv(key)
-    print("sanitize_ops: convolution kernels ran")
-    return
-  if sys.argv[1:] == ["batch_norm"]:
-    batch_norm(key)
-    print("sanitize_ops: batch norm kernels ran")
-    return
-  if sys.argv[1:] != ["ops"]:
-    attention(key)
-  if sys.argv[1:] == ["attention"]:
-    print("sanitize_ops: attention kernels ran")
-    return
-  if not sys.argv[1:]:
-    conv(key)
-  group_norm(key)
-  pool(key)  # memory-bound: part of "ops" too
-  batch_norm(key)
-  rnn(key)
+def rows(key):
+  """The row ops of the table (softmax, the norms, the activations, bias +
+  activation) over SHAPES in each dtype, and the layouts the table's
+  options do not reach."""
   row_ops = [case for case in CASES if case.rows]
   for dtype in (jnp.float32, jnp.bfloat16, jnp.float16):
     for shape in SHAPES:
@@ -362,7 +328,23 @@ def main():
     x = jax.random.normal(key, shape, jnp.float32).astype(dtype)
     p = jnp.linspace(0.5, 1.5, shape[-1], dtype=dtype)
     run(jax.jit(functools.partial(jax_dnn.bias_act, activation="gelu_tanh")), x, p)
-  print("sanitize_ops: all kernels ran")
+
+
+# One family a process: compute-sanitizer runs each alone (scripts/gpu_check.sh),
+# so that a crash of the tool in one family leaves the others' summaries.
+FAMILIES = {"attention": attention, "conv": conv, "group_norm": group_norm, "pool": pool,
+            "batch_norm": batch_norm, "rnn": rnn, "rows": rows}
+
+
+def main():
+  names = sys.argv[1:] or list(FAMILIES)
+  unknown = [name for name in names if name not in FAMILIES]
+  if unknown:
+    sys.exit(f"sanitize_ops: unknown families {unknown}; known: {' '.join(FAMILIES)}")
+  key = jax.random.key(0)
+  for name in names:
+    FAMILIES[name](key)
+    print(f"sanitize_ops: {name} kernels ran", flush=True)
 
 
 if __name__ == "__main__":
