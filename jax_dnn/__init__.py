@@ -16,11 +16,12 @@ from jax_dnn._src.group_norm import group_norm, instance_norm
 from jax_dnn._src.layer_norm import layer_norm, rms_norm
 from jax_dnn._src.pooling import (adaptive_avg_pool, adaptive_max_pool, avg_pool, max_pool,
                                   pool_plan)
-from jax_dnn._src.rnn import (get_num_params_in_gru, get_num_params_in_lstm,
-                              get_num_params_in_rnn, gru, init_gru_weight, init_lstm_weight,
-                              init_rnn_weight, lstm, pack_rnn_weights, rnn,
-                              rnn_weights_from_torch, rnn_weights_to_torch, unpack_gru_weights,
-                              unpack_lstm_weights, unpack_rnn_weights)
+from jax_dnn._src.rnn.layers import gru, lstm, rnn
+from jax_dnn._src.rnn.weights import (get_num_params_in_gru, get_num_params_in_lstm,
+                                      get_num_params_in_rnn, init_gru_weight, init_lstm_weight,
+                                      init_rnn_weight, pack_rnn_weights, rnn_weights_from_torch,
+                                      rnn_weights_to_torch, unpack_gru_weights,
+                                      unpack_lstm_weights, unpack_rnn_weights)
 from jax_dnn._src.softmax import log_softmax, softmax
 from jax_dnn._src.version import __version__
 

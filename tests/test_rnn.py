@@ -21,11 +21,12 @@ import jax_dnn
 from jax_dnn import nn as jnn
 from jax_dnn._src import extension
 from jax_dnn._src import plans
-from jax_dnn._src import rnn as rnn_lib
+from jax_dnn._src.rnn import recurrence as rec
+from jax_dnn._src.rnn import weights as rnn_weights
 
 GATES = {"lstm": 4, "gru": 3, "rnn_tanh": 1, "rnn_relu": 1}
-KINDS = {"lstm": rnn_lib.LSTM, "gru": rnn_lib.GRU, "rnn_tanh": rnn_lib.RNN_TANH,
-         "rnn_relu": rnn_lib.RNN_RELU}
+KINDS = {"lstm": rec.LSTM, "gru": rec.GRU, "rnn_tanh": rec.RNN_TANH,
+         "rnn_relu": rec.RNN_RELU}
 
 
 def randn(key, shape, dtype, scale=1.0):
@@ -112,7 +113,7 @@ def _ours(mode, *args):
 def _problem(mode, batch=3, steps=5, inputs=3, hidden=4, layers=1, bidirectional=False,
              dtype=jnp.float32, key=0):
   dirs = 2 if bidirectional else 1
-  count = rnn_lib.num_params(GATES[mode], inputs, hidden, layers, bidirectional)
+  count = rnn_weights.num_params(GATES[mode], inputs, hidden, layers, bidirectional)
   x = randn(key, (batch, steps, inputs), dtype)
   h_0 = randn(key + 1, (dirs * layers, batch, hidden), dtype, scale=0.5)
   c_0 = randn(key + 2, (dirs * layers, batch, hidden), dtype, scale=0.5)
@@ -246,23 +247,23 @@ def _loop(kind, gx, w_hh, b_hh, h0, c0, lens, reverse):
   hidden = w_hh.shape[1]
   gx, w_hh, b_hh, h0 = (np.asarray(a, np.float64) for a in (gx, w_hh, b_hh, h0))
   sig = lambda v: 1 / (1 + np.exp(-v))
-  slots = rnn_lib.SLOTS[kind]
+  slots = rec.SLOTS[kind]
   y = np.zeros((steps, batch, hidden))
   states = np.zeros((steps, batch, slots, hidden))
   h_n, c_n = h0.copy(), np.asarray(c0, np.float64).copy()
   for b in range(batch):
     n_valid = min(max(int(lens[b]), 0), steps)
-    h, c = h0[b], (c_n[b] if kind == rnn_lib.LSTM else None)
+    h, c = h0[b], (c_n[b] if kind == rec.LSTM else None)
     for t in (range(n_valid - 1, -1, -1) if reverse else range(n_valid)):
       hh = w_hh @ h + b_hh
-      if kind == rnn_lib.LSTM:
+      if kind == rec.LSTM:
         z = gx[t, b] + hh
         i, f, g, o = sig(z[:hidden]), sig(z[hidden:2 * hidden]), np.tanh(
             z[2 * hidden:3 * hidden]), sig(z[3 * hidden:])
         c = f * c + i * g
         h = o * np.tanh(c)
         states[t, b] = [i, f, g, o, c]
-      elif kind == rnn_lib.GRU:
+      elif kind == rec.GRU:
         r = sig(gx[t, b, :hidden] + hh[:hidden])
         u = sig(gx[t, b, hidden:2 * hidden] + hh[hidden:2 * hidden])
         n = np.tanh(gx[t, b, 2 * hidden:] + r * hh[2 * hidden:])
@@ -270,22 +271,22 @@ def _loop(kind, gx, w_hh, b_hh, h0, c0, lens, reverse):
         states[t, b] = [r, u, n, hh[2 * hidden:], h]
       else:
         z = gx[t, b] + hh
-        h = np.tanh(z) if kind == rnn_lib.RNN_TANH else np.maximum(z, 0)
+        h = np.tanh(z) if kind == rec.RNN_TANH else np.maximum(z, 0)
         states[t, b, 0] = h
       y[t, b] = h
     h_n[b] = h
-    if kind == rnn_lib.LSTM:
+    if kind == rec.LSTM:
       c_n[b] = c
   return y, h_n, c_n, states
 
 
 def _recurrence_args(kind, steps=6, batch=5, hidden=3, key=20):
-  g = rnn_lib.GATES[kind] * hidden
+  g = rec.GATES[kind] * hidden
   gx = randn(key, (steps, batch, g), jnp.float32)
   w_hh = randn(key + 1, (g, hidden), jnp.float32, scale=0.6)
   b_hh = randn(key + 2, (g,), jnp.float32, scale=0.3)
   h0 = randn(key + 3, (batch, hidden), jnp.float32)
-  c0 = (randn(key + 4, (batch, hidden), jnp.float32) if kind == rnn_lib.LSTM
+  c0 = (randn(key + 4, (batch, hidden), jnp.float32) if kind == rec.LSTM
         else jnp.zeros((0,), jnp.float32))
   return gx, w_hh, b_hh, h0, c0
 
@@ -299,11 +300,11 @@ def test_primitive_reference_against_a_loop(kind, reverse):
   kind = KINDS[kind]
   args = _recurrence_args(kind)
   lens = jnp.asarray([6, 0, 1, 9, -3], jnp.int32)
-  fwd = jax.jit(functools.partial(rnn_lib._fwd_reference, kind=kind, reverse=reverse))  # pylint: disable=protected-access
+  fwd = jax.jit(functools.partial(rec._fwd_reference, kind=kind, reverse=reverse))  # pylint: disable=protected-access
   out = fwd(*args, lens)
   want = _loop(kind, *args, np.asarray(lens), reverse)
   for name, o, w in zip(("y", "h_n", "c_n", "states"), out, want):
-    if name == "c_n" and kind != rnn_lib.LSTM:
+    if name == "c_n" and kind != rec.LSTM:
       assert o.shape == (0,)
       continue
     np.testing.assert_allclose(o, w, rtol=1e-5, atol=1e-6, err_msg=name)
@@ -313,16 +314,16 @@ def test_primitive_reference_against_a_loop(kind, reverse):
   dc_n = randn(32, out[2].shape, jnp.float32)
   gx, w_hh, b_hh, h0, c0 = args
   dgx, dgh_n, dh0, dc0 = jax.jit(functools.partial(
-      rnn_lib._bwd_reference, kind=kind, reverse=reverse))(  # pylint: disable=protected-access
+      rec._bwd_reference, kind=kind, reverse=reverse))(  # pylint: disable=protected-access
           dy, dh_n, dc_n, w_hh, h0, c0, lens, out[3])
   _, vjp = jax.vjp(lambda *a: fwd(*a, lens)[:3], gx, w_hh, b_hh, h0, c0)
   vgx, _, vb, vh0, vc0 = vjp((dy, dh_n, dc_n))
   np.testing.assert_allclose(dgx, vgx, rtol=1e-5, atol=1e-6)
   np.testing.assert_allclose(dh0, vh0, rtol=1e-5, atol=1e-6)
-  if kind == rnn_lib.LSTM:
+  if kind == rec.LSTM:
     np.testing.assert_allclose(dc0, vc0, rtol=1e-5, atol=1e-6)
   hidden = w_hh.shape[1]
-  dgh = jnp.concatenate([dgx[..., :2 * hidden], dgh_n], -1) if kind == rnn_lib.GRU else dgx
+  dgh = jnp.concatenate([dgx[..., :2 * hidden], dgh_n], -1) if kind == rec.GRU else dgx
   np.testing.assert_allclose(dgh.sum((0, 1)), vb, rtol=1e-5, atol=1e-5)
   assert np.all(np.asarray(dgx)[:, 1] == 0)  # length 0: no gradient
 
@@ -331,8 +332,8 @@ def _packed_against_split(kind, dtype, steps, batch, hidden, lens, key):
   """The recurrence over two packed directions and one recurrence a
   direction (the second reversed): outputs, and the gradients of every
   input under random cotangents, as (packed, split) pairs."""
-  g = rnn_lib.GATES[kind] * hidden
-  lstm = kind == rnn_lib.LSTM
+  g = rec.GATES[kind] * hidden
+  lstm = kind == rec.LSTM
   gx = randn(key, (steps, batch, 2 * g), dtype)
   w_hh = randn(key + 1, (2 * g, hidden), dtype, scale=1 / np.sqrt(hidden))
   b_hh = randn(key + 2, (2 * g,), dtype, scale=0.3)
@@ -342,11 +343,11 @@ def _packed_against_split(kind, dtype, steps, batch, hidden, lens, key):
       [(steps, batch, 2 * hidden), (batch, 2 * hidden), (batch, 2 * hidden) if lstm else (0,)])]
 
   def packed(*a):
-    return rnn_lib.recurrence(*a, lens, kind=kind, reverse=False)
+    return rec.recurrence(*a, lens, kind=kind, reverse=False)
 
   def split(gx, w_hh, b_hh, h0, c0):
     half = lambda a, d: a if a.shape == (0,) else jnp.split(a, 2, axis=-1)[d]
-    outs = [rnn_lib.recurrence(half(gx, d), jnp.split(w_hh, 2)[d], half(b_hh, d), half(h0, d),
+    outs = [rec.recurrence(half(gx, d), jnp.split(w_hh, 2)[d], half(b_hh, d), half(h0, d),
                                half(c0, d), lens, kind=kind, reverse=bool(d)) for d in range(2)]
     return tuple(a if a.shape == (0,) else jnp.concatenate([a, b], -1) for a, b in zip(*outs))
 
@@ -371,17 +372,17 @@ def test_packed_directions_match_one_recurrence_each(kind):
 def test_packed_directions_reverse_raises():
   g = 4 * 3
   with pytest.raises(ValueError, match="reverse must be False with two directions"):
-    rnn_lib.recurrence(jnp.ones((2, 1, 2 * g)), jnp.ones((2 * g, 3)), jnp.ones((2 * g,)),
+    rec.recurrence(jnp.ones((2, 1, 2 * g)), jnp.ones((2 * g, 3)), jnp.ones((2 * g,)),
                        jnp.ones((1, 6)), jnp.ones((1, 6)), jnp.ones((1,), jnp.int32),
-                       kind=rnn_lib.LSTM, reverse=True)
+                       kind=rec.LSTM, reverse=True)
 
 
 def test_primitive_rounds_h_to_the_input_dtype_before_the_matmul():
   """bf16: W_hh multiplies y_{t-1} (h rounded to bf16), not the fp32 h."""
-  kind = rnn_lib.RNN_TANH
+  kind = rec.RNN_TANH
   gx, w_hh, b_hh, h0, c0 = (a.astype(jnp.bfloat16) for a in _recurrence_args(kind, steps=2))
   lens = jnp.full((5,), 2, jnp.int32)
-  y, _, _, states = rnn_lib._fwd_reference(gx, w_hh, b_hh, h0, c0, lens, kind=kind,  # pylint: disable=protected-access
+  y, _, _, states = rec._fwd_reference(gx, w_hh, b_hh, h0, c0, lens, kind=kind,  # pylint: disable=protected-access
                                            reverse=False)
   hh = jnp.dot(y[0], w_hh.T, preferred_element_type=jnp.float32) + b_hh.astype(jnp.float32)
   np.testing.assert_allclose(states[1, :, 0], jnp.tanh(gx[1].astype(jnp.float32) + hh),
@@ -469,7 +470,7 @@ def test_dropout_between_layers():
   np.testing.assert_array_equal(dropped[1][0], base[1][0])
   assert not np.allclose(dropped[1][1], base[1][1])
   # One layer: no dropout anywhere.
-  w1 = w[:rnn_lib.num_params(4, 3, 4, 1, False)]
+  w1 = w[:rnn_weights.num_params(4, 3, 4, 1, False)]
   one = run(0.5, key, 1, jnp.zeros_like(w1) + 0.1, h_0[:1], c_0[:1])
   np.testing.assert_array_equal(one[0], run(0.0, None, 1, jnp.zeros_like(w1) + 0.1, h_0[:1],
                                             c_0[:1])[0])
@@ -955,9 +956,9 @@ def test_nn_bidirectional_runs_one_recurrence_and_matches_flax(cells):
   graph, state = nnx.split(ours)
   text = str(jax.make_jaxpr(
       lambda s, x: nnx.merge(graph, s)(x, initial_carry=carry, seq_lengths=lens))(state, x))
-  kind = rnn_lib.LSTM if cells[0] is nnx.LSTMCell else rnn_lib.GRU
-  has_plans = rnn_lib.plan_for(kind, jnp.float32, 5, 3, 4) is not None
-  assert rnn_lib.fuses_directions(kind, jnp.float32, 5, 3, 4) == has_plans
+  kind = rec.LSTM if cells[0] is nnx.LSTMCell else rec.GRU
+  has_plans = rec.plan_for(kind, jnp.float32, 5, 3, 4) is not None
+  assert rec.fuses_directions(kind, jnp.float32, 5, 3, 4) == has_plans
   assert text.count("rnn_fwd") == (1 if has_plans else 2)
   y1, y2 = (m(x, seq_lengths=lens)[1] for m in (ours, theirs))
   np.testing.assert_allclose(y1 * mask, y2 * mask, rtol=1e-5, atol=1e-6)
@@ -1189,7 +1190,7 @@ def test_kernel_packed_directions_match_one_launch_each(gpu, kind):
   so they agree to a few bf16 roundings after 64 steps."""
   del gpu
   steps, batch, hidden = 64, 16, 768
-  plan = rnn_lib.plan_for(KINDS[kind], jnp.bfloat16, steps, batch, hidden, directions=2)
+  plan = rec.plan_for(KINDS[kind], jnp.bfloat16, steps, batch, hidden, directions=2)
   assert plan.supported and plan.directions == 2 and plan.units == 16
   lens = jnp.asarray([64, 0, 1, 63, 30, 64, 2, 17] * 2, jnp.int32)
   for a, b in _packed_against_split(KINDS[kind], jnp.bfloat16, steps, batch, hidden, lens,

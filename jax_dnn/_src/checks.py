@@ -3,6 +3,8 @@ message naming the argument, what it got and what is supported."""
 
 from __future__ import annotations
 
+import numbers
+
 import jax
 from jax import lax
 import jax.numpy as jnp
@@ -59,6 +61,12 @@ def check_param(op: str, name: str, p, width: int) -> None:
   check_param_shape(op, name, p, width)
   if not jnp.issubdtype(p.dtype, jnp.floating):
     raise TypeError(f"{op}: {name} must be floating point; got {p.dtype}")
+
+
+def check_positive_int(op: str, name: str, v, minimum: int = 1) -> int:
+  if isinstance(v, bool) or not isinstance(v, numbers.Integral) or v < minimum:
+    raise ValueError(f"{op}: {name} must be an int >= {minimum}; got {v!r}")
+  return int(v)
 
 
 def normalize_axis(op: str, axis, ndim: int) -> int:

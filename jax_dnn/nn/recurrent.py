@@ -1,4 +1,4 @@
-"""Recurrent layers over jax_dnn's recurrence op (jax_dnn/_src/rnn.py).
+"""Recurrent layers over jax_dnn's recurrence op (jax_dnn/_src/rnn/).
 
 RNN and Bidirectional are drop-in for flax.nnx.RNN / flax.nnx.Bidirectional:
 the same constructors, call arguments, parameter trees and results. When the
@@ -45,7 +45,9 @@ import jax.numpy as jnp
 import numpy as np
 
 from jax_dnn._src import checks
-from jax_dnn._src import rnn as rnn_lib
+from jax_dnn._src.rnn import layers as rnn_layers
+from jax_dnn._src.rnn import recurrence as rec
+from jax_dnn._src.rnn import weights as rnn_weights
 
 _F32 = jnp.float32
 
@@ -62,19 +64,19 @@ def _cell_parts(cell):
   any other cell."""
   kind = type(cell)
   if kind is nnx.OptimizedLSTMCell and _default_fns(cell):
-    return (rnn_lib.LSTM, cell.dense_i.kernel[...], None, cell.dense_h.kernel[...],
+    return (rec.LSTM, cell.dense_i.kernel[...], None, cell.dense_h.kernel[...],
             cell.dense_h.bias[...])
   if kind is nnx.LSTMCell and _default_fns(cell):
     dense_i = (cell.ii, cell.if_, cell.ig, cell.io)
     dense_h = (cell.hi, cell.hf, cell.hg, cell.ho)
     cat = lambda layers, name: jnp.concatenate([getattr(d, name)[...] for d in layers], axis=-1)
-    return rnn_lib.LSTM, cat(dense_i, "kernel"), None, cat(dense_h, "kernel"), cat(dense_h, "bias")
+    return rec.LSTM, cat(dense_i, "kernel"), None, cat(dense_h, "kernel"), cat(dense_h, "bias")
   if kind is nnx.GRUCell and _default_fns(cell):
-    return (rnn_lib.GRU, cell.dense_i.kernel[...], cell.dense_i.bias[...],
+    return (rec.GRU, cell.dense_i.kernel[...], cell.dense_i.bias[...],
             cell.dense_h.kernel[...], None)
   if (kind is nnx.SimpleCell and not cell.residual
       and cell.promote_dtype is nn_dtypes.promote_dtype):
-    act = {jnp.tanh: rnn_lib.RNN_TANH, jax.nn.relu: rnn_lib.RNN_RELU}.get(cell.activation_fn)
+    act = {jnp.tanh: rec.RNN_TANH, jax.nn.relu: rec.RNN_RELU}.get(cell.activation_fn)
     if act is not None:
       return act, cell.dense_i.kernel[...], cell.dense_i.bias[...], cell.dense_h.kernel[...], None
   return None
@@ -139,7 +141,7 @@ def _prepare(module, inputs, *, initial_carry, seq_lengths, return_carry, time_m
   if parts is None or not hasattr(inputs, "ndim") or inputs.ndim < 2:
     return NotImplemented
   kind, k_i, b_i, k_h, b_h = parts
-  lstm = kind == rnn_lib.LSTM
+  lstm = kind == rec.LSTM
   params = [p for p in (k_i, b_i, k_h, b_h) if p is not None]
   carry_dtypes = ([c.dtype for c in jax.tree.leaves(initial_carry)] if initial_carry is not None
                   else [cell.param_dtype])
@@ -148,7 +150,7 @@ def _prepare(module, inputs, *, initial_carry, seq_lengths, return_carry, time_m
     return NotImplemented
   # Flax's outputs: the cell's dtype, promoted with the carry's through
   # the state update (LSTM's c, GRU's blend with h); SimpleCell's stay in it.
-  out_dtype = dtype if kind in (rnn_lib.RNN_TANH, rnn_lib.RNN_RELU) else jnp.result_type(
+  out_dtype = dtype if kind in (rec.RNN_TANH, rec.RNN_RELU) else jnp.result_type(
       dtype, *carry_dtypes)
 
   return_carry = module.return_carry if return_carry is None else return_carry
@@ -174,7 +176,7 @@ def _prepare(module, inputs, *, initial_carry, seq_lengths, return_carry, time_m
   # computes those fp32 products as vector-matrix ones, exact whatever the
   # precision (an H200, jax 0.11: to H = 1024 at least), and from B = 2 on
   # as TF32 under JAX's default: with one row the input projection and the
-  # recurrence run exact fp32 too (rnn.py's docstring gives the rule).
+  # recurrence run exact fp32 too (jax_dnn/_src/rnn/layers.py's docstring gives the rule).
   exact = batch == 1 and jnp.dtype(dtype) == jnp.float32
   precision = lax.Precision.HIGHEST if exact else None
   gx = jnp.einsum("tbi,ig->tbg", x.astype(dtype), k_i.astype(dtype), precision=precision,
@@ -185,13 +187,13 @@ def _prepare(module, inputs, *, initial_carry, seq_lengths, return_carry, time_m
   b_hh = b_h.astype(dtype) if b_h is not None else jnp.zeros((rows,), dtype)
   flat = lambda a: a.reshape(batch, hidden).astype(dtype)
   c0, h0 = (flat(initial_carry[0]), flat(initial_carry[1])) if lstm else (
-      rnn_lib.empty(dtype), flat(initial_carry))
+      rec.empty(dtype), flat(initial_carry))
   operands = dict(gx=gx.astype(dtype), w_hh=k_h.T.astype(dtype), b_hh=b_hh, h0=h0, c0=c0,
                   seq_lengths=lens, kind=kind, reverse=bool(reverse), precision=precision)
 
   def finish(y, h_n, c_n):
     if reverse and not keep_order:  # Flax's outputs then run in each sequence's step order
-      y = rnn_lib.flip_within_lengths(y, jnp.clip(lens, 0, steps))
+      y = rec.flip_within_lengths(y, jnp.clip(lens, 0, steps))
     y = jnp.moveaxis(y.reshape((steps,) + batch_dims + (hidden,)), 0, time_axis).astype(out_dtype)
     if not return_carry:
       return y
@@ -206,7 +208,7 @@ def _run(module, inputs, **kwargs):
   if call is NotImplemented:
     return nnx.RNN.__call__(module, inputs, **kwargs)
   operands, finish = call
-  return finish(*rnn_lib.recurrence(**operands))
+  return finish(*rec.recurrence(**operands))
 
 
 def _run_pair(fwd, bwd, inputs, fwd_kwargs, bwd_kwargs):
@@ -225,10 +227,10 @@ def _run_pair(fwd, bwd, inputs, fwd_kwargs, bwd_kwargs):
     # Both take the same inputs and seq_lengths (Bidirectional passes them).
     same = (a["kind"] == b["kind"] and a["gx"].dtype == b["gx"].dtype
             and a["gx"].shape == b["gx"].shape and a["w_hh"].shape == b["w_hh"].shape)
-    if same and rnn_lib.fuses_directions(a["kind"], a["gx"].dtype, steps, batch,
+    if same and rec.fuses_directions(a["kind"], a["gx"].dtype, steps, batch,
                                          a["w_hh"].shape[1]):
       ops = [tuple(c[name] for name in ("gx", "w_hh", "b_hh", "h0", "c0")) for c in (a, b)]
-      out_a, out_b = rnn_lib.recurrence_pair(*ops, a["seq_lengths"], kind=a["kind"],
+      out_a, out_b = rec.recurrence_pair(*ops, a["seq_lengths"], kind=a["kind"],
                                              precision=a["precision"])
       return [finish_a(*out_a), finish_b(*out_b)]
   results = []
@@ -237,7 +239,7 @@ def _run_pair(fwd, bwd, inputs, fwd_kwargs, bwd_kwargs):
       results.append(nnx.RNN.__call__(module, inputs, **kwargs))
     else:
       operands, finish = call
-      results.append(finish(*rnn_lib.recurrence(**operands)))
+      results.append(finish(*rec.recurrence(**operands)))
   return results
 
 
@@ -289,24 +291,24 @@ class Bidirectional(nnx.Bidirectional):
 
 
 class _Stack(nnx.Module):
-  """A multi-layer network over one flat weight parameter (rnn.py's layout)."""
+  """A multi-layer network over one flat weight parameter (the layout of jax_dnn/_src/rnn/weights.py)."""
 
-  _KIND = rnn_lib.LSTM
+  _KIND = rec.LSTM
 
   def __init__(self, input_size: int, hidden_size: int, num_layers: int = 1, *,
                bidirectional: bool = False, dropout: float = 0.0, time_major: bool = False,
                dtype: Any = None, param_dtype: Any = jnp.float32, rngs: nnx.Rngs):
     name = type(self).__name__
-    gates = rnn_lib.GATES[self._KIND]
+    gates = rec.GATES[self._KIND]
     for arg, v in (("input_size", input_size), ("hidden_size", hidden_size),
                    ("num_layers", num_layers)):
-      rnn_lib.check_positive_int(name, arg, v)
-    self.dropout = rnn_lib.check_dropout(name, dropout)
+      checks.check_positive_int(name, arg, v)
+    self.dropout = rnn_layers.check_dropout(name, dropout)
     self.input_size, self.hidden_size, self.num_layers = input_size, hidden_size, num_layers
     self.bidirectional, self.time_major = bool(bidirectional), time_major
     self.dtype, self.param_dtype = dtype, param_dtype
     # PyTorch's initialization: U(-k, k), k = 1 / sqrt(hidden_size).
-    w = rnn_lib.init_weights(gates, rngs.params(), input_size, hidden_size, num_layers,
+    w = rnn_weights.init_weights(gates, rngs.params(), input_size, hidden_size, num_layers,
                              bidirectional)
     self.weights = nnx.Param(w.astype(param_dtype))
     self.drop = nnx.Dropout(self.dropout, rngs=rngs) if self.dropout > 0 else None
@@ -325,7 +327,7 @@ class _Stack(nnx.Module):
     batch, steps = x.shape[0], x.shape[1]
     state = (2 if self.bidirectional else 1) * self.num_layers, batch, self.hidden_size
     h_0 = jnp.zeros(state, dtype) if h_0 is None else h_0
-    if self._KIND == rnn_lib.LSTM and c_0 is None:
+    if self._KIND == rec.LSTM and c_0 is None:
       c_0 = jnp.zeros(state, dtype)
     lens = jnp.full((batch,), steps, jnp.int32) if seq_lengths is None else seq_lengths
 
@@ -335,7 +337,7 @@ class _Stack(nnx.Module):
         return inputs
       return self.drop(inputs, deterministic=deterministic, rngs=rngs)
 
-    out = rnn_lib.run_layers(name, self._KIND, x, h_0, c_0, weights, lens, self.input_size,
+    out = rnn_layers.run_layers(name, self._KIND, x, h_0, c_0, weights, lens, self.input_size,
                          self.hidden_size, self.num_layers, self.bidirectional, None,
                          between_layers)
     y = jnp.swapaxes(out[0], 0, 1) if self.time_major else out[0]
@@ -358,7 +360,7 @@ class LSTM(_Stack):
     (h_n, c_n) [D * num_layers, B, H]).
   """
 
-  _KIND = rnn_lib.LSTM
+  _KIND = rec.LSTM
 
   def __call__(self, x, initial_state=None, *, seq_lengths=None, deterministic=None,
                rngs=None):
@@ -373,7 +375,7 @@ class GRU(_Stack):
   initial_state=h_0 or None, *, seq_lengths, deterministic, rngs) ->
   (y [B, T, D * H], h_n [D * num_layers, B, H])."""
 
-  _KIND = rnn_lib.GRU
+  _KIND = rec.GRU
 
   def __call__(self, x, initial_state=None, *, seq_lengths=None, deterministic=None,
                rngs=None):
