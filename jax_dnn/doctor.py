@@ -16,7 +16,8 @@ import sys
 import jax
 
 import jax_dnn
-from jax_dnn._src import conv_tuning, extension
+from jax_dnn._src import extension
+from jax_dnn._src.conv import tuning as conv_tuning
 
 # The packages whose versions change what jax_dnn does.
 _PACKAGES = ("jax", "jaxlib", "flax", "optax", "nvidia-cutlass")

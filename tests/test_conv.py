@@ -23,7 +23,7 @@ import pytest
 import jax_dnn
 from helpers import DTYPES, check_fwd_bwd, cuda_hlo, on_gpu, x64
 from op_cases import randn
-from jax_dnn._src import conv_primitives
+from jax_dnn._src.conv import primitives as conv_primitives
 from jax_dnn._src import extension
 from jax_dnn._src import plans
 

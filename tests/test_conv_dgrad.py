@@ -1,5 +1,5 @@
 """Strided dgrad as stride-1 forward convolutions, one per phase
-(conv_primitives.dgrad_phases / dgrad_by_phases / dgrad): the decomposition
+(conv_phases.dgrad_phases / dgrad_by_phases / dgrad): the decomposition
 against lax's gradient over strides, dilations, padding, groups, ranks and
 dtypes (CPU: the forward primitive's reference runs each phase); which calls
 take it (the public ops' data gradients and strided transposed
@@ -22,8 +22,9 @@ import jax_dnn
 from helpers import check_fwd_bwd, cuda_hlo
 from op_cases import randn
 from test_conv import _check
-from jax_dnn._src import conv_primitives as prims
-from jax_dnn._src import conv_tuning
+from jax_dnn._src.conv import primitives as prims
+from jax_dnn._src.conv import phases as conv_phases
+from jax_dnn._src.conv import tuning as conv_tuning
 from jax_dnn._src import extension
 from jax_dnn._src import plans
 
@@ -81,7 +82,7 @@ def _phases_dx(x_shape, w, dy, *, groups, strides, dilation, pads):
                 pad_lo=lead([p[0] for p in pads], 0), pad_hi=lead([p[1] for p in pads], 0),
                 deterministic=False, benchmark=False, precision="highest",
                 input=lead(x_shape[1:-1], 1))
-  dx = prims.dgrad_by_phases(_to3(dy, nsp), _to3(w, nsp), **params)
+  dx = conv_phases.dgrad_by_phases(_to3(dy, nsp), _to3(w, nsp), **params)
   return dx.reshape(x_shape)
 
 
@@ -143,15 +144,15 @@ def test_axis_phases():
   """ResNet's 3x3 stride 2 (SAME from an even input: padding 0 / 1): taps
   {0, 2} for even rows, {1} for odd; a 1x1 stride 2 reaches the even rows
   only; dilation 2 at stride 2 reaches only residues of the padding's parity."""
-  even, odd = prims.axis_phases(56, 3, 2, 1, 0, 28)
+  even, odd = conv_phases.axis_phases(56, 3, 2, 1, 0, 28)
   assert (even.taps, even.pad_lo, even.pad_hi, even.extent) == ((0, 2), 1, 0, 28)
   assert (odd.taps, odd.pad_lo, odd.pad_hi, odd.extent) == ((1,), 0, 0, 28)
-  even, odd = prims.axis_phases(56, 1, 2, 1, 0, 28)
+  even, odd = conv_phases.axis_phases(56, 1, 2, 1, 0, 28)
   assert even.taps == (0,) and odd is None
-  first, second = prims.axis_phases(9, 3, 2, 2, 2, 5)
+  first, second = conv_phases.axis_phases(9, 3, 2, 2, 2, 5)
   assert first.taps == (0, 1, 2) and first.dilation == 1 and second is None
   # 4x4 stride 2, padding 1 (conv_transpose's SAME): two taps each.
-  assert [p.taps for p in prims.axis_phases(16, 4, 2, 1, 1, 8)] == [(1, 3), (0, 2)]
+  assert [p.taps for p in conv_phases.axis_phases(16, 4, 2, 1, 1, 8)] == [(1, 3), (0, 2)]
 
 
 # --- which calls run the phases --------------------------------------------------------------

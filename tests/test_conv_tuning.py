@@ -1,4 +1,4 @@
-"""Benchmark mode for the convolutions (jax_dnn/_src/conv_tuning.py): the
+"""Benchmark mode for the convolutions (jax_dnn/_src/conv/tuning.py): the
 setting and its environment variable, the choice among timed candidates
 (a stand-in timing function on the CPU), the caches in memory and on disk,
 the fall-back to the heuristic, the progress lines, conv_algorithms'
@@ -20,9 +20,9 @@ import pytest
 
 import jax_dnn
 from op_cases import randn
-from jax_dnn._src import conv as conv_lib
-from jax_dnn._src import conv_primitives
-from jax_dnn._src import conv_tuning
+from jax_dnn._src.conv import api as conv_lib
+from jax_dnn._src.conv import primitives as conv_primitives
+from jax_dnn._src.conv import tuning as conv_tuning
 from jax_dnn._src import extension
 from jax_dnn._src import plans
 
@@ -31,7 +31,7 @@ pytestmark = pytest.mark.skipif(not plans.has_conv_plans(),
 
 DEVICE = "NVIDIA Test GPU sm_count=132 cc=9.0"
 # pylint: disable=protected-access
-_plan_for = conv_primitives._plan_for
+_plan_for = conv_primitives.plan_for
 _primitive_calls = conv_lib._primitive_calls
 _ffi_params = conv_primitives._ffi_params
 _reference_call = conv_primitives._reference_call
@@ -469,7 +469,7 @@ def test_benchmark_mode_on_the_device(gpu, restore, monkeypatch, cache_dir):
   # The next process compiles the same program from the file, timing nothing.
   program = "\n".join([
       "import jax, jax.numpy as jnp, jax_dnn",
-      "from jax_dnn._src import conv_tuning",
+      "from jax_dnn._src.conv import tuning as conv_tuning",
       "x = jnp.ones((8, 28, 28, 64), jnp.bfloat16); w = jnp.ones((3, 3, 64, 64), jnp.bfloat16)",
       "jax.jit(lambda x, w, dy: jax.vjp(jax_dnn.conv, x, w)[1](dy))(x, w, x)",
       "print(conv_tuning.TUNER.tuned, jax_dnn.conv_algorithms(x, w)['wgrad'].times_ms)"])

@@ -1,5 +1,5 @@
 // Timing the convolution's algorithms on the device for one problem: the
-// kernel side of jax_dnn's benchmark mode (jax_dnn/_src/conv_tuning.py, which
+// kernel side of jax_dnn's benchmark mode (jax_dnn/_src/conv/tuning.py, which
 // times XLA's convolution itself and picks the fastest). Plain C++ interface
 // (no CUDA or XLA types): ffi/registrations.cc binds it in CUDA builds.
 #pragma once

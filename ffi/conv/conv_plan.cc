@@ -97,7 +97,7 @@ bool IgemmBuilt(ConvOp op, DType dtype, int dims, int algorithm) {
 // can_implement, sm90_implicit_gemm_gmma_ss_warpspecialized.hpp, restated for
 // our layouts), plus what our instantiations fix: which op/dtype/rank/tile is
 // built, the fused activations, dgrad's unit stride (a strided dgrad runs as
-// stride-1 forward convolutions, one per phase: conv_primitives.dgrad). The handler also runs
+// stride-1 forward convolutions, one per phase: jax_dnn/_src/conv/phases.py). The handler also runs
 // CUTLASS's own can_implement before each launch.
 std::string IgemmUnsupported(int algorithm, const ConvProblem& p) {
 #ifdef JAX_DNN_CONV_IGEMM_NOT_BUILT
@@ -137,7 +137,7 @@ std::string IgemmUnsupported(int algorithm, const ConvProblem& p) {
       if (s.stride[i] != 1)
         return "strided dgrad: CUTLASS's sm90 implicit GEMM has no strided dgrad kernel (it runs "
                "as stride-1 forward convolutions, one a phase, where a forward algorithm takes "
-               "each: conv_primitives.py)";
+               "each: jax_dnn/_src/conv/phases.py)";
   } else {
     // The im2col TMA's traversal stride (elementStrides) is at most 8.
     for (int i = 0; i < 3; ++i)

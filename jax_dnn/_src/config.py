@@ -13,7 +13,7 @@ or an environment variable read when jax_dnn is imported.
                  are cached in memory and on disk, in
                  ${JAX_DNN_CACHE_DIR:-${XDG_CACHE_HOME:-~/.cache}/jax_dnn}/
                  conv_benchmark.json, so a later process compiles without
-                 timing (jax_dnn/_src/conv_tuning.py). Off: a heuristic
+                 timing (jax_dnn/_src/conv/tuning.py). Off: a heuristic
                  picks instantly. jax_dnn.conv_algorithms shows the choice.
 
 A setting is read when an op is traced, and what it chooses is passed to the

@@ -15,7 +15,7 @@ passes of the forward convolution it transposes: 2 N prod(in) C K
 prod(window). matmul [M, K] x [K, N]: 2 M N K a pass.
 Strided data gradients (the dgrad mode of ResNet-50's stride-2 3x3 and 1x1
 downsample layers, and the 4x4 stride-2 transposed convolution) run ours
-as stride-1 forward convolutions, one per phase (conv_primitives.dgrad);
+as stride-1 forward convolutions, one per phase (jax_dnn/_src/conv/phases.py);
 their FLOPs are the strided convolution's, which count no inserted zeros.
 
 Depthwise layers (G = C = K) are memory-bound: their rows also give GB/s

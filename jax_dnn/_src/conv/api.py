@@ -36,7 +36,7 @@ cropping its input: its transpose leaves those outputs zero, so the kernel
 runs with padding 0 on the O - |lo'| others and the result is zero-padded.
 With L > 1 that data gradient is strided: it runs as prod(L) stride-1
 forward convolutions, one per phase (residue of the output index modulo
-L), interleaved (conv_primitives.dgrad), as do the data gradients of
+L), interleaved (conv_phases.dgrad), as do the data gradients of
 strided convolutions.
 """
 
@@ -53,8 +53,10 @@ import numpy as np
 
 from jax_dnn._src import activation as activation_lib
 from jax_dnn._src import checks
-from jax_dnn._src import conv_primitives as prims
-from jax_dnn._src import conv_tuning
+from jax_dnn._src.conv import primitives as prims
+from jax_dnn._src.conv import phases as conv_phases
+from jax_dnn._src.conv import vjp as conv_vjp
+from jax_dnn._src.conv import tuning as conv_tuning
 from jax_dnn._src import plans
 from jax_dnn._src.config import config
 
@@ -136,7 +138,7 @@ def _forward(x, w, pads, strides, rhs_dil, groups, precision, bias=None, residua
                    pad_lo=[p[0] for p in pads], pad_hi=[p[1] for p in pads], precision=precision)
   bias = _empty(x.dtype) if bias is None else bias
   residual = _empty(x.dtype) if residual is None else _to3(residual, nsp)
-  y = prims.conv(_to3(x, nsp), _to3(w, nsp), bias, residual, activation=activation, **params)
+  y = conv_vjp.conv(_to3(x, nsp), _to3(w, nsp), bias, residual, activation=activation, **params)
   return _from3(y, nsp)
 
 
@@ -166,7 +168,7 @@ def _transposed(x, w, pads, lhs_dil, rhs_dil, groups, precision, out_spatial):
   params = _params(k_per_group=_k_per_group(groups * cg, groups), nsp=nsp, stride=lhs_dil,
                    dilation=rhs_dil, pad_lo=lo, pad_hi=hi,
                    precision=precision)
-  y = _from3(prims.conv_dgrad(_to3(x, nsp), _to3(wt, nsp), input=_pad3(extent, 1), **params), nsp)
+  y = _from3(conv_vjp.conv_dgrad(_to3(x, nsp), _to3(wt, nsp), input=_pad3(extent, 1), **params), nsp)
   if any(c != (0, 0) for c in crops):
     y = jnp.pad(y, [(0, 0)] + crops + [(0, 0)])
   return y
@@ -293,7 +295,7 @@ def conv_transpose(lhs, rhs, strides, padding, rhs_dilation=None, dimension_numb
   defaults (TensorFlow's layouts, e.g. ("NHWC", "HWIO", "NHWC")) and
   results. Runs the data-gradient kernel (a strided convolution's
   transpose: at strides > 1 one stride-1 forward convolution per phase of
-  the output, conv_primitives.dgrad), never a forward over inserted zeros."""
+  the output, conv_phases.dgrad), never a forward over inserted zeros."""
   op = "conv_transpose"
   checks.check_array(op, "lhs", lhs)
   checks.check_array(op, "rhs", rhs)
@@ -640,9 +642,9 @@ def conv_algorithms(x, kernel, bias=None, *, residual=None, activation=None, str
     config.update("deterministic", before)
   device = None if sm_count is None else plans.device_props(sm_count=sm_count)
   if not any(op == "dgrad" for op, _, _ in calls):
-    # A strided dgrad that runs as phases (conv_primitives.dgrad): report
+    # A strided dgrad that runs as phases (conv_phases.dgrad): report
     # the problem of the dgrad it computes.
-    calls.append(("dgrad", *prims.dgrad_operands(calls[0][1], calls[0][2])))
+    calls.append(("dgrad", *conv_phases.dgrad_operands(calls[0][1], calls[0][2])))
 
   def report(op, avals, params):
     key = prims.plan_key(op, avals, params)
@@ -662,7 +664,7 @@ def conv_algorithms(x, kernel, bias=None, *, residual=None, activation=None, str
     if op in result:
       continue
     result[op] = report(op, avals, params)
-    phases = prims.phases_planned(*avals, params) if op == "dgrad" else None
+    phases = conv_phases.phases_planned(*avals, params) if op == "dgrad" else None
     if phases is not None:
       subs = tuple((ph.residues, None if ph.zero else report("fwd", ph.avals, ph.params))
                    for ph in phases)

@@ -2,7 +2,7 @@
 torch.backends.cudnn.benchmark is to PyTorch.
 
 When a convolution primitive is lowered for CUDA with the mode on
-(conv_primitives._plan_for, on the operands that kernel call gets: after
+(primitives.plan_for, on the operands that kernel call gets: after
 vmap folded its axis, one device's shard), its problem is timed once on the
 device and the fastest candidate runs. The candidates: every algorithm the
 registry (ffi/conv/conv_plan.h) says takes the problem, and "xla", the
@@ -32,7 +32,7 @@ candidate alone is left out. Nothing raises into the user's program.
 Cache: in memory, and on disk in a JSON file,
 ${JAX_DNN_CACHE_DIR:-${XDG_CACHE_HOME:-~/.cache}/jax_dnn}/conv_benchmark.json,
 keyed by the device (its kind, SM count and compute capability), jax_dnn's
-and jaxlib's versions and the problem (conv_primitives.plan_key, the
+and jaxlib's versions and the problem (primitives.plan_key, the
 deterministic setting and the fp32 precision). Each entry holds the chosen
 candidate and the times of all of them. The next process reads the file and
 times nothing. Writes replace the file atomically (a temporary file and
