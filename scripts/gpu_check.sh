@@ -132,7 +132,9 @@ if has bench || has quickbench; then
   bench_args="--out $OUT/bench"
   has quickbench && bench_args="$bench_args --quick"
   # From tests/, like the tests: the installed package (with its kernels), not the source tree.
-  (cd tests && python3 -m jax_dnn.benchmark ${BENCH_FAMILIES:-} $bench_args 2>&1) \
+  # The models family runs this checkout's examples/ (never found from the cwd).
+  (cd tests && JAX_DNN_EXAMPLES=${JAX_DNN_EXAMPLES:-$PWD/../examples} \
+     python3 -m jax_dnn.benchmark ${BENCH_FAMILIES:-} $bench_args 2>&1) \
     | tee "$OUT/bench.log" | tail -150
   bench="rc=${PIPESTATUS[0]}, $OUT/bench"
 fi

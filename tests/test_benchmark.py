@@ -599,20 +599,18 @@ def test_models_cases(monkeypatch):
 
 def test_models_find_and_load_examples(tmp_path, monkeypatch):
   monkeypatch.setattr(models, "CHECKOUT", tmp_path / "nowhere")
-  deep = tmp_path / "a" / "b"
-  deep.mkdir(parents=True)
-  directory, why = models.find_examples({}, cwd=deep)
-  assert directory is None and "JAX_DNN_EXAMPLES=DIR" in why and "train_cnn.py" in why
   examples = _examples(tmp_path, cnn=None, unet="SIZES = {}\n", lstm_lm="import no_such_module\n")
-  assert models.find_examples({}, cwd=deep) == (examples, "found from the current directory")
-  (tmp_path / "elsewhere").mkdir()
-  assert models.find_examples({models.ENV_EXAMPLES: str(tmp_path / "elsewhere")}, cwd=deep)[0] == (
-      tmp_path / "elsewhere")
+  # An examples/ directory under the current one is never picked up: its
+  # programs would run unasked.
+  monkeypatch.chdir(tmp_path)
+  directory, why = models.find_examples({})
+  assert directory is None and "JAX_DNN_EXAMPLES=DIR" in why and "train_cnn.py" in why
+  assert models.find_examples({models.ENV_EXAMPLES: str(examples)}) == (
+      examples, f"{models.ENV_EXAMPLES}={examples}")
   assert "is not a directory" in models.find_examples(
-      {models.ENV_EXAMPLES: str(tmp_path / "missing")}, cwd=deep)[1]
+      {models.ENV_EXAMPLES: str(tmp_path / "missing")})[1]
   monkeypatch.setattr(models, "CHECKOUT", examples)
-  assert models.find_examples({}, cwd=Path(tmp_path.anchor)) == (
-      examples, "beside the jax_dnn package")
+  assert models.find_examples({}) == (examples, "beside the jax_dnn package")
   assert callable(models.load_example(examples / "train_cnn.py").make_step)
   assert "has no make_step" in models.load_example(examples / "train_unet.py")
   assert "importing" in models.load_example(examples / "train_lstm_lm.py") and (

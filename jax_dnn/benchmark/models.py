@@ -30,9 +30,10 @@ Selection, by environment (the CLI's flags are the op families'):
   JAX_DNN_BENCH_MODELS       comma-separated names of MODELS (default: all)
   JAX_DNN_BENCH_MODEL_SIZE   tiny | small | realistic (default: realistic)
   JAX_DNN_BENCH_DEVICES      device counts, e.g. "1,2,4" (default: 1 and all)
-  JAX_DNN_EXAMPLES           the examples directory (default: examples/ in the
-                             current directory or a parent, else beside the
-                             jax_dnn package in a source checkout)
+  JAX_DNN_EXAMPLES           the examples directory (default: examples/ beside
+                             the jax_dnn package in a source checkout; never
+                             one found from the current directory, whose
+                             programs this would run unasked)
 The sweep runs every model at its size's batch, and the CNN once more at 64
 images a device (its weak scaling over the device counts). --quick: the CNN
 at 64 images a device and the Transformer.
@@ -139,7 +140,7 @@ def _has_examples(directory: Path) -> bool:
   return directory.is_dir() and any((directory / f).is_file() for f, _ in MODELS.values())
 
 
-def find_examples(environ=None, cwd=None) -> tuple[Path | None, str]:
+def find_examples(environ=None) -> tuple[Path | None, str]:
   """(the examples directory, how it was found) or (None, why none was)."""
   environ = os.environ if environ is None else environ
   explicit = environ.get(ENV_EXAMPLES)
@@ -148,16 +149,12 @@ def find_examples(environ=None, cwd=None) -> tuple[Path | None, str]:
     if path.is_dir():
       return path, f"{ENV_EXAMPLES}={explicit}"
     return None, f"{ENV_EXAMPLES}={explicit} is not a directory"
-  cwd = Path.cwd() if cwd is None else Path(cwd)
-  for directory in (cwd, *cwd.parents):
-    if _has_examples(directory / "examples"):
-      return directory / "examples", "found from the current directory"
   if _has_examples(CHECKOUT):
     return CHECKOUT, "beside the jax_dnn package"
   files = ", ".join(f for f, _ in MODELS.values())
-  return None, (f"no examples/ directory with {files} in {cwd} or its parents, nor beside the "
-                f"jax_dnn package (an installed jax_dnn has none): run from a jax_dnn source "
-                f"checkout or set {ENV_EXAMPLES}=DIR")
+  return None, (f"no examples/ directory with {files} beside the jax_dnn package (an "
+                f"installed jax_dnn has none): set {ENV_EXAMPLES}=DIR, e.g. a source "
+                f"checkout's examples/")
 
 
 def load_example(path: Path):
