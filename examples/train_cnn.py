@@ -519,7 +519,7 @@ def accuracy(trainer, image_size, batch):
 # alongside the backward's compute, and a 128 MiB combine threshold merges
 # the gradients' all-reduces. ResNet-50, 64 images a GPU, 2 H200s (step ms,
 # default flags -> these): jax_dnn 22.80 -> 18.80, XLA 22.41 -> 21.45
-# (scripts/dp_scaling.py); the scheduler alone took XLA's step to 28.37.
+# (benchmarks/probes/dp_scaling.py); the scheduler alone took XLA's step to 28.37.
 OVERLAP_FLAGS = ("--xla_gpu_enable_latency_hiding_scheduler=true",
                  "--xla_gpu_all_reduce_combine_threshold_bytes=134217728")
 

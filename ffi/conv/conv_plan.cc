@@ -46,7 +46,7 @@ const char* DTypeName(DType t) {
 // more (7x7), stride and dilation 1, 16-bit types, C a multiple of 8 and no
 // multiplier (the tiled kernel's vector path). There they ran 1.21-1.26x
 // XLA's (cuDNN's) speed on ConvNeXt's 7x7 layers (H200, bf16,
-// scripts/conv_direct_check.py). Elsewhere XLA runs depthwise and grouped
+// benchmarks/probes/conv_direct_check.py). Elsewhere XLA runs depthwise and grouped
 // convolutions unless deterministic: 3x3 depthwise ran 0.66-0.73x,
 // grouped_direct 0.49-0.73x and the direct wgrads 0.26-0.66x.
 bool DirectByDefault(int id, const ConvProblem& p) {

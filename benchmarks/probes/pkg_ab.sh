@@ -6,8 +6,8 @@
 #
 # Two steps, for a GPU machine that gets the working tree but not the local
 # commits (its .git may be older):
-#   here:  bash scripts/pkg_ab.sh prepare main next/bwd-mask-intervals main
-#   there: BENCH="attention --quick" bash scripts/pkg_ab.sh run
+#   here:  bash benchmarks/probes/pkg_ab.sh prepare main next/bwd-mask-intervals main
+#   there: BENCH="attention --quick" bash benchmarks/probes/pkg_ab.sh run
 # prepare writes the sources a build needs of each revision ("." is the
 # working tree) to ab_pkg/<n>_<revision>/ (untracked: it travels; never
 # commit it). A revision named twice is benchmarked twice: the spread
@@ -17,7 +17,7 @@
 # `python -m jax_dnn.benchmark` (families, --quick). JSON and plots to
 # $OUT/bench_<n>_<revision>/ (OUT defaults to ./gpu_out); the tables print per tree.
 set -uo pipefail
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/../.."
 SOURCES="ffi jax_dnn CMakeLists.txt pyproject.toml README.md"
 case "${1:-}" in
   prepare)

@@ -1,9 +1,9 @@
 """Times jax_dnn's row ops against XLA at an aligned width and at widths that
 are not a multiple of the 16-byte vector, forward and forward+backward.
 
-  python scripts/row_ops_ab.py --json new.json [--ours-only] [--quick]
+  python benchmarks/probes/row_ops_ab.py --json new.json [--ours-only] [--quick]
       [--ops softmax,...] [--shapes 16384x4097,...] [--dtypes bfloat16,...] [--modes fwd]
-  python scripts/row_ops_ab.py --table base.json new.json   # base: another build
+  python benchmarks/probes/row_ops_ab.py --table base.json new.json   # base: another build
 
 Ops: layer_norm, rms_norm, softmax, bias_act (tanh GELU); XLA's side is the
 same math in jnp (fp32 inside), jitted. Each jitted call applies the op to K

@@ -1,9 +1,9 @@
 """Where a data-parallel ResNet training step's extra time goes, and whether
 an XLA setting recovers it.
 
-  cd tests && python3 ../scripts/dp_scaling.py --devices 2        # GPU host, ~6 min
+  cd tests && python3 ../benchmarks/probes/dp_scaling.py --devices 2        # GPU host, ~6 min
   cd tests && XLA_FLAGS=--xla_force_host_platform_device_count=2 \
-      python3 ../scripts/dp_scaling.py --size tiny --devices 2    # CPU, end to end
+      python3 ../benchmarks/probes/dp_scaling.py --size tiny --devices 2    # CPU, end to end
 
 1. `nvidia-smi topo -m` and the devices' kinds.
 2. All-reduce of S bytes fp32 a device over the N devices: a jitted shard_map

@@ -1,5 +1,5 @@
 """Runs a row op's forward or backward on the given shapes a few times, for
-ncu (scripts/ncu_stalls.sh):  python3 profile_rows.py OP:ROWSxWIDTH:DTYPE[:MODE] ...
+ncu (benchmarks/probes/ncu_stalls.sh):  python3 profile_rows.py OP:ROWSxWIDTH:DTYPE[:MODE] ...
 OP: layer_norm, rms_norm or softmax; MODE: fwd or bwd (default bwd); e.g.
 layer_norm:4096x131072:bfloat16 softmax:4096x131072:bfloat16:fwd."""
 

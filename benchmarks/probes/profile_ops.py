@@ -1,7 +1,7 @@
 """Runs each memory-bound kernel (ours, then XLA's fusion of the same math)
 a few times on 16384 x WIDTH bf16 (WIDTH from argv, default 4096), for ncu:
   ncu --clock-control none --metrics gpu__time_duration.sum,dram__throughput.avg.pct_of_peak_sustained_elapsed \
-      python3 scripts/profile_ops.py [WIDTH]"""
+      python3 benchmarks/probes/profile_ops.py [WIDTH]"""
 
 import sys
 

@@ -1,4 +1,4 @@
-"""Prints what scripts/ncu_stalls.sh collected: duration, DRAM, L2 and L1 throughput,
+"""Prints what benchmarks/probes/ncu_stalls.sh collected: duration, DRAM, L2 and L1 throughput,
 the warp stall reasons (cycles per issued instruction), and the SASS lines
 with the most stall samples.  python3 ncu_stalls_report.py RAW.csv SASS.csv"""
 

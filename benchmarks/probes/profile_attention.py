@@ -1,5 +1,5 @@
 """Runs the attention forward and backward once at a benchmark shape (for ncu):
-  ncu --clock-control none -k regex:Attention python3 scripts/profile_attention.py [S] [D] [split] [causal] [fwd]
+  ncu --clock-control none -k regex:Attention python3 benchmarks/probes/profile_attention.py [S] [D] [split] [causal] [fwd]
 ("split": the deterministic backward instead of the single pass; "causal":
 is_causal=True; "fwd": the forward only)."""
 

@@ -2,7 +2,7 @@
 on a GPU, calling the FFI targets directly through jax.ffi.ffi_call, so it
 needs only the CUDA build of the extension (not the Python op).
 
-  python scripts/rnn_check.py [--skip-check] [--skip-time] [--quick] [--sweep]
+  python benchmarks/probes/rnn_check.py [--skip-check] [--skip-time] [--quick] [--sweep]
 
 Run from the repository root after building the CUDA extension in place
 (bash build_ext.sh cuda, or pip install -e .). About a minute on an H200.

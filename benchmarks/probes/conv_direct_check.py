@@ -1,7 +1,7 @@
 """Checks and times the direct convolution kernels (depthwise_direct,
 grouped_direct) on a GPU, against lax.conv_general_dilated (XLA, cuDNN).
 
-  cd tests && python ../scripts/conv_direct_check.py [--skip-check] [--skip-time] [--json out.json]
+  cd tests && python ../benchmarks/probes/conv_direct_check.py [--skip-check] [--skip-time] [--json out.json]
 
 Run from tests/ after installing the CUDA build (pip install .), so that
 `import jax_dnn` finds the installed package with its kernels, not the source
