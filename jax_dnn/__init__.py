@@ -10,6 +10,7 @@ from jax_dnn._src.activation import bias_act, gelu, relu, sigmoid, silu, tanh
 from jax_dnn._src.attention import dot_product_attention
 from jax_dnn._src.batch_norm import batch_norm, batch_norm_inference
 from jax_dnn._src.config import config
+from jax_dnn._src.fuse.rewrite import fuse
 from jax_dnn._src.conv.api import (conv, conv_algorithms, conv_general_dilated, conv_transpose,
                                matmul)
 from jax_dnn._src.group_norm import group_norm, instance_norm
@@ -57,6 +58,7 @@ __all__ = [
     "conv_transpose",
     "dot_product_attention",
     "export_disabled_checks",
+    "fuse",
     "gelu",
     "get_num_params_in_gru",
     "get_num_params_in_lstm",

@@ -1,0 +1,36 @@
+"""The fusion patterns: one module a pattern, each with `NAME`, `ANCHORS`
+(the primitives its match starts from: the last equation of what it
+replaces) and `match(graph, index)`, which returns a `Match`, a `NearMiss`
+(the equation looked like the pattern; the reason it was not fused) or None.
+CONTRIBUTING.md has the checklist for adding one."""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Callable
+
+
+@dataclasses.dataclass
+class Match:
+  pattern: str
+  eqns: frozenset  # graph indices the replacement computes
+  inputs: tuple  # variables or literals, the replacement's arguments
+  output: Any  # the one variable it produces (made by the last of `eqns`)
+  replace: Callable  # (*input values) -> output value
+  op: str  # what it became, for explain
+  index: int = -1  # the anchor (the last of eqns)
+
+
+@dataclasses.dataclass
+class NearMiss:
+  pattern: str
+  index: int
+  reason: str
+
+
+def registry():
+  # pylint: disable=g-import-not-at-top
+  from jax_dnn._src.fuse.patterns import attention, norms, softmax
+  # Attention first: its softmax must not be taken by the softmax pattern.
+  return {m.NAME: m for m in (attention, norms.LayerNorm, norms.RMSNorm, softmax.Softmax,
+                              softmax.LogSoftmax)}
