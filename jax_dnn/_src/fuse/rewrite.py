@@ -117,15 +117,16 @@ class _Rewriter:
       body = self._sub(p["jaxpr"])
       if body is None:
         return None
-      nc, nk = p["num_consts"], p["num_carry"]
-      consts, init, xs = vals[:nc], vals[nc:nc + nk], vals[nc + nk:]
-
-      def step(carry, x):
-        outs = body(*consts, *carry, *x)
-        return outs[:nk], outs[nk:]
-      carry, ys = lax.scan(step, init, xs, length=p["length"], reverse=p["reverse"],
-                           unroll=p["unroll"])
-      return [*carry, *ys]
+      # The body's rewrite traced at its own operand types, bound in its place
+      # (scan's parameters differ between jax versions; the body's types do not).
+      old = p["jaxpr"]
+      avals = [jax.ShapeDtypeStruct(a.shape, a.dtype, weak_type=a.weak_type)
+               for a in old.in_avals]
+      new = jax.make_jaxpr(body)(*avals)
+      if [a.strip_weak_type() for a in new.out_avals] != [
+          a.strip_weak_type() for a in old.out_avals]:
+        return None
+      return eqn.primitive.bind(*vals, **dict(p, jaxpr=new))
     if name == "cond":
       fns = [self._sub(b) for b in p["branches"]]
       if all(f is None for f in fns):

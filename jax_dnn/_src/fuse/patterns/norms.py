@@ -16,7 +16,7 @@ import numpy as np
 
 from jax_dnn._src.fuse.patterns import Match, NearMiss
 
-_BCAST = ("reshape", "broadcast_in_dim")
+_BCAST = ("reshape", "broadcast_in_dim", "convert_element_type")
 
 
 def _mean(g, v, width):
@@ -44,9 +44,20 @@ def _mean(g, v, width):
 
 
 def _back(g, v):
-  """v with a broadcast / reshape (of the statistics) stripped."""
-  hit = g.eqn_of(v, *_BCAST)
-  return (hit[1].invars[0], [hit[0]]) if hit else (v, [])
+  """v with the broadcasts, reshapes and converts (of the statistics, the
+  parameters) stripped."""
+  return g.through(v, *_BCAST)
+
+
+def _same(g, a, b):
+  """a and b are one value: the same variable, or one variable converted
+  to one dtype twice (Flax converts x for the statistics and for the
+  normalization separately)."""
+  if a is b:
+    return True
+  ca, cb = g.eqn_of(a, "convert_element_type"), g.eqn_of(b, "convert_element_type")
+  return bool(ca and cb and ca[1].invars[0] is cb[1].invars[0] and
+              a.aval.dtype == b.aval.dtype)
 
 
 def _square(g, v):
@@ -85,12 +96,12 @@ def _variance(g, v, x, mean, width):
   if sub is not None:  # mean(x^2) - mean^2
     ms = _mean_square(g, sub[1].invars[0], width)
     sq = _square(g, sub[1].invars[1])
-    if ms and ms[0] is x and sq and sq[0] is mean:
+    if ms and _same(g, ms[0], x) and sq and sq[0] is mean:
       return eqns + [sub[0]] + ms[1] + sq[1]
   ms = _mean_square(g, v, width)  # mean((x - mean)^2)
   if ms is not None:
     d = g.eqn_of(ms[0], "sub")
-    if d is not None and d[1].invars[0] is x and _back(g, d[1].invars[1])[0] is mean:
+    if d is not None and _same(g, d[1].invars[0], x) and _back(g, d[1].invars[1])[0] is mean:
       return eqns + ms[1] + [d[0]] + _back(g, d[1].invars[1])[1]
   return None
 
@@ -150,13 +161,13 @@ def _normalized(g, v, rms):
         if zero is not None and np.all(zero == 0):
           x, extra = sub[1].invars[0], [sub[0]]
       ms = _mean_square(g, stat, width)
-      if ms and ms[0] is x:
+      if ms and _same(g, ms[0], x):
         return x, eps, scale, [hit[0], *eqns, *extra, *ms[1]]
     elif sub is not None:
       x = sub[1].invars[0]
       mean, back = _back(g, sub[1].invars[1])
       m = _mean(g, mean, width)
-      var = _variance(g, stat, x, mean, width) if m and m[0] is x else None
+      var = _variance(g, stat, x, mean, width) if m and _same(g, m[0], x) else None
       if var is not None:
         return x, eps, scale, [hit[0], *eqns, sub[0], *back, *m[1], *var]
   return None
@@ -191,6 +202,10 @@ def _match(graph, i, rms):
     if (back.primitive.name == "convert_element_type" and
         back.outvars[0].aval.dtype == src[1].invars[0].aval.dtype):
       x, out, eqns = src[1].invars[0], back.outvars[0], eqns | {users[0]}
+  if src is not None and x is not src[1].invars[0] and np.dtype(
+      src[1].invars[0].aval.dtype).itemsize < np.dtype(x.aval.dtype).itemsize:
+    return NearMiss(name, i, f"x is {src[1].invars[0].aval.dtype} computed in {x.aval.dtype} "
+                    f"to a {out.aval.dtype} result: fusing would add a conversion pass")
   if x.aval.dtype != out.aval.dtype:
     return NearMiss(name, i, f"x is {x.aval.dtype} and the result {out.aval.dtype}: fusing "
                     "would add a conversion pass")
