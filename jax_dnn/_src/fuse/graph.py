@@ -83,7 +83,7 @@ class Graph:
       return None
     return i, eqn
 
-  def through(self, v, *prims, seen=None):
+  def through(self, v, *prims):
     """Follows v back through the shape-preserving `prims` (e.g. converts):
     the variable they start from, and the equations passed."""
     passed = []
@@ -113,6 +113,16 @@ class Graph:
     with jax.ensure_compile_time_eval():
       outs = bind(eqn, vals)
     return np.asarray(outs[eqn.outvars.index(v)])
+
+  def split_constant(self, eqn):
+    """A binary equation's (variable operand, constant operand's value,
+    the constant's position), the constant taken second where both are;
+    None when neither is constant."""
+    for pos in (1, 0):
+      value = self.constant(eqn.invars[pos])
+      if value is not None:
+        return eqn.invars[1 - pos], value, pos
+    return None
 
   def source(self, i) -> str:
     """file:line of the user's code that made equation i."""

@@ -16,6 +16,7 @@ import functools
 import os
 
 import jax
+import numpy as np
 from jax import lax
 from jax.extend import core
 
@@ -150,10 +151,6 @@ class _Rewriter:
     return None
 
 
-def default_patterns():
-  return list(registry().values())
-
-
 def _select(patterns):
   known = registry()
   if patterns is None:
@@ -176,7 +173,7 @@ class Fused:
 
   def _trace(self, args, kwargs):
     flat, tree = jax.tree.flatten((args, kwargs))
-    avals = tuple(jax.ShapeDtypeStruct(jnp_shape(x), jax.dtypes.result_type(x)) for x in flat)
+    avals = tuple(jax.ShapeDtypeStruct(np.shape(x), jax.dtypes.result_type(x)) for x in flat)
     key = (tree, avals)
     if key not in self._cache:
       def flat_fun(*leaves):
@@ -200,10 +197,6 @@ class Fused:
     report = self._trace(args, kwargs)[1][2]
     print(report)
     return report
-
-
-def jnp_shape(x):
-  return tuple(getattr(x, "shape", ()))
 
 
 def fuse(fun, *, patterns=None) -> Fused:

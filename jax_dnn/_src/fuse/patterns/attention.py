@@ -156,34 +156,27 @@ def match(g, i):  # pylint: disable=too-many-return-statements,too-many-branches
   v_perm = perm(v_b, vc[0], _free(v.aval.ndim, vc, vb)[0])
   # The scores' axes in [B, N, T, S] order, for the mask and bias.
   s_perm = (0, 1 if nb == 2 else None, t_axis, key_axis)
-  mask_in = bias_in = None
+  # A mask depending on the inputs is an operand (its broadcast stripped); a
+  # constant one is is_causal where it is the lower triangle, else a constant.
+  mask_var = const_mask = None
   if mask is not None:
     pred, keep_when = mask
     cval = g.constant(pred)
-    if cval is not None:
-      cval = np.broadcast_to(cval, s_shape)
-      keep = cval if keep_when else ~cval
-      keep = np.moveaxis(keep, (t_axis, key_axis), (-2, -1))
-      if t_len <= s_len and np.array_equal(
-          keep, np.broadcast_to(np.tril(np.ones((t_len, s_len), bool)), keep.shape)):
+    if cval is None:
+      mask_var = (*_expanded(g, pred, s_shape), keep_when)
+    else:
+      keep = np.moveaxis(np.broadcast_to(cval == keep_when, s_shape), (t_axis, key_axis),
+                         (-2, -1))
+      tril = np.tril(np.ones((t_len, s_len), bool))
+      if t_len <= s_len and np.array_equal(keep, np.broadcast_to(tril, keep.shape)):
         causal = True
       else:
-        mask_in = ("const", keep.reshape((-1,) * 0 + keep.shape), keep_when)
-    else:
-      mask_in = ("var", pred, keep_when)
-  if bias is not None:
-    bias_in = _expanded(g, bias, s_shape)
+        const_mask = keep if nb == 2 else keep[:, None]
+  bias_in = _expanded(g, bias, s_shape) if bias is not None else None
   out_axes = [f"b{pb[d]}" for d in range(nb)] + (["T", "D"] if side == 0 else ["D", "T"])
-
-  inputs = [q, k, v]
-  mask_var = mask_in[1] if mask_in and mask_in[0] == "var" else None
-  mask_small = _expanded(g, mask_var, s_shape) if mask_var is not None else None
-  if mask_small is not None:
-    inputs.append(mask_small[0])
-  if bias_in is not None:
-    inputs.append(bias_in[0])
+  inputs = [q, k, v] + [x[0] for x in (mask_var, bias_in) if x is not None]
   inputs += [f for f, _ in factors]
-  n_mask, n_bias = int(mask_small is not None), int(bias_in is not None)
+  n_mask, n_bias = int(mask_var is not None), int(bias_in is not None)
 
   def to4(x, p):
     axes = [a for a in p if a is not None]
@@ -197,12 +190,10 @@ def match(g, i):  # pylint: disable=too-many-return-statements,too-many-branches
     return x if nb == 2 else jnp.expand_dims(x, 1)
 
   def replace(q, k, v, *rest):
-    m = scores4(rest[0], mask_small[1]) if n_mask else None
-    if n_mask and not mask_in[2]:
-      m = jnp.logical_not(m)
-    if mask_in is not None and mask_in[0] == "const":
-      m = jnp.asarray(mask_in[1])[:, None] if nb == 1 else jnp.asarray(mask_in[1])
-      m = m.reshape((-1,) + m.shape[-3:]) if m.ndim > 4 else m
+    m = const_mask
+    if n_mask:
+      m = scores4(rest[0], mask_var[1])
+      m = m if mask_var[2] else jnp.logical_not(m)
     b = scores4(rest[n_mask], bias_in[1]) if n_bias else None
     sc = scale
     for f, (_, kind) in zip(rest[n_mask + n_bias:], factors):
@@ -213,7 +204,7 @@ def match(g, i):  # pylint: disable=too-many-return-statements,too-many-branches
     have = ["b0", "T"] + (["b1"] if nb == 2 else []) + ["D"]
     return jnp.transpose(o, [have.index(a) for a in out_axes])
 
-  what = ", ".join(x for x in ("is_causal" if causal else "", "mask" if mask_in else "",
+  what = ", ".join(x for x in ("is_causal" if causal else "", "mask" if n_mask or const_mask is not None else "",
                                "bias" if bias_in else "") if x)
   return Match(NAME, frozenset(eqns), tuple(inputs), e2.outvars[0], replace,
                f"jax_dnn.dot_product_attention(T={t_len}, S={s_len}, H={head}"

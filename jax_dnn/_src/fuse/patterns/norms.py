@@ -16,7 +16,7 @@ import numpy as np
 
 from jax_dnn._src.fuse.patterns import Match, NearMiss
 
-_BCAST = ("reshape", "broadcast_in_dim", "convert_element_type")
+_STRIP = ("reshape", "broadcast_in_dim", "convert_element_type")
 
 
 def _mean(g, v, width):
@@ -25,12 +25,10 @@ def _mean(g, v, width):
   if hit is None:
     return None
   i, eqn = hit
-  s, c = eqn.invars
-  if g.constant(s) is not None and eqn.primitive.name == "mul":
-    s, c = c, s
-  cval = g.constant(c)
-  if cval is None or cval.size != 1:
+  split = g.split_constant(eqn)
+  if split is None or split[1].size != 1 or (eqn.primitive.name == "div" and split[2] != 1):
     return None
+  s, cval = split[:2]
   want = width if eqn.primitive.name == "div" else 1.0 / width
   if not np.isclose(float(cval), want, rtol=1e-6):
     return None
@@ -46,7 +44,7 @@ def _mean(g, v, width):
 def _back(g, v):
   """v with the broadcasts, reshapes and converts (of the statistics, the
   parameters) stripped."""
-  return g.through(v, *_BCAST)
+  return g.through(v, *_STRIP)
 
 
 def _same(g, a, b):
@@ -85,13 +83,10 @@ def _variance(g, v, x, mean, width):
   hit = g.eqn_of(v, "max")
   eqns = []
   if hit is not None:
-    a, b = hit[1].invars
-    if g.constant(a) is not None:
-      a, b = b, a
-    zero = g.constant(b)
-    if zero is None or np.any(zero != 0):
+    split = g.split_constant(hit[1])
+    if split is None or np.any(split[1] != 0):
       return None
-    eqns, v = [hit[0]], a
+    eqns, v = [hit[0]], split[0]
   sub = g.eqn_of(v, "sub")
   if sub is not None:  # mean(x^2) - mean^2
     ms = _mean_square(g, sub[1].invars[0], width)
@@ -132,12 +127,10 @@ def _factor(g, v, width):
   add = g.eqn_of(rs[1].invars[0], "add")
   if add is None:
     return None
-  stat, eps = add[1].invars
-  if g.constant(stat) is not None:
-    stat, eps = eps, stat
-  eps_val = g.constant(eps)
-  if eps_val is None or eps_val.size != 1:
+  split = g.split_constant(add[1])
+  if split is None or split[1].size != 1:
     return None
+  stat, eps_val = split[:2]
   stat, back = _back(g, stat)
   return stat, float(eps_val), scale, eqns + [rs[0], add[0]] + back
 

@@ -26,13 +26,10 @@ def _max_shift(g, v):
   mx = g.eqn_of(b[1].invars[0], "max")
   if mx is None:
     return None
-  lo, arg = mx[1].invars
-  lo_val = g.constant(lo)
-  if lo_val is None or not np.all(np.isneginf(lo_val)):
-    lo, arg = arg, lo
-    lo_val = g.constant(lo)
-    if lo_val is None or not np.all(np.isneginf(lo_val)):
-      return None
+  split = g.split_constant(mx[1])
+  if split is None or not np.all(np.isneginf(split[1])):
+    return None
+  arg = split[0]
   rm = g.eqn_of(arg, "reduce_max")
   if rm is None:
     return None
