@@ -551,8 +551,9 @@ CASES += [
 ]
 
 # Public functions that are no ops (they run nothing): no case. The
-# recurrent weight-layout helpers reshape, initialize and convert weights.
-NOT_OPS = frozenset({"conv_algorithms", "get_num_params_in_gru", "get_num_params_in_lstm",
+# recurrent weight-layout helpers reshape, initialize and convert weights;
+# fuse transforms a function (tests/test_fuse.py).
+NOT_OPS = frozenset({"conv_algorithms", "fuse", "get_num_params_in_gru", "get_num_params_in_lstm",
                      "get_num_params_in_rnn", "pool_plan", "init_gru_weight", "init_lstm_weight",
                      "init_rnn_weight", "pack_rnn_weights", "rnn_weights_from_torch",
                      "rnn_weights_to_torch", "unpack_gru_weights", "unpack_lstm_weights",
