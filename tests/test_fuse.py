@@ -157,6 +157,127 @@ def test_softmax_fused(device, axis):
   _close(jax.grad(loss(fused))(x), jax.grad(loss(fn))(x), jnp.float32)
 
 
+_POOLS = {
+    "max": lambda x: nnx.max_pool(x, (3, 3), (2, 2), "SAME"),
+    "avg": lambda x: nnx.avg_pool(x, (3, 3), (2, 2), "SAME"),
+    "avg_exclude_pad": lambda x: nnx.avg_pool(x, (3, 3), (2, 2), "SAME", count_include_pad=False),
+    "global_mean": lambda x: jnp.mean(x, axis=(1, 2)),
+    "max_1d": lambda x: nnx.max_pool(x.reshape(2, 99, 16), (4,), (3,), ((1, 2),)),
+}
+_POOL_PRIM = {"max": "jax_dnn_max_pool_fwd", "max_1d": "jax_dnn_max_pool_fwd"}
+
+
+@pytest.mark.parametrize("dtype", [jnp.float32, jnp.bfloat16])
+@pytest.mark.parametrize("case", sorted(_POOLS))
+def test_pooling_fused(device, case, dtype):
+  fn = _POOLS[case]
+  x = randn(8, (2, 11, 9, 16), dtype)
+  fused = jax_dnn.fuse(fn)
+  report = fused.explain(x)
+  want = "max_pool" if case.startswith("max") else "avg_pool"
+  assert [m["pattern"] for m in report.fused] == [want], report
+  assert _POOL_PRIM.get(case, "jax_dnn_avg_pool_fwd") in _prims(fused, x)
+  y = jax.jit(fused)(x)
+  assert y.dtype == fn(x).dtype and y.shape == fn(x).shape
+  _close(y, fn(x), dtype)
+  w = randn(9, y.shape, jnp.float32)
+  loss = lambda f: lambda x: jnp.sum(f(x).astype(jnp.float32) * w)
+  _close(jax.grad(loss(fused))(x), jax.grad(loss(fn))(x), dtype)
+  if on_gpu(device):
+    require_kernels()
+    assert _POOL_PRIM.get(case, "jax_dnn_avg_pool_fwd") in cuda_hlo(fused, x)
+
+
+def test_pooling_left_alone(device):
+  del device
+  x = randn(1, (2, 8, 8, 4), jnp.float32)
+  padded = lambda x: nnx.avg_pool(x, (2, 2), (2, 2), ((3, 3), (0, 0)), count_include_pad=False)
+  report = jax_dnn.fuse(padded).explain(x)
+  assert not report.fused and "wholly in the padding" in report.missed[0]["reason"]
+  dilated = lambda x: jax.lax.reduce_window(x, -jnp.inf, jax.lax.max, (1, 2, 2, 1), (1, 1, 1, 1),
+                                            "VALID", window_dilation=(1, 2, 2, 1))
+  report = jax_dnn.fuse(dilated).explain(x)
+  assert not report.fused and "dilated" in report.missed[0]["reason"]
+  features = lambda x: jax.lax.reduce_window(x, -jnp.inf, jax.lax.max, (1, 1, 1, 2),
+                                             (1, 1, 1, 2), "VALID")
+  report = jax_dnn.fuse(features).explain(x)
+  assert not report.fused and "feature" in report.missed[0]["reason"]
+  centered = lambda x: x - jnp.mean(x, axis=(1, 2), keepdims=True)  # a statistic, no pooling
+  assert not jax_dnn.fuse(centered).explain(x).fused
+  ints = jnp.arange(2 * 8 * 8 * 4).reshape(x.shape)  # no kernel: nothing to gain
+  assert not jax_dnn.fuse(_POOLS["max"]).explain(ints).fused
+  np.testing.assert_array_equal(jax_dnn.fuse(_POOLS["max"])(ints), _POOLS["max"](ints))
+
+
+_GROUP_NORMS = {  # module, the activation after it
+    "group_norm": (lambda dt: nnx.GroupNorm(32, num_groups=8, dtype=dt, rngs=nnx.Rngs(0)), None),
+    "group_norm_silu": (lambda dt: nnx.GroupNorm(32, num_groups=4, dtype=dt, rngs=nnx.Rngs(0)),
+                        nnx.silu),
+    "group_norm_two_pass_gelu": (lambda dt: nnx.GroupNorm(32, num_groups=8, dtype=dt,
+                                                          use_fast_variance=False,
+                                                          rngs=nnx.Rngs(0)), nnx.gelu),
+    "group_norm_plain_relu": (lambda dt: nnx.GroupNorm(32, num_groups=16, use_scale=False,
+                                                       use_bias=False, dtype=dt,
+                                                       rngs=nnx.Rngs(0)), nnx.relu),
+    "instance_norm_relu": (lambda dt: nnx.InstanceNorm(32, dtype=dt, rngs=nnx.Rngs(0)),
+                           jax.nn.relu),
+}
+
+
+@pytest.mark.parametrize("dtype", [jnp.float32, jnp.bfloat16])
+@pytest.mark.parametrize("case", sorted(_GROUP_NORMS))
+def test_group_norm_fused(device, case, dtype):
+  make, act = _GROUP_NORMS[case]
+  graphdef, params = nnx.split(make(dtype))
+  params = jax.tree.map(lambda p: randn(5, p.shape, p.dtype, 0.5, 1.0), params)
+
+  def fn(params, x):
+    y = nnx.merge(graphdef, params)(x)
+    return y if act is None else act(y)
+  x = randn(6, (2, 5, 7, 32), dtype, 2.0, 0.5)
+  fused = jax_dnn.fuse(fn)
+  report = fused.explain(params, x)
+  want = case.split("_norm")[0] + "_norm"
+  assert [m["pattern"] for m in report.fused] == ["group_norm"] and want in report.fused[0]["op"]
+  assert (act is None) == ("activation" not in report.fused[0]["op"]), report
+  assert not report.missed, report
+  assert "jax_dnn_group_norm_fwd" in _prims(fused, params, x)
+  y = jax.jit(fused)(params, x)
+  assert y.dtype == fn(params, x).dtype == dtype
+  _close(y, fn(params, x), dtype)
+  w = randn(9, y.shape, jnp.float32)
+  loss = lambda f: lambda p, x: jnp.sum(f(p, x).astype(jnp.float32) * w)
+  for g, r in zip(jax.tree.leaves(jax.grad(loss(fused), (0, 1))(params, x)),
+                  jax.tree.leaves(jax.grad(loss(fn), (0, 1))(params, x))):
+    _close(g, r, dtype)
+  if on_gpu(device):
+    require_kernels()
+    assert "jax_dnn_group_norm_fwd" in cuda_hlo(fused, params, x)
+
+
+@pytest.mark.parametrize("spelling", ["relu", "maximum", "gelu", "gelu_exact", "silu", "swish",
+                                      "sigmoid", "tanh", "scaled", "silu_plus_x"])
+def test_activation_recognized(spelling):
+  """The activation after a value, from how it is computed: each of the
+  kernels' activations in its jax.nn / jnp spellings; other functions none."""
+  from jax_dnn._src.fuse import graph as graph_lib  # pylint: disable=g-import-not-at-top
+  from jax_dnn._src.fuse.patterns import activation  # pylint: disable=g-import-not-at-top
+  fns = {"relu": (jax.nn.relu, "relu"), "maximum": (lambda v: jnp.maximum(v, 0), "relu"),
+         "gelu": (jax.nn.gelu, "gelu_tanh"),
+         "gelu_exact": (functools.partial(jax.nn.gelu, approximate=False), "gelu"),
+         "silu": (nnx.silu, "silu"), "swish": (jax.nn.swish, "silu"),
+         "sigmoid": (jax.nn.sigmoid, "sigmoid"), "tanh": (jnp.tanh, "tanh"),
+         "scaled": (lambda v: 2 * v, None), "silu_plus_x": (lambda v: nnx.silu(v) + v, None)}
+  fn, want = fns[spelling]
+  for dtype in (jnp.float32, jnp.bfloat16):
+    closed = graph_lib.flatten(jax.make_jaxpr(lambda x: fn(x * 1.5))(jnp.ones((4, 8), dtype)))
+    g = graph_lib.Graph(closed.jaxpr, dict(zip(closed.jaxpr.constvars, closed.consts)))
+    found = activation.after(g, g.eqns[0].outvars[0])
+    assert (found and found[0]) == want, (spelling, dtype, found)
+    if want:
+      assert found[1] is closed.jaxpr.outvars[0]
+
+
 def test_transforms_and_bodies(device):
   """vmap and checkpoint of a fused function; patterns inside scan, cond and
   remat bodies."""

@@ -10,6 +10,9 @@ from __future__ import annotations
 
 import collections
 import dataclasses
+import functools
+import importlib.util
+import os
 from typing import Any
 
 import jax
@@ -17,6 +20,17 @@ import numpy as np
 from jax.extend import core
 
 _INLINED = ("jit", "pjit", "closed_call", "core_call")
+_LIBRARIES = ("flax", "optax", "jax_dnn")
+
+
+@functools.lru_cache(maxsize=None)
+def _library_dirs() -> tuple[str, ...]:
+  dirs = []
+  for name in _LIBRARIES:
+    spec = importlib.util.find_spec(name)
+    if spec is not None and spec.origin:
+      dirs.append(os.path.dirname(spec.origin) + os.sep)
+  return tuple(dirs)
 
 
 def _read(env, v):
@@ -125,10 +139,14 @@ class Graph:
     return None
 
   def source(self, i) -> str:
-    """file:line of the user's code that made equation i."""
+    """file:line of the user's code that made equation i: the innermost
+    frame outside jax and the libraries a model calls through (Flax's
+    pooling is not the line to look at)."""
     try:
       from jax._src import source_info_util  # pylint: disable=g-import-not-at-top
-      frame = source_info_util.user_frame(self.eqns[i].source_info.traceback)
+      frames = list(source_info_util.user_frames(self.eqns[i].source_info.traceback))
+      mine = [f for f in frames if not f.file_name.startswith(_library_dirs())]
+      frame = (mine or frames or [None])[0]
       return f"{frame.file_name}:{frame.start_line}" if frame else ""
     except Exception:  # pylint: disable=broad-except
       return ""

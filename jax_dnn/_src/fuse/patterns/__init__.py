@@ -30,7 +30,9 @@ class NearMiss:
 
 def registry():
   # pylint: disable=g-import-not-at-top
-  from jax_dnn._src.fuse.patterns import attention, norms, softmax
-  # Attention first: its softmax must not be taken by the softmax pattern.
-  return {m.NAME: m for m in (attention, norms.LayerNorm, norms.RMSNorm, softmax.Softmax,
-                              softmax.LogSoftmax)}
+  from jax_dnn._src.fuse.patterns import attention, group_norm, norms, pooling, softmax
+  # Attention first: its softmax must not be taken by the softmax pattern;
+  # group norm before pooling: instance norm's spatial mean is no pooling.
+  return {m.NAME: m for m in (attention, norms.LayerNorm, norms.RMSNorm, group_norm.GroupNorm,
+                              softmax.Softmax, softmax.LogSoftmax, pooling.MaxPool,
+                              pooling.AvgPool)}
