@@ -255,6 +255,70 @@ def test_group_norm_fused(device, case, dtype):
     assert "jax_dnn_group_norm_fwd" in cuda_hlo(fused, params, x)
 
 
+def _cell_params(cell):
+  """cell's parameters, random (not its init), and the rest of its state."""
+  graphdef, params, rest = nnx.split(cell, nnx.Param, ...)
+  params = jax.tree.map(lambda p: randn(3, p.shape, p.dtype, 0.4), params)
+  return graphdef, params, rest
+
+
+@pytest.mark.parametrize("dtype", [jnp.float32, jnp.bfloat16])
+@pytest.mark.parametrize("cell,reverse", [("OptimizedLSTMCell", False),
+                                          ("OptimizedLSTMCell", True), ("LSTMCell", False)])
+def test_lstm_scan_fused(device, cell, reverse, dtype):
+  """nnx.RNN over an LSTM cell (Flax's bf16 cell: bf16 gates, float32
+  state) -> one recurrence over the sequence."""
+  layer = nnx.RNN(getattr(nnx, cell)(12, 24, dtype=dtype, rngs=nnx.Rngs(0)), reverse=reverse)
+  graphdef, params, rest = _cell_params(layer)
+  carry = (randn(4, (3, 24), jnp.float32, 0.3), randn(5, (3, 24), jnp.float32, 0.3))
+  fn = lambda params, x: nnx.merge(graphdef, params, rest)(x, initial_carry=carry)
+  x = randn(6, (3, 9, 12), dtype)
+  fused = jax_dnn.fuse(fn)
+  report = fused.explain(params, x)
+  assert [m["pattern"] for m in report.fused] == ["lstm"] and not report.missed, report
+  assert "jax_dnn_rnn_fwd" in _prims(fused, params, x)
+  y = jax.jit(fused)(params, x)
+  assert y.dtype == fn(params, x).dtype
+  _close(y, fn(params, x), dtype)
+  w = randn(9, y.shape, jnp.float32)
+  loss = lambda f: lambda p, x: jnp.sum(f(p, x).astype(jnp.float32) * w)
+  for g, r in zip(jax.tree.leaves(jax.grad(loss(fused), (0, 1))(params, x)),
+                  jax.tree.leaves(jax.grad(loss(fn), (0, 1))(params, x))):
+    _close(g, r, dtype)
+  if on_gpu(device):
+    require_kernels()
+    assert "jax_dnn_rnn_fwd" in cuda_hlo(fused, params, x)
+
+
+def test_lstm_scan_by_hand_and_look_alikes(device):
+  """A hand-written scan over nnx.LSTMCell fuses; a scan whose step is no
+  LSTM step (GRU, a scaled output) stays as written."""
+  del device
+  graphdef, params, rest = _cell_params(nnx.LSTMCell(8, 16, rngs=nnx.Rngs(0)))
+  xs = randn(1, (6, 2, 8), jnp.float32)
+  carry = (randn(2, (2, 16), jnp.float32), randn(3, (2, 16), jnp.float32))
+
+  def by_hand(params, xs, scale=1.0):
+    cell = nnx.merge(graphdef, params, rest)
+    def step(carry, x):
+      (c, h), y = cell(carry, x)
+      return (c, h * scale), y
+    return jax.lax.scan(step, carry, xs)
+  fused = jax_dnn.fuse(by_hand)
+  assert [m["pattern"] for m in fused.explain(params, xs).fused] == ["lstm"]
+  for a, b in zip(jax.tree.leaves(fused(params, xs)), jax.tree.leaves(by_hand(params, xs))):
+    _close(a, b, jnp.float32)
+  scaled = jax_dnn.fuse(functools.partial(by_hand, scale=0.5))
+  report = scaled.explain(params, xs)
+  assert not report.fused and "not an LSTM step" in report.missed[0]["reason"]
+  for a, b in zip(jax.tree.leaves(scaled(params, xs)), jax.tree.leaves(by_hand(params, xs, 0.5))):
+    _close(a, b, jnp.float32)
+  gru = nnx.RNN(nnx.GRUCell(8, 16, rngs=nnx.Rngs(0)))
+  g_def, g_params, g_rest = _cell_params(gru)
+  run = lambda p, x: nnx.merge(g_def, p, g_rest)(x, initial_carry=carry[0])
+  assert not jax_dnn.fuse(run).explain(g_params, xs.swapaxes(0, 1)).fused
+
+
 @pytest.mark.parametrize("spelling", ["relu", "maximum", "gelu", "gelu_exact", "silu", "swish",
                                       "sigmoid", "tanh", "scaled", "silu_plus_x"])
 def test_activation_recognized(spelling):

@@ -63,9 +63,10 @@ def find(graph, patterns, where):
 def _check_uses(graph, m):
   """A match replaces its equations: a value they make on the way (not
   its output) that something else uses makes it a near-miss."""
+  results = m.results()
   for j in m.eqns:
     for v in graph.eqns[j].outvars:
-      if v is m.output:
+      if any(v is r for r in results):
         continue
       if v in graph.outputs or any(u not in m.eqns for u in graph.users.get(v, ())):
         return NearMiss(m.pattern, m.index, f"its intermediate {v} ({v.aval.str_short()}) is "
@@ -93,7 +94,8 @@ class _Rewriter:
     for i, eqn in enumerate(g.eqns):
       if i in matches:
         m = matches[i]
-        env[m.output] = m.replace(*(read(v) for v in m.inputs))
+        outs = m.replace(*(read(v) for v in m.inputs))
+        env.update(zip(m.results(), outs if m.outputs else [outs]))
         continue
       if i in skip:
         continue
